@@ -1,0 +1,117 @@
+"""A model bundle: target GPT + VQ tokenizer + conditioner, built from config and loaded from files.
+
+The functions here are the only place model files are read; constructors stay free of I/O.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+from lantern.checkpoint import load_weights
+from lantern.errors import CheckpointError, ConfigError
+from lantern.models.gpt import Transformer, gpt_config
+from lantern.models.vq import VQModel, to_uint8, vq_config
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    """``cpu``, ``cuda`` or ``cuda:N`` -> torch.device; ConfigError when unknown or unavailable."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError) as exc:
+        raise ConfigError(f"device={name!r} is not a device; use cpu, cuda or cuda:N") from exc
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device={name!r} is not supported; use cpu, cuda or cuda:N")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device={name!r} requested but CUDA is not available on this machine; use device=cpu")
+    return device
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    """``float32`` / ``bfloat16`` / ``float16`` -> torch.dtype; ConfigError otherwise."""
+    if name not in DTYPES:
+        raise ConfigError(f"dtype={name!r} is not supported; use one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+@dataclass
+class ModelBundle:
+    """Everything needed to turn prompts into images."""
+
+    name: str
+    gpt: Transformer
+    vq: VQModel
+    conditioner: object  # ClassConditioner | TextConditioner
+    device: torch.device
+
+    @torch.inference_mode()
+    def decode_images(self, codes: torch.Tensor) -> torch.Tensor:
+        """Codes (B, N) -> pixels (B, H, W, 3) uint8 (the VQ decoder runs in fp32)."""
+        return to_uint8(self.vq.decode_codes(codes))
+
+
+def _build(gpt: Mapping, vq: Mapping) -> tuple[Transformer, VQModel, str]:
+    vq_cfg = vq_config(vq["preset"], **dict(vq.get("overrides") or {}))
+    gpt_cfg = gpt_config(
+        gpt["preset"], gpt["model_type"], int(gpt["image_size"]), vq_cfg.downsample,
+        **dict(gpt.get("overrides") or {}),
+    )
+    if gpt_cfg.vocab_size != vq_cfg.codebook_size:
+        raise ConfigError(
+            f"GPT vocabulary {gpt_cfg.vocab_size} does not match the VQ codebook size {vq_cfg.codebook_size}"
+        )
+    return Transformer(gpt_cfg), VQModel(vq_cfg), f"{gpt['preset']} {gpt['model_type']}"
+
+
+def _finish(name, gpt_model, vq_model, conditioner, device, dtype) -> ModelBundle:
+    device, dtype = resolve_device(device), resolve_dtype(dtype)
+    conditioner = conditioner(device=device)
+    expected_tokens = gpt_model.config.cls_token_num
+    encoder = getattr(conditioner, "encoder", None)
+    if encoder is not None and (encoder.max_length, encoder.dim) != (expected_tokens, gpt_model.config.caption_dim):
+        raise ConfigError(
+            f"text encoder gives {encoder.max_length} tokens of dim {encoder.dim}, but the GPT expects "
+            f"{expected_tokens} tokens of dim {gpt_model.config.caption_dim}"
+        )
+    gpt_model = gpt_model.to(device=device, dtype=dtype).eval()
+    vq_model = vq_model.to(device=device).eval()
+    return ModelBundle(name, gpt_model, vq_model, conditioner, device)
+
+
+def _require_file(key: str, path) -> str:
+    if path is None or not os.path.isfile(os.fspath(path)):
+        raise CheckpointError(f"{key}: checkpoint file not found: {path!r}")
+    return os.fspath(path)
+
+
+def load_bundle(
+    name: str, gpt: Mapping, vq: Mapping, gpt_ckpt: str, vq_ckpt: str, conditioner: Callable,
+    device: str = "cpu", dtype: str = "float32",
+) -> ModelBundle:
+    """Build the configured architectures and load their weights strictly from ``gpt_ckpt`` / ``vq_ckpt``.
+
+    ``gpt`` holds ``preset``, ``model_type``, ``image_size`` (and optional ``overrides``); ``vq`` holds
+    ``preset``; ``conditioner`` is called with ``device=`` and returns the prompt conditioner.
+    """
+    resolve_device(device), resolve_dtype(dtype)
+    gpt_path, vq_path = _require_file("model.gpt_ckpt", gpt_ckpt), _require_file("model.vq_ckpt", vq_ckpt)
+    gpt_model, vq_model, label = _build(gpt, vq)
+    load_weights(vq_model, vq_path, expected=vq["preset"])
+    load_weights(gpt_model, gpt_path, expected=label)
+    return _finish(name, gpt_model, vq_model, conditioner, device, dtype)
+
+
+def random_bundle(
+    name: str, gpt: Mapping, vq: Mapping, conditioner: Callable, init_seed: int = 0,
+    device: str = "cpu", dtype: str = "float32",
+) -> ModelBundle:
+    """A bundle with randomly initialised weights (seeded): for tests, smoke runs and speed benchmarks."""
+    resolve_device(device), resolve_dtype(dtype)
+    torch.manual_seed(init_seed)
+    gpt_model, vq_model, _ = _build(gpt, vq)
+    return _finish(name, gpt_model, vq_model, conditioner, device, dtype)

@@ -1,0 +1,93 @@
+"""Strict loading of model weights in the official LlamaGen formats.
+
+Released LlamaGen files are ``torch.save({"model": state_dict})`` (FSDP-saved ones are a raw
+state dict), fp32, tensors only. We load with ``weights_only=True``, accept both wrappers and
+safetensors files, ignore only a stray ``freqs_cis`` buffer, and refuse any other mismatch with
+one message naming the missing, unexpected and wrongly shaped keys.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from lantern.errors import CheckpointError
+
+IGNORED_KEYS = frozenset({"freqs_cis"})
+_MAX_LISTED = 4
+
+
+def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Read a state dict from ``path`` (``.pt``/``.pth``/``.bin`` via torch, ``.safetensors``).
+
+    Accepts ``{"model": sd}``, ``{"state_dict": sd}`` or a raw ``{name: tensor}`` dict.
+    Raises :class:`CheckpointError` when the file is missing or is not a checkpoint.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise CheckpointError(f"checkpoint file not found: {path!r}")
+    try:
+        if path.endswith(".safetensors"):
+            from safetensors.torch import load_file
+
+            obj = load_file(path, device="cpu")
+        else:
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any failure to parse means "not a checkpoint"
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"{path!r} is not a readable checkpoint ({reason[:200]})") from exc
+    if isinstance(obj, Mapping):
+        for wrapper in ("model", "state_dict"):
+            if wrapper in obj and isinstance(obj[wrapper], Mapping):
+                obj = obj[wrapper]
+                break
+    if not isinstance(obj, Mapping) or not obj or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()
+    ):
+        raise CheckpointError(
+            f"{path!r} is not a state dict: expected a mapping of names to tensors, "
+            f'optionally wrapped as {{"model": state_dict}}'
+        )
+    return dict(obj)
+
+
+def _listing(names: list[str]) -> str:
+    shown = ", ".join(names[:_MAX_LISTED])
+    more = len(names) - _MAX_LISTED
+    return shown + (f" (+{more} more)" if more > 0 else "")
+
+
+def check_state_dict(module: nn.Module, state_dict: Mapping[str, torch.Tensor], expected: str, source: str) -> None:
+    """Raise :class:`CheckpointError` unless ``state_dict`` matches ``module`` name for name and shape.
+
+    ``expected`` names the architecture (e.g. ``"GPT-B c2i"``) and ``source`` the file, for the message.
+    """
+    own = module.state_dict()
+    given = {k: v for k, v in state_dict.items() if k not in IGNORED_KEYS}
+    missing = sorted(k for k in own if k not in given)
+    unexpected = sorted(k for k in given if k not in own)
+    wrong = [
+        f"{k} {tuple(given[k].shape)} != {tuple(own[k].shape)}"
+        for k in own
+        if k in given and tuple(given[k].shape) != tuple(own[k].shape)
+    ]
+    problems = []
+    if missing:
+        problems.append(f"missing {len(missing)}: {_listing(missing)}")
+    if unexpected:
+        problems.append(f"unexpected {len(unexpected)}: {_listing(unexpected)}")
+    if wrong:
+        problems.append(f"wrong shape {len(wrong)}: {_listing(wrong)}")
+    if problems:
+        raise CheckpointError(f"{source!r} does not match {expected}: " + "; ".join(problems))
+
+
+def load_weights(module: nn.Module, path: str | os.PathLike, expected: str) -> nn.Module:
+    """Load ``path`` into ``module`` strictly (see :func:`check_state_dict`); returns ``module``."""
+    state_dict = read_state_dict(path)
+    check_state_dict(module, state_dict, expected, os.fspath(path))
+    module.load_state_dict({k: v for k, v in state_dict.items() if k not in IGNORED_KEYS}, strict=True)
+    return module

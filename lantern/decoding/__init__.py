@@ -1,0 +1,1 @@
+"""Decoding strategies over the target-model interface (one file each)."""

@@ -1,0 +1,32 @@
+"""What every decoder shares: the result type and the CFG batch layout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from lantern.conditioning import Condition
+from lantern.models.gpt import Transformer
+from lantern.sampling import SamplingConfig
+
+
+@dataclass
+class DecodeResult:
+    """Image token codes (B, N) in raster order, plus per-batch counters (e.g. target forwards)."""
+
+    codes: torch.Tensor
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+def guided_inputs(model: Transformer, condition: Condition, sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Condition embeddings and mask for the model batch: (B, T, D), (B, T), or (2B, ...) as ``[cond; uncond]``.
+
+    With CFG the unconditional half uses the null condition and the same caption mask as its
+    conditional row, as in the reference.
+    """
+    values, mask = condition.values, condition.mask
+    if sampling.uses_cfg:
+        values = torch.cat([values, model.null_condition(len(condition)).to(values.dtype)])
+        mask = torch.cat([mask, mask])
+    return model.embed_condition(values), mask

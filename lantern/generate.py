@@ -1,0 +1,120 @@
+"""The generation job: prompts -> tokens -> images, with per-image timing and a provenance record."""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from lantern.bundle import ModelBundle
+from lantern.errors import ConfigError
+from lantern.images import image_name, labelled_grid, save_png
+from lantern.prompts import PromptSet
+from lantern.records import environment, write_json_atomic
+from lantern.rng import keys_tensor
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued device work, so wall-clock times cover it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak device memory (CUDA) or peak resident set size of this process (CPU), in MiB."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class GenerationJob:
+    """Generate ``num_images`` images (image ``i`` from prompt ``i % len(prompts)``) in batches.
+
+    Latency per image is the decode time of its batch divided by the batch size, measured from after
+    text encoding to the last token (VQ decoding excluded), with device synchronisation, after
+    ``warmup`` untimed batches.
+    """
+
+    def __init__(
+        self, bundle: ModelBundle, decoder, prompts: PromptSet, num_images: int, batch_size: int, seed: int,
+        warmup: int = 1, save_grid: bool = True, progress: bool = True,
+    ):
+        for name, value, low in (("num_images", num_images, 1), ("batch_size", batch_size, 1), ("warmup", warmup, 0)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ConfigError(f"{name}={value!r} must be an integer >= {low}")
+        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+            raise ConfigError(f"seed={seed!r} must be an integer >= 0")
+        if prompts.kind != bundle.conditioner.kind:
+            raise ConfigError(
+                f"prompt set {prompts.name!r} holds {prompts.kind} prompts but model {bundle.name!r} "
+                f"takes {bundle.conditioner.kind} prompts"
+            )
+        self.bundle, self.decoder, self.prompts = bundle, decoder, prompts
+        self.num_images, self.batch_size, self.seed = num_images, batch_size, seed
+        self.warmup, self.save_grid, self.progress = warmup, save_grid, progress
+        self.items = prompts.for_images(num_images)
+        for prompt in self.items:
+            bundle.conditioner.check(prompt)
+
+    def _decode(self, indices: list[int]):
+        bundle = self.bundle
+        condition = bundle.conditioner.encode([self.items[i] for i in indices])
+        keys = keys_tensor(self.seed, indices, bundle.device)
+        synchronize(bundle.device)
+        start = time.perf_counter()
+        result = self.decoder.generate(bundle.gpt, condition, keys)
+        synchronize(bundle.device)
+        return result, time.perf_counter() - start
+
+    def run(self, out_dir: str | Path, config: dict | None = None) -> dict:
+        """Write ``000000.png`` ..., ``grid.png`` and ``metrics.json`` into ``out_dir``; return the metrics."""
+        out_dir = Path(out_dir)
+        bundle = self.bundle
+        batches = [list(range(s, min(s + self.batch_size, self.num_images))) for s in range(0, self.num_images, self.batch_size)]
+        for _ in range(self.warmup):
+            self._decode(batches[0])
+        if bundle.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(bundle.device)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        per_image, grid_images, stats = [], [], {}
+        tokens_per_image = bundle.gpt.config.num_image_tokens
+        bar = tqdm(batches, desc=f"{self.decoder.name} x{self.num_images}", unit="batch", disable=not self.progress)
+        for indices in bar:
+            result, seconds = self._decode(indices)
+            pixels = bundle.decode_images(result.codes).cpu().numpy()  # (B, H, W, 3)
+            for index, image in zip(indices, pixels):
+                save_png(image, out_dir / image_name(index))
+                per_image.append({"index": index, "prompt": self.items[index], "latency_s": seconds / len(indices)})
+                if len(grid_images) < 64:
+                    grid_images.append(image)
+            for key, value in result.stats.items():
+                stats[key] = stats.get(key, 0.0) + value
+        if self.save_grid:
+            labels = [str(self.items[i]) for i in range(len(grid_images))]
+            labelled_grid(grid_images, labels).save(out_dir / "grid.png")
+        latencies = [row["latency_s"] for row in per_image]
+        total = sum(latencies)
+        metrics = {
+            "decoding": self.decoder.name,
+            "model": bundle.name,
+            "prompts": self.prompts.name,
+            "num_images": self.num_images,
+            "batch_size": self.batch_size,
+            "seed": self.seed,
+            **{k: getattr(self.decoder.sampling, k) for k in ("temperature", "top_k", "top_p", "cfg_scale", "cfg_interval")},
+            "tokens_per_image": tokens_per_image,
+            "latency_s_per_image": total / len(latencies),
+            "latency_s_median": statistics.median(latencies),
+            "tokens_per_s": tokens_per_image * len(latencies) / total,
+            "peak_memory_mb": peak_memory_mb(bundle.device),
+            "decode_stats": stats,
+            "per_image": per_image,
+            "environment": environment(bundle.device),
+            "config": config or {},
+        }
+        write_json_atomic(out_dir / "metrics.json", metrics)
+        return metrics

@@ -1,0 +1,1 @@
+"""Model definitions: the LlamaGen GPT target, its KV cache and the VQ tokenizer."""

@@ -1,0 +1,45 @@
+"""2D rotary position embedding as used by LlamaGen.
+
+Image token ``n`` on a ``G x G`` grid sits at row ``n // G`` and column ``n % G``. With
+``half = head_dim // 2`` the frequencies are ``base ** (-2k / half)`` for ``k < half // 2`` and the
+angle vector of a token is ``[row * freqs, col * freqs]`` (``half`` angles, one per interleaved pair
+of channels ``(2j, 2j + 1)``). The ``cls_token_num`` condition positions get ``cos = sin = 0``: their
+queries and keys become exactly zero. The released weights were trained that way, so this is kept.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def rope_table_2d(grid_size: int, head_dim: int, cls_token_num: int, base: float = 10000.0) -> torch.Tensor:
+    """Return the ``(cls_token_num + grid_size**2, head_dim // 2, 2)`` table of ``[cos, sin]`` (fp32)."""
+    half = head_dim // 2
+    freqs = 1.0 / (base ** (torch.arange(0, half, 2)[: half // 2].float() / half))  # (half/2,)
+    coords = torch.arange(grid_size, dtype=torch.float32)
+    per_axis = torch.outer(coords, freqs)  # (G, half/2)
+    angles = torch.cat(
+        [
+            per_axis[:, None, :].expand(grid_size, grid_size, -1),  # row angles
+            per_axis[None, :, :].expand(grid_size, grid_size, -1),  # column angles
+        ],
+        dim=-1,
+    ).reshape(grid_size * grid_size, -1)  # (G*G, half)
+    image = torch.stack([angles.cos(), angles.sin()], dim=-1)  # (G*G, half, 2)
+    cond = torch.zeros(cls_token_num, image.shape[1], 2)
+    return torch.cat([cond, image], dim=0)
+
+
+def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Rotate interleaved channel pairs of ``x`` (B, S, H, hd) by ``table`` (S, hd/2, 2) or (B, S, hd/2, 2).
+
+    Computed in fp32 and cast back, as in the reference.
+    """
+    pairs = x.float().reshape(*x.shape[:-1], -1, 2)  # (B, S, H, hd/2, 2)
+    if table.dim() == 3:
+        table = table.unsqueeze(0)
+    table = table.unsqueeze(2)  # (B|1, S, 1, hd/2, 2)
+    cos, sin = table[..., 0], table[..., 1]
+    x0, x1 = pairs[..., 0], pairs[..., 1]
+    out = torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1)
+    return out.flatten(3).type_as(x)

@@ -1,0 +1,71 @@
+"""Provenance of every artifact and result row, and atomic writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def git_commit() -> dict:
+    """The commit of this checkout and whether it has uncommitted changes ("unknown" outside git)."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT, capture_output=True,
+            text=True, check=True, timeout=10,
+        ).stdout.strip() != ""
+        return {"commit": commit, "dirty": dirty}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": "unknown", "dirty": None}
+
+
+def device_name(device: torch.device) -> str:
+    """A human-readable name of ``device`` (GPU model, or the CPU's)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def environment(device: torch.device) -> dict:
+    """Library versions, machine and commit, recorded beside every result."""
+    versions = {"python": sys.version.split()[0], "torch": torch.__version__}
+    for module in ("hydra", "transformers", "numpy"):
+        try:
+            versions[module] = __import__(module).__version__
+        except ImportError:
+            continue
+    return {
+        **git_commit(),
+        "device": str(device),
+        "device_name": device_name(device),
+        "num_threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "versions": versions,
+    }
+
+
+def write_json_atomic(path: str | os.PathLike, payload: dict) -> None:
+    """Write ``payload`` as JSON to ``path`` via a temporary file and rename: never half-written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(payload, handle, indent=2, sort_keys=False, default=str)
+            handle.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

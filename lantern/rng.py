@@ -1,0 +1,67 @@
+"""Counter-based random numbers: a pure function of (sample key, step, stream, index).
+
+Every sample owns a 64-bit key derived from ``(seed, prompt index)``; a uniform number is a hash of
+that key, the decoding step, a stream id (what the number is for) and its index. So an image never
+depends on batch size, batch composition, sharding or device, and drawing needs no generator state
+and no host synchronisation. The hash works on 32-bit lanes held in int64 tensors; products are split
+into 16-bit halves so no intermediate overflows.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+_GOLDEN = 0x9E3779B9
+
+# Stream ids: one per purpose, so numbers for different uses never coincide.
+SAMPLE = 1
+ACCEPT = 2
+RESIDUAL = 3
+DRAFT = 4
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """``(x * c) mod 2**32`` for ``x`` in [0, 2**32) without int64 overflow."""
+    lo, hi = c & 0xFFFF, c >> 16
+    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & _MASK32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer finaliser with good avalanche (xor-shift-multiply)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def sample_key(seed: int, index: int) -> int:
+    """The 64-bit key of sample ``index`` under ``seed`` (computed on the host, once per image)."""
+    x = (seed * 0x9E3779B97F4A7C15 + index * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB) & ((1 << 64) - 1)
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & ((1 << 64) - 1)
+    x ^= x >> 31
+    return x >> 1  # 63 bits: fits a signed int64 tensor
+
+
+def keys_tensor(seed: int, indices, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Keys (B,) int64 of the samples ``indices`` under ``seed``."""
+    return torch.tensor([sample_key(seed, int(i)) for i in indices], dtype=torch.long, device=device)
+
+
+def uniform(keys: torch.Tensor, step, stream: int, n: int) -> torch.Tensor:
+    """Uniform numbers in (0, 1), shape (B, n) float32, for ``keys`` (B,) at ``step`` (int or (B,)).
+
+    Number ``j`` of row ``b`` depends only on ``(keys[b], step, stream, j)``.
+    """
+    step = torch.as_tensor(step, dtype=torch.long, device=keys.device).expand(keys.shape)
+    base = _mix32(keys & _MASK32)
+    base = _mix32(base ^ (keys >> 32))
+    base = _mix32(base ^ (step & _MASK32))
+    base = _mix32(base ^ _mul32(torch.full_like(base, stream), _GOLDEN))  # (B,)
+    index = _mul32(torch.arange(n, device=keys.device, dtype=torch.long), _GOLDEN)  # (n,)
+    bits = _mix32(_mix32((base[:, None] + index[None, :]) & _MASK32) ^ base[:, None])  # (B, n)
+    return ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))

@@ -1,0 +1,112 @@
+"""Sampling maths, in one place: CFG, temperature, top-k, top-p, and drawing tokens.
+
+Order (as in LlamaGen): CFG on fp32 logits, then temperature, then top-k, then top-p, then softmax.
+Temperature 0 means greedy: the distribution is one-hot at the argmax, so every consumer (AR
+sampling, acceptance rules) treats greedy as sampling from a degenerate distribution.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from lantern import rng
+from lantern.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How logits become a next-token distribution.
+
+    ``top_k = 0`` and ``top_p = 1`` switch those filters off. ``cfg_scale = 1`` drops the unconditional
+    stream. ``cfg_interval = -1`` keeps guidance on for every step; ``n >= 0`` turns it off after step ``n``.
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    cfg_scale: float = 1.0
+    cfg_interval: int = -1
+
+    def __post_init__(self):
+        checks = [
+            ("temperature", self.temperature, self.temperature >= 0, "must be >= 0 (0 = greedy)"),
+            ("top_k", self.top_k, self.top_k >= 0 and float(self.top_k).is_integer(), "must be an integer >= 0 (0 = off)"),
+            ("top_p", self.top_p, 0 < self.top_p <= 1, "must be in (0, 1]"),
+            ("cfg_scale", self.cfg_scale, self.cfg_scale >= 0, "must be >= 0 (1 = no guidance)"),
+            ("cfg_interval", self.cfg_interval, self.cfg_interval >= -1, "must be >= -1 (-1 = always on)"),
+        ]
+        for name, value, ok, allowed in checks:
+            if isinstance(value, float) and math.isnan(value) or not ok:
+                raise ConfigError(f"{name}={value!r} {allowed}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def uses_cfg(self) -> bool:
+        """Whether the batch carries an unconditional half."""
+        return self.cfg_scale != 1.0
+
+    def guidance_on(self, step: int) -> bool:
+        return self.uses_cfg and (self.cfg_interval < 0 or step <= self.cfg_interval)
+
+
+def combine_cfg(logits: torch.Tensor, scale: float) -> torch.Tensor:
+    """``[cond; uncond]`` logits (2B, ..., V) -> guided fp32 logits (B, ..., V)."""
+    cond, uncond = logits.float().chunk(2, dim=0)
+    return uncond + (cond - uncond) * scale
+
+
+def guided_logits(logits: torch.Tensor, config: SamplingConfig, step: int) -> torch.Tensor:
+    """Apply CFG as configured for ``step``: (2B, ..., V) with CFG, (B, ..., V) without -> (B, ..., V)."""
+    if not config.uses_cfg:
+        return logits.float()
+    if config.guidance_on(step):
+        return combine_cfg(logits, config.cfg_scale)
+    return logits.float().chunk(2, dim=0)[0]
+
+
+def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Mask logits (..., V) outside the top-k set and outside the top-p nucleus with -inf."""
+    if 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        cumulative = sorted_logits.softmax(-1).cumsum(-1)
+        # Drop a token when the mass before it already exceeds top_p (the best token always stays).
+        drop_sorted = (cumulative - sorted_logits.softmax(-1)) > top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def probabilities(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    """Guided fp32 logits (..., V) -> the next-token distribution (..., V) after temperature/top-k/top-p.
+
+    Greedy (temperature 0) gives the one-hot distribution at the argmax.
+    """
+    if config.greedy:
+        return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    logits = filter_logits(logits / config.temperature, config.top_k, config.top_p)
+    return logits.softmax(-1)
+
+
+def sample(probs: torch.Tensor, keys: torch.Tensor, step, stream: int = rng.SAMPLE) -> torch.Tensor:
+    """Draw one token per row of ``probs`` (B, V) with the counter-based uniforms of ``keys`` (B,).
+
+    Exponential race: ``argmax(p / E)`` with ``E ~ Exp(1)`` is distributed as ``p``. No host sync.
+    """
+    exponential = -torch.log(rng.uniform(keys, step, stream, probs.shape[-1]))  # (B, V)
+    return (probs / exponential).argmax(-1)
+
+
+def next_token(logits: torch.Tensor, config: SamplingConfig, keys: torch.Tensor, step) -> torch.Tensor:
+    """Guided logits (B, V) -> next tokens (B,): argmax when greedy, else a counter-based draw."""
+    if config.greedy:
+        return logits.argmax(-1)
+    return sample(probabilities(logits, config), keys, step)

@@ -1,0 +1,83 @@
+"""FLAN-T5-XL caption encoder used by LlamaGen text-to-image models.
+
+LlamaGen t2i conditions on ``T5EncoderModel(...).last_hidden_state`` (2048-d for FLAN-T5-XL) of
+captions tokenized to 120 tokens (``</s>`` included in the mask), rotated to left padding with
+zeroed padded slots. Weights are read from a local folder only; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from lantern.errors import CheckpointError, ConfigError
+from lantern.text.base import HFTextEncoder, check_max_length, dtype_kwargs, read_model_config
+
+T5_EXPECTED = (
+    "a local folder with a FLAN-T5 encoder and tokenizer "
+    "(e.g. google/flan-t5-xl saved with save_pretrained)"
+)
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+class T5TextEncoder(HFTextEncoder):
+    """Left-padded FLAN-T5 encoder states (see :class:`lantern.text.base.HFTextEncoder`).
+
+    ``model`` is a built ``transformers.T5EncoderModel`` and ``tokenizer`` its tokenizer, which
+    must append ``</s>``; the constructor does no I/O. ``dim`` is the model's ``d_model``.
+    """
+
+    def __init__(self, model: torch.nn.Module, tokenizer, max_length: int = 120) -> None:
+        super().__init__(model, tokenizer, max_length=max_length, dim=model.config.d_model)
+
+
+def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype) and dtype in _DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype.lower() in _DTYPES:
+        return _DTYPES[dtype.lower()]
+    raise ConfigError(f"T5 dtype {dtype!r} is not supported; use one of float32, bfloat16, float16")
+
+
+def load_t5_encoder(
+    path: str | os.PathLike,
+    max_length: int = 120,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype = "float32",
+) -> T5TextEncoder:
+    """Load a FLAN-T5 encoder and tokenizer from the local folder ``path`` (never downloads).
+
+    ``dtype`` is the weight precision (float32, bfloat16 or float16; FLAN-T5 is known to
+    overflow in float16); the returned states are always float32. Raises :class:`ConfigError`
+    when ``path`` is not a folder with a T5 ``config.json``, and :class:`CheckpointError` when
+    the weights or tokenizer in it cannot be loaded.
+    """
+    path = os.fspath(path)
+    check_max_length(max_length)
+    torch_dtype = _resolve_dtype(dtype)
+    config = read_model_config(path, T5_EXPECTED)
+    if config.get("model_type") != "t5":
+        raise ConfigError(
+            f"text encoder folder {path!r} holds model_type {config.get('model_type')!r}, not 't5'; "
+            f"expected {T5_EXPECTED}"
+        )
+    from transformers import AutoTokenizer, T5EncoderModel
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        model = T5EncoderModel.from_pretrained(path, local_files_only=True, **dtype_kwargs(torch_dtype))
+    except Exception as exc:  # noqa: BLE001 - any load failure means the folder is not a usable encoder
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(
+            f"cannot load a T5 encoder from {path!r} ({reason[:200]}); expected {T5_EXPECTED}"
+        ) from exc
+    return T5TextEncoder(model.to(device), tokenizer, max_length=max_length)

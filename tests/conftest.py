@@ -1,0 +1,24 @@
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+KEYS_DIR = REPO.parent / "shared" / "llamagen_keys"
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "disabled")
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+def read_layout(name: str) -> list[tuple[str, tuple[int, ...]]]:
+    """Rows (name, shape) of an official checkpoint layout from shared/llamagen_keys."""
+    path = KEYS_DIR / name
+    if not path.is_file():
+        pytest.skip(f"official layout {path} is not available in this checkout")
+    rows = []
+    for line in path.read_text().splitlines():
+        key, shape, _ = line.split("\t")
+        rows.append((key, tuple(int(s) for s in shape.split(","))))
+    return rows
