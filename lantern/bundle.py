@@ -69,15 +69,7 @@ def _build(gpt: Mapping, vq: Mapping) -> tuple[Transformer, VQModel, str]:
 
 
 def _finish(name, gpt_model, vq_model, conditioner, device, dtype) -> ModelBundle:
-    device, dtype = resolve_device(device), resolve_dtype(dtype)
-    conditioner = conditioner(device=device)
-    expected_tokens = gpt_model.config.cls_token_num
-    encoder = getattr(conditioner, "encoder", None)
-    if encoder is not None and (encoder.max_length, encoder.dim) != (expected_tokens, gpt_model.config.caption_dim):
-        raise ConfigError(
-            f"text encoder gives {encoder.max_length} tokens of dim {encoder.dim}, but the GPT expects "
-            f"{expected_tokens} tokens of dim {gpt_model.config.caption_dim}"
-        )
+    conditioner.check_model(gpt_model.config)
     gpt_model = gpt_model.to(device=device, dtype=dtype).eval()
     vq_model = vq_model.to(device=device).eval()
     return ModelBundle(name, gpt_model, vq_model, conditioner, device)
@@ -98,9 +90,10 @@ def load_bundle(
     ``gpt`` holds ``preset``, ``model_type``, ``image_size`` (and optional ``overrides``); ``vq`` holds
     ``preset``; ``conditioner`` is called with ``device=`` and returns the prompt conditioner.
     """
-    resolve_device(device), resolve_dtype(dtype)
+    device, dtype = resolve_device(device), resolve_dtype(dtype)
     gpt_path, vq_path = _require_file("model.gpt_ckpt", gpt_ckpt), _require_file("model.vq_ckpt", vq_ckpt)
     gpt_model, vq_model, label = _build(gpt, vq)
+    conditioner = conditioner(device=device)  # before the large loads: a missing text encoder fails fast
     load_weights(vq_model, vq_path, expected=vq["preset"])
     load_weights(gpt_model, gpt_path, expected=label)
     return _finish(name, gpt_model, vq_model, conditioner, device, dtype)
@@ -111,7 +104,8 @@ def random_bundle(
     device: str = "cpu", dtype: str = "float32",
 ) -> ModelBundle:
     """A bundle with randomly initialised weights (seeded): for tests, smoke runs and speed benchmarks."""
-    resolve_device(device), resolve_dtype(dtype)
+    device, dtype = resolve_device(device), resolve_dtype(dtype)
     torch.manual_seed(init_seed)
     gpt_model, vq_model, _ = _build(gpt, vq)
+    conditioner = conditioner(device=device)
     return _finish(name, gpt_model, vq_model, conditioner, device, dtype)

@@ -34,6 +34,14 @@ class ClassConditioner:
         self.num_classes = num_classes
         self.device = torch.device(device)
 
+    def check_model(self, config) -> None:
+        """Raise ConfigError unless the GPT ``config`` is class-conditional over the same classes."""
+        if config.model_type != "c2i" or config.num_classes != self.num_classes:
+            raise ConfigError(
+                f"class conditioner over {self.num_classes} classes does not fit a {config.model_type} model "
+                f"with {config.num_classes} classes"
+            )
+
     def check(self, prompt) -> None:
         """Raise ConfigError unless ``prompt`` is a valid class id."""
         if isinstance(prompt, bool) or not isinstance(prompt, int) or not 0 <= prompt < self.num_classes:
@@ -56,7 +64,17 @@ class TextConditioner:
         self.encoder = encoder
         self.device = torch.device(device)
 
+    def check_model(self, config) -> None:
+        """Raise ConfigError unless the GPT ``config`` takes this encoder's tokens and width."""
+        encoder = self.encoder
+        if config.model_type != "t2i" or (encoder.max_length, encoder.dim) != (config.cls_token_num, config.caption_dim):
+            raise ConfigError(
+                f"text encoder gives {encoder.max_length} tokens of dim {encoder.dim}, but the {config.model_type} "
+                f"GPT expects {config.cls_token_num} condition tokens of dim {config.caption_dim}"
+            )
+
     def check(self, prompt) -> None:
+        """Raise ConfigError unless ``prompt`` is a non-empty caption."""
         if not isinstance(prompt, str) or not prompt.strip():
             raise ConfigError(f"text prompt {prompt!r} must be a non-empty string")
 

@@ -222,6 +222,15 @@ class Transformer(nn.Module):
         table = rope_table_2d(config.grid_size, config.head_dim, config.cls_token_num, config.rope_base)
         self.register_buffer("rope", table, persistent=False)  # (max_seq_len, hd/2, 2)
 
+    def _apply(self, fn, recurse=True):
+        # Keep the RoPE table in fp32 whatever dtype the weights are cast to (in the reference it is a
+        # plain attribute that .to(dtype) leaves alone).
+        super()._apply(fn, recurse)
+        cfg = self.config
+        table = rope_table_2d(cfg.grid_size, cfg.head_dim, cfg.cls_token_num, cfg.rope_base)
+        self.rope = table.to(self.rope.device)
+        return self
+
     # ----- inputs -------------------------------------------------------------------------------
     def embed_condition(self, condition: torch.Tensor) -> torch.Tensor:
         """Class ids (B,) or caption states (B, T, C) -> condition embeddings (B, T, D)."""

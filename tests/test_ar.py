@@ -1,0 +1,87 @@
+import torch
+
+from lantern.conditioning import ClassConditioner, TextConditioner
+from lantern.decoding.ar import ARDecoder
+from lantern.models.gpt import Transformer, gpt_config
+from lantern.rng import keys_tensor
+from lantern.sampling import SamplingConfig, combine_cfg
+from lantern.text.base import TextEmbedding, TextEncoder
+
+
+def tiny(model_type="c2i", seed=0):
+    torch.manual_seed(seed)
+    cfg = gpt_config("GPT-nano", model_type, 64, vocab_size=256, num_classes=10, caption_dim=8,
+                     cls_token_num=4 if model_type == "t2i" else 1)
+    return Transformer(cfg).eval()
+
+
+class FakeEncoder(TextEncoder):
+    """Deterministic caption states from the prompt text, left-padded like T5."""
+
+    max_length, dim = 4, 8
+
+    def encode(self, prompts):
+        states = torch.zeros(len(prompts), 4, 8)
+        mask = torch.zeros(len(prompts), 4, dtype=torch.bool)
+        for i, text in enumerate(prompts):
+            n = min(4, len(text.split()))
+            g = torch.Generator().manual_seed(sum(map(ord, text)))
+            states[i, 4 - n:] = torch.randn(n, 8, generator=g)
+            mask[i, 4 - n:] = True
+        return TextEmbedding(states, mask)
+
+
+def test_greedy_cfg_decoding_is_the_argmax_of_the_teacher_forced_model():
+    model = tiny()
+    sampling = SamplingConfig(temperature=0, cfg_scale=3.0)
+    cond = ClassConditioner(10).encode([1, 4, 7])
+    codes = ARDecoder(sampling).generate(model, cond, keys_tensor(0, range(3))).codes
+    with torch.no_grad():
+        labels = torch.cat([cond.values, model.null_condition(3)])
+        mask = torch.ones(6, 1, dtype=torch.bool)
+        logits = model.head(model.forward_teacher(model.embed_condition(labels), codes.repeat(2, 1), mask))
+    assert torch.equal(combine_cfg(logits, 3.0).argmax(-1), codes)
+    again = ARDecoder(sampling).generate(model, cond, keys_tensor(5, range(3))).codes
+    assert torch.equal(codes, again)  # greedy ignores the seed and is deterministic
+
+
+def test_text_conditioned_greedy_matches_teacher_forcing_with_padding():
+    model = tiny("t2i")
+    sampling = SamplingConfig(temperature=0, cfg_scale=2.0)
+    cond = TextConditioner(FakeEncoder()).encode(["a shoe", "a long red coat here", "bag"])
+    codes = ARDecoder(sampling).generate(model, cond, keys_tensor(0, range(3))).codes
+    with torch.no_grad():
+        values = torch.cat([cond.values, model.null_condition(3)])
+        logits = model.head(model.forward_teacher(model.embed_condition(values), codes.repeat(2, 1), cond.mask.repeat(2, 1)))
+    assert torch.equal(combine_cfg(logits, 2.0).argmax(-1), codes)
+
+
+def test_sampled_images_do_not_depend_on_batch_size_or_order():
+    model = tiny()
+    decoder = ARDecoder(SamplingConfig(temperature=1.0, top_k=50, top_p=0.9, cfg_scale=2.5))
+    conditioner = ClassConditioner(10)
+    prompts = [3, 3, 8, 0]
+    together = decoder.generate(model, conditioner.encode(prompts), keys_tensor(11, range(4))).codes
+    alone = torch.cat([
+        decoder.generate(model, conditioner.encode([prompts[i]]), keys_tensor(11, [i])).codes for i in range(4)
+    ])
+    assert torch.equal(together, alone)
+    reversed_order = decoder.generate(model, conditioner.encode(prompts[::-1]), keys_tensor(11, [3, 2, 1, 0])).codes
+    assert torch.equal(reversed_order.flip(0), together)
+    assert not torch.equal(together[0], together[1])  # same prompt, different index -> different sample
+    other_seed = decoder.generate(model, conditioner.encode(prompts), keys_tensor(12, range(4))).codes
+    assert not torch.equal(other_seed, together)
+
+
+def test_cfg_scale_one_runs_a_single_stream():
+    model = tiny()
+    calls = []
+    handle = model.tok_embeddings.register_forward_hook(lambda m, a, out: calls.append(out.shape[0]))
+    ARDecoder(SamplingConfig(cfg_scale=1.0)).generate(model, ClassConditioner(10).encode([1, 2]), keys_tensor(0, [0, 1]))
+    handle.remove()
+    assert set(calls) == {2}
+    calls.clear()
+    handle = model.tok_embeddings.register_forward_hook(lambda m, a, out: calls.append(out.shape[0]))
+    ARDecoder(SamplingConfig(cfg_scale=4.0)).generate(model, ClassConditioner(10).encode([1, 2]), keys_tensor(0, [0, 1]))
+    handle.remove()
+    assert set(calls) == {4}

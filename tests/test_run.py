@@ -1,0 +1,67 @@
+"""End-to-end runs of the entry point (subprocesses, the tiny random world)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(tmp_path: Path, *overrides: str, name: str = "run") -> tuple[subprocess.CompletedProcess, Path]:
+    out = tmp_path / name
+    proc = subprocess.run(
+        [sys.executable, "run.py", "model=tiny_random_c2i", f"hydra.run.dir={out}", *overrides],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    return proc, out
+
+
+def test_run_writes_images_grid_and_metrics(tmp_path):
+    proc, out = run(tmp_path, "num_images=5", "batch_size=2", "seed=3")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in out.glob("*.png")) == [f"{i:06d}.png" for i in range(5)] + ["grid.png"]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["num_images"] == 5 and metrics["decoding"] == "ar" and metrics["seed"] == 3
+    assert len(metrics["per_image"]) == 5 and all(r["latency_s"] > 0 for r in metrics["per_image"])
+    assert metrics["tokens_per_s"] > 0 and metrics["environment"]["versions"]["torch"]
+    assert metrics["config"]["model"]["name"] == "tiny_random_c2i"
+
+
+def test_images_do_not_change_with_batch_size(tmp_path):
+    one, out1 = run(tmp_path, "num_images=4", "batch_size=1", "warmup=0", name="b1")
+    four, out4 = run(tmp_path, "num_images=4", "batch_size=4", "warmup=0", name="b4")
+    assert one.returncode == 0 and four.returncode == 0, one.stderr + four.stderr
+    for i in range(4):
+        assert (out1 / f"{i:06d}.png").read_bytes() == (out4 / f"{i:06d}.png").read_bytes()
+
+
+@pytest.mark.parametrize("override,message", [
+    ("top_k=-1", "top_k=-1"),
+    ("top_p=1.5", "top_p=1.5"),
+    ("temperature=-0.5", "temperature=-0.5"),
+    ("cfg_scale=-1", "cfg_scale=-1"),
+    ("num_images=0", "num_images=0"),
+    ("model.bundle.gpt.preset=GPT-Q", "unknown GPT preset 'GPT-Q'"),
+    ("model.bundle.gpt.model_type=x2i", "model_type"),
+    ("model.bundle.gpt.image_size=30", "image_size 30"),
+    ("dtype=int8", "dtype='int8'"),
+])
+def test_bad_input_is_one_line_nonzero_and_writes_nothing(tmp_path, override, message):
+    proc, out = run(tmp_path, override)
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], proc.stderr
+    assert not out.exists()
+
+
+def test_missing_checkpoint_and_text_encoder_are_named(tmp_path):
+    proc, out = run(tmp_path, "model=llamagen_c2i_b_256")
+    assert proc.returncode != 0 and "model.gpt_ckpt is required" in proc.stderr and not out.exists()
+    vq = tmp_path / "vq.pt"
+    vq.write_bytes(b"")
+    proc, out = run(tmp_path, "model=llamagen_t2i_xl_256", f"model.gpt_ckpt={tmp_path / 'absent.pt'}",
+                    f"model.vq_ckpt={vq}", f"model.text_encoder_path={tmp_path / 'nodir'}")
+    assert proc.returncode != 0 and "absent.pt" in proc.stderr.strip().splitlines()[-1] and not out.exists()

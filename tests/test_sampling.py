@@ -1,0 +1,83 @@
+import math
+
+import pytest
+import torch
+
+from lantern import rng
+from lantern.errors import ConfigError
+from lantern.sampling import SamplingConfig, combine_cfg, filter_logits, guided_logits, probabilities, sample
+
+
+def test_uniforms_are_a_pure_function_of_key_step_stream_index():
+    keys = rng.keys_tensor(7, [0, 1, 2, 3])
+    a = rng.uniform(keys, 5, rng.SAMPLE, 100)
+    b = rng.uniform(keys[[2, 0]], 5, rng.SAMPLE, 100)
+    torch.testing.assert_close(a[[2, 0]], b)  # batch composition does not matter
+    assert not torch.equal(a, rng.uniform(keys, 6, rng.SAMPLE, 100))
+    assert not torch.equal(a, rng.uniform(keys, 5, rng.ACCEPT, 100))
+    assert rng.sample_key(7, 0) != rng.sample_key(8, 0) != rng.sample_key(7, 1)
+
+
+def test_uniforms_look_uniform_and_independent():
+    keys = rng.keys_tensor(0, range(64))
+    u = rng.uniform(keys, 3, rng.SAMPLE, 4096).double()
+    assert 0 < u.min() and u.max() < 1
+    assert abs(u.mean().item() - 0.5) < 0.003
+    assert abs(u.var().item() - 1 / 12) < 0.001
+    counts = torch.histc(u.float(), bins=16, min=0, max=1)
+    expected = u.numel() / 16
+    chi2 = ((counts - expected) ** 2 / expected).sum().item()
+    assert chi2 < 45  # 15 dof: p < 1e-4 beyond this
+    neighbours = torch.corrcoef(torch.stack([u[:, :-1].flatten(), u[:, 1:].flatten()]))[0, 1]
+    assert abs(neighbours.item()) < 0.01
+
+
+def test_exponential_race_samples_the_distribution():
+    torch.manual_seed(0)
+    probs = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05, 0.0])
+    draws = 20000
+    keys = rng.keys_tensor(1, range(draws))
+    tokens = sample(probs.expand(draws, -1), keys, step=0)
+    counts = torch.bincount(tokens, minlength=6).double()
+    assert counts[5] == 0  # zero-probability tokens are never drawn
+    expected = probs[:5].double() * draws
+    chi2 = ((counts[:5] - expected) ** 2 / expected).sum().item()
+    assert chi2 < 18.5  # 4 dof, p = 0.001
+
+
+def test_cfg_combines_conditional_first():
+    cond, uncond = torch.randn(2, 7), torch.randn(2, 7)
+    out = combine_cfg(torch.cat([cond, uncond]), 3.0)
+    torch.testing.assert_close(out, uncond + 3.0 * (cond - uncond))
+    cfg = SamplingConfig(cfg_scale=3.0, cfg_interval=4)
+    torch.testing.assert_close(guided_logits(torch.cat([cond, uncond]), cfg, 4), out)
+    torch.testing.assert_close(guided_logits(torch.cat([cond, uncond]), cfg, 5), cond)  # guidance off after step 4
+    no_cfg = SamplingConfig(cfg_scale=1.0)
+    assert not no_cfg.uses_cfg
+    torch.testing.assert_close(guided_logits(cond, no_cfg, 0), cond)
+
+
+def test_top_k_and_top_p_filters_match_a_direct_computation():
+    logits = torch.tensor([[3.0, 1.0, 2.0, 0.0, -1.0]])
+    kept = filter_logits(logits, 2, 1.0)
+    assert torch.isfinite(kept).tolist() == [[True, False, True, False, False]]
+    probs = logits.softmax(-1)[0]  # sorted: 0 (.64), 2 (.24), 1 (.09), ...
+    for top_p, expect in [(0.5, [0]), (0.7, [0, 2]), (0.95, [0, 2, 1]), (1.0, [0, 1, 2, 3, 4])]:
+        keep = torch.isfinite(filter_logits(logits, 0, top_p))[0].nonzero().flatten().tolist()
+        assert sorted(keep) == sorted(expect), (top_p, probs)
+
+
+def test_greedy_is_one_hot_and_temperature_sharpens():
+    logits = torch.tensor([[0.0, 2.0, 1.0]])
+    assert probabilities(logits, SamplingConfig(temperature=0)).tolist() == [[0.0, 1.0, 0.0]]
+    hot = probabilities(logits, SamplingConfig(temperature=0.5))
+    torch.testing.assert_close(hot, (logits / 0.5).softmax(-1))
+
+
+@pytest.mark.parametrize("field,value", [
+    ("temperature", -0.1), ("temperature", math.nan), ("top_k", -1), ("top_p", 0.0), ("top_p", 1.01),
+    ("cfg_scale", -1.0), ("cfg_interval", -2),
+])
+def test_bad_sampling_values_name_the_field(field, value):
+    with pytest.raises(ConfigError, match=field):
+        SamplingConfig(**{field: value})
