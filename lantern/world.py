@@ -1,0 +1,73 @@
+"""Shipped model worlds: a folder of weights plus a manifest that pins every file by sha256.
+
+The embedded Fashion-MNIST world lives in ``worlds/fashion_mnist/``. Its manifest records, for each
+file, the sha256, the size, the command that produced it, the data and the commit. Loading checks
+every hash first, so a missing or altered file is reported before anything is built.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from lantern.bundle import ModelBundle, load_bundle
+from lantern.errors import CheckpointError
+from lantern.records import REPO_ROOT
+
+MANIFEST_NAME = "manifest.json"
+DEFAULT_WORLD = REPO_ROOT / "worlds" / "fashion_mnist"
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex sha256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def read_manifest(folder: str | Path) -> dict:
+    """The manifest of ``folder``; CheckpointError when it is missing or unreadable."""
+    path = Path(folder) / MANIFEST_NAME
+    if not path.is_file():
+        raise CheckpointError(f"world manifest not found: {str(path)!r} (is {str(folder)!r} a shipped world folder?)")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"world manifest {str(path)!r} is not valid JSON ({exc})") from exc
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise CheckpointError(f"world manifest {str(path)!r} has no 'files' table")
+    return manifest
+
+
+def verify_world(folder: str | Path) -> dict:
+    """Check every file of the manifest against its sha256; return the manifest.
+
+    A missing or altered file raises one CheckpointError that says how to restore or rebuild it.
+    """
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    for name, entry in manifest["files"].items():
+        path = folder / name
+        how = f"restore it with `git checkout -- {path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path}` or rebuild it with `{entry.get('command', '?')}`"
+        if not path.is_file():
+            raise CheckpointError(f"world file {str(path)!r} is missing; {how}")
+        actual = sha256_file(path)
+        if actual != entry.get("sha256"):
+            raise CheckpointError(
+                f"world file {str(path)!r} was altered (sha256 {actual[:12]}..., manifest {str(entry.get('sha256'))[:12]}...); {how}"
+            )
+    return manifest
+
+
+def load_world(
+    name: str, gpt: Mapping, vq: Mapping, conditioner: Callable, folder: str | None = None,
+    gpt_file: str = "gpt.safetensors", vq_file: str = "vq.safetensors", device: str = "cpu", dtype: str = "float32",
+) -> ModelBundle:
+    """Verify a shipped world's manifest, then load its GPT and VQ strictly (see :func:`load_bundle`)."""
+    folder = Path(folder) if folder else DEFAULT_WORLD
+    verify_world(folder)
+    return load_bundle(name, gpt, vq, str(folder / gpt_file), str(folder / vq_file), conditioner, device, dtype)

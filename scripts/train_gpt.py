@@ -1,0 +1,124 @@
+"""Train the embedded world's text-to-image GPT on Fashion-MNIST in one command.
+
+    python scripts/train_gpt.py                          # needs outputs/train/vq/vq.safetensors
+    python scripts/train_gpt.py steps=200 out_dir=outputs/train/gpt_try
+
+The 60k train split is tokenised once by the trained VQ (cached in ``out_dir/codes_train.pt``, keyed
+by the tokenizer file's sha256); the 70 caption templates are encoded once by all-MiniLM-L6-v2.
+Rerunning the same command resumes from ``out_dir/checkpoint.pt``. At the end ``out_dir`` holds
+``gpt.safetensors`` (fp16), ``config.yaml`` and ``log.jsonl``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+
+import hydra
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from lantern.checkpoint import load_weights
+from lantern.data.fashion_mnist import NUM_CLASSES, FashionMNISTImages, all_captions
+from lantern.errors import user_message
+from lantern.models.gpt import Transformer, gpt_config
+from lantern.models.vq import VQModel, vq_config
+from lantern.text.minilm import load_minilm_encoder
+from lantern.training.loop import EpochBatches, Trainer, warmup_cosine
+from lantern.training.gpt import GPTObjective
+from lantern.training.vq import image_batch
+
+WEIGHTS_NAME = "gpt.safetensors"
+
+
+def file_sha256(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@torch.no_grad()
+def tokenize(vq: VQModel, dataset: FashionMNISTImages, cache: Path, vq_hash: str, batch: int = 500) -> torch.Tensor:
+    """Codes (N, G*G) of every image, read from ``cache`` when it was made by the same tokenizer."""
+    if cache.is_file():
+        saved = torch.load(cache, map_location="cpu", weights_only=True)
+        if saved.get("vq_sha256") == vq_hash and saved["codes"].shape[0] == len(dataset):
+            return saved["codes"].long()
+    codes = []
+    for start in tqdm(range(0, len(dataset), batch), desc="tokenising", unit="batch"):
+        images = image_batch(dataset, torch.arange(start, min(start + batch, len(dataset))))
+        codes.append(vq.encode(images).flatten(1).to(torch.int16))  # (b, G*G)
+    codes = torch.cat(codes)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_name(cache.name + ".tmp")
+    torch.save({"vq_sha256": vq_hash, "codes": codes}, tmp)
+    tmp.replace(cache)
+    return codes.long()
+
+
+def caption_table(max_length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Encoder states (C, T, 384) and masks (C, T) of every caption template, and ids (classes, K)."""
+    captions = [all_captions(label) for label in range(NUM_CLASSES)]
+    per_class = len(captions[0])
+    flat = [c for group in captions for c in group]
+    embedding = load_minilm_encoder(max_length=max_length).encode(flat)
+    ids = torch.arange(len(flat)).view(NUM_CLASSES, per_class)
+    return embedding.states, embedding.mask, ids
+
+
+def train_gpt(cfg: DictConfig) -> dict:
+    config = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    torch.set_num_threads(int(cfg.num_threads))
+    out_dir = Path(cfg.out_dir)
+    vq = load_weights(VQModel(vq_config(cfg.vq_preset)), cfg.vq_weights, f"{cfg.vq_preset} tokenizer").eval()
+    train = FashionMNISTImages.from_folder(cfg.data_root, "train", cfg.resolution)
+    codes = tokenize(vq, train, out_dir / "codes_train.pt", file_sha256(cfg.vq_weights))
+    states, masks, class_captions = caption_table(cfg.text_max_length)
+    caption_ids = class_captions[torch.as_tensor(train.labels, dtype=torch.long)]  # (N, K)
+
+    torch.manual_seed(cfg.seed)
+    gpt_cfg = gpt_config(
+        cfg.preset, "t2i", cfg.resolution, vq.config.downsample, vocab_size=vq.config.codebook_size,
+        caption_dim=states.shape[-1], cls_token_num=cfg.text_max_length,
+    )
+    model = Transformer(gpt_cfg)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr, betas=tuple(cfg.betas),
+    )
+    objective = GPTObjective(model, codes, caption_ids, states, masks, cfg.cond_dropout)
+    trainer = Trainer(
+        model, optimizer, objective, EpochBatches(len(train), cfg.batch_size, cfg.seed, lambda idx: idx),
+        max_steps=cfg.steps, out_dir=out_dir, ckpt_every=cfg.ckpt_every, log_every=cfg.log_every,
+        progress=cfg.progress, grad_clip=cfg.grad_clip,
+        lr_schedule=warmup_cosine(cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio), config=config,
+        export_name=WEIGHTS_NAME, export_dtype=torch.float16,
+    )
+    params = sum(p.numel() for p in model.parameters()) / 1e6
+    print(f"training {cfg.preset} t2i ({params:.2f}M parameters, {gpt_cfg.grid_size}x{gpt_cfg.grid_size} tokens, "
+          f"vocab {gpt_cfg.vocab_size}) for {cfg.steps} steps of {cfg.batch_size} into {out_dir}", flush=True)
+    return trainer.fit()
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="train_gpt")
+def main(cfg: DictConfig) -> None:
+    """Entry point: train and print a summary; user errors exit 2 with one line."""
+    try:
+        summary = train_gpt(cfg)
+    except Exception as exc:
+        message = user_message(exc)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+    print(f"{Path(cfg.out_dir) / WEIGHTS_NAME}: {summary['steps']} steps, last logs {summary['logs']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""Loading model files through configs, end to end, with official-format files of tiny size."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from lantern.models.gpt import Transformer, gpt_config
+from lantern.models.vq import VQModel, vq_config
+from test_text import T5_DIM, _tiny_t5_folder
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_t2i_run_loads_official_format_files_and_a_local_t5(tmp_path):
+    t5 = _tiny_t5_folder(tmp_path / "t5")
+    torch.manual_seed(0)
+    gpt = Transformer(gpt_config("GPT-nano", "t2i", 32, downsample=8, vocab_size=1024, caption_dim=T5_DIM, cls_token_num=12))
+    vq = VQModel(vq_config("VQ-tiny", codebook_size=1024))
+    torch.save({"model": gpt.state_dict()}, tmp_path / "gpt.pt")
+    torch.save(vq.state_dict(), tmp_path / "vq.pt")  # raw dict, like the FSDP-saved releases
+    out = tmp_path / "run"
+    overrides = [
+        "model=llamagen_t2i_xl_256", f"model.gpt_ckpt={tmp_path / 'gpt.pt'}", f"model.vq_ckpt={tmp_path / 'vq.pt'}",
+        f"model.text_encoder_path={t5}", "model.bundle.gpt.preset=GPT-nano", "model.bundle.gpt.image_size=32",
+        f"+model.bundle.gpt.overrides={{vocab_size:1024,caption_dim:{T5_DIM},cls_token_num:12}}",
+        "model.bundle.vq.preset=VQ-tiny", "+model.bundle.vq.overrides={codebook_size:1024}",
+        "model.bundle.conditioner.max_length=12", "num_images=3", "batch_size=2", "top_k=50", "warmup=0",
+        f"hydra.run.dir={out}",
+    ]
+    proc = subprocess.run([sys.executable, "run.py", *overrides], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["prompts"] == "captions_demo" and metrics["top_k"] == 50 and metrics["cfg_scale"] == 7.5
+    assert [r["prompt"] for r in metrics["per_image"]][0].startswith("A photo of a red fox")
+    assert (out / "000002.png").is_file()
+
+    wrong = subprocess.run([sys.executable, "run.py", *overrides[:-1], "model.bundle.conditioner.max_length=10",
+                            f"hydra.run.dir={tmp_path / 'bad'}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert wrong.returncode == 2 and "expects 12 condition tokens" in wrong.stderr and not (tmp_path / "bad").exists()
