@@ -27,17 +27,20 @@ from lantern.rng import keys_tensor
 from lantern.sampling import SamplingConfig
 
 
-def timed(fn, runs: int, warmup: int, device: torch.device) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    times = []
+def timed(fns: dict, runs: int, warmup: int, device: torch.device) -> dict[str, float]:
+    """Median seconds of each callable; runs are interleaved so background load hits all alike."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times = {name: [] for name in fns}
     for _ in range(runs):
-        synchronize(device)
-        start = time.perf_counter()
-        fn()
-        synchronize(device)
-        times.append(time.perf_counter() - start)
-    return times
+        for name, fn in fns.items():
+            synchronize(device)
+            start = time.perf_counter()
+            fn()
+            synchronize(device)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def reference_model(repo: str, model: Transformer):
@@ -88,9 +91,7 @@ def main() -> None:
     for batch in args.batch_sizes:
         condition = conditioner.encode([i % cfg.num_classes for i in range(batch)])
         keys = keys_tensor(0, range(batch), device)
-        ours = timed(lambda: decoder.generate(model, condition, keys), args.runs, args.warmup, device)
-        row = {"batch": batch, "lantern_s": statistics.median(ours),
-               "lantern_tokens_per_s": batch * cfg.num_image_tokens / statistics.median(ours)}
+        fns = {"lantern": lambda: decoder.generate(model, condition, keys)}
         if ref is not None:
             from autoregressive.models.generate import generate as ref_generate
 
@@ -99,13 +100,17 @@ def main() -> None:
                     return ref_generate(ref, condition.values, cfg.num_image_tokens, cfg_scale=args.cfg_scale,
                                         temperature=1.0, top_k=args.top_k, top_p=1.0, sample_logits=sample_logits)
 
-            theirs = timed(run_ref, args.runs, args.warmup, device)
+            fns["llamagen"] = run_ref
+        medians = timed(fns, args.runs, args.warmup, device)
+        row = {"batch": batch}
+        for name, seconds in medians.items():
+            row[f"{name}_s"] = seconds
+            row[f"{name}_tokens_per_s"] = batch * cfg.num_image_tokens / seconds
+        if ref is not None:
             greedy_ours = ARDecoder(SamplingConfig(temperature=0, cfg_scale=args.cfg_scale)).generate(model, condition, keys).codes
             greedy_ref = run_ref(sample_logits=False).long()
-            row.update({"llamagen_s": statistics.median(theirs),
-                        "llamagen_tokens_per_s": batch * cfg.num_image_tokens / statistics.median(theirs),
-                        "speedup_vs_llamagen": statistics.median(theirs) / statistics.median(ours),
-                        "greedy_tokens_equal": bool(torch.equal(greedy_ours, greedy_ref))})
+            row["speedup_vs_llamagen"] = medians["llamagen"] / medians["lantern"]
+            row["greedy_tokens_equal"] = bool(torch.equal(greedy_ours, greedy_ref))
         rows.append(row)
         print("  " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
     if args.json:

@@ -76,6 +76,9 @@ def train_gpt(cfg: DictConfig) -> dict:
     out_dir = Path(cfg.out_dir)
     vq = load_weights(VQModel(vq_config(cfg.vq_preset)), cfg.vq_weights, f"{cfg.vq_preset} tokenizer").eval()
     train = FashionMNISTImages.from_folder(cfg.data_root, "train", cfg.resolution)
+    if cfg.max_train_images:
+        count = min(int(cfg.max_train_images), len(train))
+        train = FashionMNISTImages(train.images[:count].numpy(), train.labels[:count].numpy(), cfg.resolution)
     codes = tokenize(vq, train, out_dir / "codes_train.pt", file_sha256(cfg.vq_weights))
     states, masks, class_captions = caption_table(cfg.text_max_length)
     caption_ids = class_captions[torch.as_tensor(train.labels, dtype=torch.long)]  # (N, K)

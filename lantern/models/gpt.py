@@ -77,7 +77,7 @@ GPT_PRESETS: dict[str, tuple[int, int, int]] = {
     "GPT-XXL": (48, 24, 1536),
     "GPT-3B": (24, 32, 3200),
     "GPT-tiny": (8, 6, 384),
-    "GPT-mini": (6, 8, 256),
+    "GPT-mini": (6, 6, 192),
     "GPT-nano": (2, 2, 64),
 }
 

