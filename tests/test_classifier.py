@@ -62,7 +62,9 @@ def test_world_images_reach_the_model_as_training_images_do(test_split):
     dataset = FashionMNISTImages(images[:4], labels[:4], resolution=32)
     expected = torch.stack([dataset[i][0][:1] for i in range(4)])  # (4, 1, 32, 32)
     torch.testing.assert_close(to_classifier_input(world), expected)
-    batch, y = training_batch(torch.from_numpy(images[:4]), torch.from_numpy(labels[:4]), torch.arange(4), augment=False)
+    batch, y = training_batch(
+        torch.from_numpy(images[:4]), torch.from_numpy(labels[:4]), torch.arange(4), augment=False
+    )
     torch.testing.assert_close(batch, expected)
     assert y.tolist() == labels[:4].tolist()
 

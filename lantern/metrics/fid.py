@@ -11,7 +11,7 @@ images of the embedded world are (32, 32, 3) uint8 with the gray value in all th
 
 The distance ``|mu1 - mu2|^2 + tr(S1 + S2 - 2 (S1 S2)^(1/2))`` is computed by default from
 symmetric eigendecompositions (``method="eigh"``), which is exact for covariance matrices, fast
-(~1 s for 2048-d on one core versus ~15 s for ``scipy.linalg.sqrtm``) and free of spurious
+(1-5 s for 2048-d on one CPU core versus 15-60 s for ``scipy.linalg.sqrtm``) and free of spurious
 imaginary parts; ``method="sqrtm"`` is the pytorch-fid / clean-fid algorithm. Both add ``eps * I``
 to the covariances when the first attempt fails.
 
@@ -26,6 +26,7 @@ import contextlib
 import functools
 import hashlib
 import importlib.util
+import inspect
 import json
 import os
 import re
@@ -452,8 +453,6 @@ def reference_stats(
 
 
 def _sqrtm_accepts_disp() -> bool:
-    import inspect
-
     try:
         return "disp" in inspect.signature(scipy.linalg.sqrtm).parameters
     except (TypeError, ValueError):
