@@ -5,7 +5,6 @@
     python run.py model=llamagen_t2i_xl_256 model.gpt_ckpt=... model.vq_ckpt=... model.text_encoder_path=...
 """
 
-import sys
 from pathlib import Path
 
 import hydra
@@ -13,31 +12,23 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from lantern.errors import user_message
+from lantern.cli import run_or_exit
 
 
-def _remove_if_empty(folder: Path) -> None:
-    if folder.is_dir() and not any(folder.iterdir()):
-        folder.rmdir()
+def generate(cfg: DictConfig, out_dir: Path) -> dict:
+    """Compose the configured objects and run the generation job into ``out_dir``."""
+    resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    decoder = instantiate(cfg.decoding)
+    prompts = instantiate(cfg.prompts)
+    bundle = instantiate(cfg.model.bundle)
+    job = instantiate(cfg.job, _partial_=True)(bundle=bundle, decoder=decoder, prompts=prompts)
+    return job.run(out_dir, config=resolved)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
-    try:
-        resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
-        decoder = instantiate(cfg.decoding)
-        prompts = instantiate(cfg.prompts)
-        bundle = instantiate(cfg.model.bundle)
-        job = instantiate(cfg.job, _partial_=True)(bundle=bundle, decoder=decoder, prompts=prompts)
-        metrics = job.run(out_dir, config=resolved)
-    except Exception as exc:
-        message = user_message(exc)
-        if message is None:
-            raise
-        _remove_if_empty(out_dir)
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
+    metrics = run_or_exit(lambda: generate(cfg, out_dir), out_dir)
     print(
         f"{metrics['num_images']} images, grid.png and metrics.json in {out_dir} "
         f"({metrics['latency_s_per_image'] * 1000:.1f} ms/image, {metrics['tokens_per_s']:.0f} tokens/s)"

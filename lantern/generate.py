@@ -57,6 +57,7 @@ class GenerationJob:
         self.num_images, self.batch_size, self.seed = num_images, batch_size, seed
         self.warmup, self.save_grid, self.progress = warmup, save_grid, progress
         self.items = prompts.for_images(num_images)
+        self.labels = prompts.labels_for_images(num_images)
         for prompt in self.items:
             bundle.conditioner.check(prompt)
 
@@ -88,7 +89,10 @@ class GenerationJob:
             pixels = bundle.decode_images(result.codes).cpu().numpy()  # (B, H, W, 3)
             for index, image in zip(indices, pixels):
                 save_png(image, out_dir / image_name(index))
-                per_image.append({"index": index, "prompt": self.items[index], "latency_s": seconds / len(indices)})
+                row = {"index": index, "prompt": self.items[index], "latency_s": seconds / len(indices)}
+                if self.labels is not None:
+                    row["label"] = self.labels[index]
+                per_image.append(row)
                 if len(grid_images) < 64:
                     grid_images.append(image)
             for key, value in result.stats.items():

@@ -7,26 +7,16 @@ every hash first, so a missing or altered file is reported before anything is bu
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from lantern.bundle import ModelBundle, load_bundle
 from lantern.errors import CheckpointError
-from lantern.records import REPO_ROOT
+from lantern.records import REPO_ROOT, sha256_file
 
 MANIFEST_NAME = "manifest.json"
 DEFAULT_WORLD = REPO_ROOT / "worlds" / "fashion_mnist"
-
-
-def sha256_file(path: str | Path) -> str:
-    """Hex sha256 of a file's bytes."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def read_manifest(folder: str | Path) -> dict:

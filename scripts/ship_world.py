@@ -42,7 +42,8 @@ def main() -> None:
                  "data": args.data, "commit": commit["commit"], "commit_dirty": commit["dirty"]}
         for extra in ("config.yaml", "vq_report.json", "classifier_report.json", "report.json"):
             if (source.parent / extra).is_file():
-                entry.setdefault("records", {})[extra] = (source.parent / extra).read_text()
+                text = (source.parent / extra).read_text()
+                entry.setdefault("records", {})[extra] = json.loads(text) if extra.endswith(".json") else text
         manifest["files"][name] = entry
         print(f"{target}: {entry['bytes'] / 2**20:.2f} MiB, sha256 {entry['sha256'][:16]}...")
     total = sum(e["bytes"] for e in manifest["files"].values())

@@ -11,8 +11,6 @@ Rerunning the same command resumes from ``out_dir/checkpoint.pt``. At the end ``
 
 from __future__ import annotations
 
-import hashlib
-import sys
 from pathlib import Path
 
 import hydra
@@ -22,23 +20,16 @@ from tqdm import tqdm
 
 from lantern.checkpoint import load_weights
 from lantern.data.fashion_mnist import NUM_CLASSES, FashionMNISTImages, all_captions
-from lantern.errors import user_message
+from lantern.cli import run_or_exit
 from lantern.models.gpt import Transformer, gpt_config
 from lantern.models.vq import VQModel, vq_config
+from lantern.records import sha256_file
 from lantern.text.minilm import load_minilm_encoder
-from lantern.training.loop import EpochBatches, Trainer, warmup_cosine
 from lantern.training.gpt import GPTObjective
+from lantern.training.loop import EpochBatches, Trainer, warmup_cosine
 from lantern.training.vq import image_batch
 
 WEIGHTS_NAME = "gpt.safetensors"
-
-
-def file_sha256(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 @torch.no_grad()
@@ -79,7 +70,7 @@ def train_gpt(cfg: DictConfig) -> dict:
     if cfg.max_train_images:
         count = min(int(cfg.max_train_images), len(train))
         train = FashionMNISTImages(train.images[:count].numpy(), train.labels[:count].numpy(), cfg.resolution)
-    codes = tokenize(vq, train, out_dir / "codes_train.pt", file_sha256(cfg.vq_weights))
+    codes = tokenize(vq, train, out_dir / "codes_train.pt", sha256_file(cfg.vq_weights))
     states, masks, class_captions = caption_table(cfg.text_max_length)
     caption_ids = class_captions[torch.as_tensor(train.labels, dtype=torch.long)]  # (N, K)
 
@@ -112,14 +103,7 @@ def train_gpt(cfg: DictConfig) -> dict:
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train_gpt")
 def main(cfg: DictConfig) -> None:
     """Entry point: train and print a summary; user errors exit 2 with one line."""
-    try:
-        summary = train_gpt(cfg)
-    except Exception as exc:
-        message = user_message(exc)
-        if message is None:
-            raise
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
+    summary = run_or_exit(lambda: train_gpt(cfg))
     print(f"{Path(cfg.out_dir) / WEIGHTS_NAME}: {summary['steps']} steps, last logs {summary['logs']}")
 
 

@@ -30,15 +30,6 @@ from lantern.training.loop import EpochBatches, Trainer
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small models gain nothing from threads, and two threads on a busy 2-core machine are slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def test_split() -> tuple[np.ndarray, np.ndarray]:
     return load_split(None, "test")  # (10000, 28, 28) uint8, (10000,) int64

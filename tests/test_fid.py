@@ -31,15 +31,6 @@ from lantern.metrics.fid import (
 COUNT = 24  # images per set: Inception costs ~0.1-0.3 s per image on one busy CPU core
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Two threads on a busy 2-core machine are several times slower than one."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def extractor() -> InceptionFeatures:
     return InceptionFeatures("cpu")

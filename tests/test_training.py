@@ -20,15 +20,6 @@ TINY_VQ = VQConfig(
 )
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models gain nothing from threads, and two threads on a busy 2-core machine are many times slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _images(n: int = 8, size: int = 8, seed: int = 0) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     return torch.rand(n, 3, size, size, generator=gen) * 2 - 1  # (n, 3, size, size)
