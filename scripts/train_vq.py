@@ -148,6 +148,7 @@ def train_vq(cfg: DictConfig) -> dict:
             "steps": summary["steps"],
             "resumed_from": summary["resumed_from"],
             "wall_s_this_run": summary["wall_s"],
+            "train_wall_s_total": summary["train_wall_s"],
             "images_seen": summary["steps"] * cfg.batch_size,
             "last_logs": summary["logs"],
         },

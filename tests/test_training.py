@@ -98,7 +98,7 @@ def test_resume_matches_uninterrupted_run(tmp_path):
     assert torch.load(tmp_path / "split" / CHECKPOINT_NAME, weights_only=True)["step"] == 3
     resumed = _vq_trainer(tmp_path / "split", max_steps=6, ckpt_every=3)
     summary = resumed.fit()
-    assert summary["resumed_from"] == 3 and summary["steps"] == 6
+    assert summary["resumed_from"] == 3 and summary["steps"] == 6 and summary["train_wall_s"] > 0
     want, got = full.model.state_dict(), resumed.model.state_dict()
     assert want.keys() == got.keys()
     for key in want:

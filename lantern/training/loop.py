@@ -36,7 +36,9 @@ CONFIG_NAME = "config.yaml"
 LOG_NAME = "log.jsonl"
 CHECKPOINT_FORMAT = "lantern-train-checkpoint/1"
 # Config keys that may change between a run and its resumption (dotted paths, top level or nested).
-DEFAULT_RESUME_IGNORE = ("steps", "max_steps", "ckpt_every", "log_every", "progress", "num_threads")
+DEFAULT_RESUME_IGNORE = (
+    "steps", "max_steps", "ckpt_every", "log_every", "progress", "num_threads", "device", "out_dir",
+)
 
 StepFn = Callable[[Any], tuple[torch.Tensor, Mapping[str, Any]]]
 BatchFactory = Callable[[int, int], Iterable[Any]]
@@ -112,6 +114,7 @@ def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
     tmp = str(path.with_name(f".{path.name}.{os.getpid()}.tmp"))  # same folder, so the rename is atomic
     try:
         write(tmp)
+        os.chmod(tmp, 0o644)  # some writers create 0600 files; outputs are meant to be shared
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -228,6 +231,8 @@ class Trainer:
         self.epoch = 0
         self.batch_in_epoch = 0
         self.resumed_from: int | None = None
+        self.train_wall_s = 0.0  # seconds spent in the step loop, summed over all resumptions
+        self._loop_started: float | None = None
 
     @property
     def checkpoint_path(self) -> Path:
@@ -253,6 +258,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "rng": _rng_state(),
             "config": self.config,
+            "train_wall_s": self._total_wall_s(),
         }
         if self._stateful_step_fn():
             state["step_fn"] = self.step_fn.state_dict()
@@ -287,8 +293,13 @@ class Trainer:
         self.step = int(state["step"])
         self.epoch = int(state["epoch"])
         self.batch_in_epoch = int(state["batch_in_epoch"])
+        self.train_wall_s = float(state.get("train_wall_s", 0.0))
         self.resumed_from = self.step
         return True
+
+    def _total_wall_s(self) -> float:
+        running = 0.0 if self._loop_started is None else time.perf_counter() - self._loop_started
+        return self.train_wall_s + running
 
     def _check_config(self, saved: Mapping[str, Any] | None) -> None:
         if self.config is None or saved is None:
@@ -361,13 +372,15 @@ class Trainer:
         """Train to ``max_steps`` (resuming from ``checkpoint.pt`` if present), then export the weights.
 
         Returns a summary: ``steps``, ``resumed_from`` (None for a fresh run), ``wall_s`` of this
-        call, the last logged ``logs`` and the ``weights`` path.
+        call, ``train_wall_s`` (loop time summed over all runs up to the last checkpoint and this
+        call), the last logged ``logs`` and the ``weights`` path.
         """
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.load_checkpoint()
         self._write_config()
         self.model.train()
         started = time.perf_counter()
+        self._loop_started = started
         first_step = self.step
         sums: dict[str, Any] = {}  # per-key sums over the current log interval
         counts: dict[str, int] = {}  # per-key number of steps that reported it
@@ -405,11 +418,14 @@ class Trainer:
                     sums, counts = {}, {}
                 if self.step % self.ckpt_every == 0 or self.step == self.max_steps:
                     self.save_checkpoint()
+        self.train_wall_s = self._total_wall_s()
+        self._loop_started = None
         weights = self.export()
         return {
             "steps": self.step,
             "resumed_from": self.resumed_from,
             "wall_s": time.perf_counter() - started,
+            "train_wall_s": self.train_wall_s,
             "logs": last,
             "weights": str(weights),
         }
