@@ -35,6 +35,13 @@ def device_name(device: torch.device) -> str:
     """A human-readable name of ``device`` (GPU model, or the CPU's)."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} cores)"
+    except OSError:
+        pass
     return platform.processor() or platform.machine() or "cpu"
 
 

@@ -24,7 +24,8 @@ import torch
 
 from lantern.bundle import resolve_device
 from lantern.data.fashion_mnist import CLASS_NAMES, NUM_CLASSES, SYSTEM_DATA_ROOT, load_split
-from lantern.errors import ConfigError, user_message
+from lantern.cli import run_or_exit
+from lantern.errors import ConfigError
 from lantern.metrics.classifier import (
     WEIGHTS_NAME,
     ClassifierObjective,
@@ -175,16 +176,9 @@ def train_classifier(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: train, report, print a one-line summary; user errors print one line and return 2."""
+    """Entry point: train, report, print a one-line summary; user errors print one line and exit 2."""
     args = parse_args(argv)
-    try:
-        report = train_classifier(args)
-    except Exception as exc:
-        message = user_message(exc)
-        if message is None:
-            raise
-        print(f"error: {message}", file=sys.stderr)
-        return 2
+    report = run_or_exit(lambda: train_classifier(args))
     test = report["test"]
     print(
         f"{report['weights']}: test accuracy {100 * test['accuracy']:.2f}% on {test['images']} images "

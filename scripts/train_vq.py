@@ -14,7 +14,6 @@ exported fp16 weights on the shipped test split, the config and the environment)
 from __future__ import annotations
 
 import functools
-import sys
 from pathlib import Path
 
 import hydra
@@ -24,7 +23,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from lantern.checkpoint import load_weights
 from lantern.data.fashion_mnist import NUM_CLASSES, FashionMNISTImages
-from lantern.errors import ConfigError, user_message
+from lantern.cli import run_or_exit
+from lantern.errors import ConfigError
 from lantern.images import save_png
 from lantern.models.vq import VQModel, to_uint8, vq_config
 from lantern.records import environment, write_json_atomic
@@ -159,23 +159,10 @@ def train_vq(cfg: DictConfig) -> dict:
     return report
 
 
-def _remove_if_empty(folder: Path) -> None:
-    if folder.is_dir() and not any(folder.iterdir()):
-        folder.rmdir()
-
-
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train_vq")
 def main(cfg: DictConfig) -> None:
     """Entry point: train, report, print a one-line summary; user errors exit 2 with one line."""
-    try:
-        report = train_vq(cfg)
-    except Exception as exc:
-        message = user_message(exc)
-        if message is None:
-            raise
-        _remove_if_empty(Path(cfg.out_dir))
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
+    report = run_or_exit(lambda: train_vq(cfg), cfg.out_dir)
     test = report["test"]
     print(
         f"{report['weights']}: test MSE {test['mse']:.5f} (PSNR {test['psnr']:.2f} dB), "

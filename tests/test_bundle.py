@@ -40,3 +40,8 @@ def test_t2i_run_loads_official_format_files_and_a_local_t5(tmp_path):
     wrong = subprocess.run([sys.executable, "run.py", *overrides[:-1], "model.bundle.conditioner.max_length=10",
                             f"hydra.run.dir={tmp_path / 'bad'}"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert wrong.returncode == 2 and "expects 12 condition tokens" in wrong.stderr and not (tmp_path / "bad").exists()
+
+    no_t5 = subprocess.run([sys.executable, "run.py", *[o for o in overrides if not o.startswith("model.text_encoder_path")],
+                            f"model.text_encoder_path={tmp_path / 'no_t5'}"], cwd=REPO, capture_output=True, text=True,
+                           timeout=300)
+    assert no_t5.returncode == 2 and "no_t5" in no_t5.stderr.strip().splitlines()[-1]

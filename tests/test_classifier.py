@@ -167,7 +167,9 @@ def _write_idx(path: Path, array: np.ndarray) -> None:
 
 def test_script_without_data_prints_one_line(tmp_path, capsys):
     script = _load_script()
-    assert script.main(["--data-root", str(tmp_path / "nowhere"), "--out-dir", str(tmp_path / "out")]) == 2
+    with pytest.raises(SystemExit) as exit_info:
+        script.main(["--data-root", str(tmp_path / "nowhere"), "--out-dir", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: Fashion-MNIST train split not found") and "\n" not in err
     assert not (tmp_path / "out").exists()

@@ -65,3 +65,15 @@ def test_missing_checkpoint_and_text_encoder_are_named(tmp_path):
     proc, out = run(tmp_path, "model=llamagen_t2i_xl_256", f"model.gpt_ckpt={tmp_path / 'absent.pt'}",
                     f"model.vq_ckpt={vq}", f"model.text_encoder_path={tmp_path / 'nodir'}")
     assert proc.returncode != 0 and "absent.pt" in proc.stderr.strip().splitlines()[-1] and not out.exists()
+
+
+def test_default_world_main_job(tmp_path):
+    out = tmp_path / "default"
+    proc = subprocess.run([sys.executable, "run.py", "num_images=4", "batch_size=2", f"hydra.run.dir={out}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "4 images, grid.png and metrics.json in" in proc.stdout
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["model"] == "fashion_t2i" and metrics["prompts"] == "fashion_mnist"
+    assert [r["label"] for r in metrics["per_image"]] == [0, 1, 2, 3]
+    assert (out / "grid.png").is_file() and (out / "000003.png").is_file()
