@@ -49,22 +49,12 @@ def noise_images() -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def real_features(extractor, real_images) -> np.ndarray:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return extractor.features(real_images, batch_size=16, progress=False)  # (COUNT, 2048)
-    finally:
-        torch.set_num_threads(threads)
+    return extractor.features(real_images, batch_size=16, progress=False)  # (COUNT, 2048)
 
 
 @pytest.fixture(scope="module")
 def noise_features(extractor, noise_images) -> np.ndarray:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return extractor.features(noise_images, batch_size=16, progress=False)  # (COUNT, 2048)
-    finally:
-        torch.set_num_threads(threads)
+    return extractor.features(noise_images, batch_size=16, progress=False)  # (COUNT, 2048)
 
 
 def _write_pngs(images: np.ndarray, folder: Path) -> Path:

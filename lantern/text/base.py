@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lantern.errors import ConfigError
+from lantern.errors import CheckpointError, ConfigError
 
 
 @dataclass
@@ -170,3 +170,19 @@ def dtype_kwargs(dtype: torch.dtype) -> dict:
 
     major, minor = (int(part) for part in transformers.__version__.split(".")[:2])
     return {"dtype": dtype} if (major, minor) >= (4, 56) else {"torch_dtype": dtype}
+
+
+def load_hf_encoder(model_class, path: str, dtype: torch.dtype, expected: str, label: str):
+    """Load ``(model, tokenizer)`` from the local folder ``path`` (never downloads).
+
+    Any failure becomes one :class:`CheckpointError` naming ``path`` and what was ``expected``.
+    """
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        model = model_class.from_pretrained(path, local_files_only=True, **dtype_kwargs(dtype))
+    except Exception as exc:  # noqa: BLE001 - any load failure means the folder is not a usable encoder
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"cannot load a {label} encoder from {path!r} ({reason[:200]}); expected {expected}") from exc
+    return model, tokenizer

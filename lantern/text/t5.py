@@ -11,8 +11,8 @@ import os
 
 import torch
 
-from lantern.errors import CheckpointError, ConfigError
-from lantern.text.base import HFTextEncoder, check_max_length, dtype_kwargs, read_model_config
+from lantern.errors import ConfigError
+from lantern.text.base import HFTextEncoder, check_max_length, load_hf_encoder, read_model_config
 
 T5_EXPECTED = (
     "a local folder with a FLAN-T5 encoder and tokenizer "
@@ -70,14 +70,7 @@ def load_t5_encoder(
             f"text encoder folder {path!r} holds model_type {config.get('model_type')!r}, not 't5'; "
             f"expected {T5_EXPECTED}"
         )
-    from transformers import AutoTokenizer, T5EncoderModel
+    from transformers import T5EncoderModel
 
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        model = T5EncoderModel.from_pretrained(path, local_files_only=True, **dtype_kwargs(torch_dtype))
-    except Exception as exc:  # noqa: BLE001 - any load failure means the folder is not a usable encoder
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(
-            f"cannot load a T5 encoder from {path!r} ({reason[:200]}); expected {T5_EXPECTED}"
-        ) from exc
+    model, tokenizer = load_hf_encoder(T5EncoderModel, path, torch_dtype, T5_EXPECTED, "T5")
     return T5TextEncoder(model.to(device), tokenizer, max_length=max_length)
