@@ -85,3 +85,13 @@ def test_cfg_scale_one_runs_a_single_stream():
     ARDecoder(SamplingConfig(cfg_scale=4.0)).generate(model, ClassConditioner(10).encode([1, 2]), keys_tensor(0, [0, 1]))
     handle.remove()
     assert set(calls) == {4}
+
+
+def test_bfloat16_weights_decode_with_fp32_rope_and_logits():
+    model = tiny().to(torch.bfloat16)
+    assert model.rope.dtype == torch.float32 and model.output.weight.dtype == torch.bfloat16
+    cond = ClassConditioner(10).encode([1, 2])
+    codes = ARDecoder(SamplingConfig(temperature=1.0, cfg_scale=2.0)).generate(model, cond, keys_tensor(0, [0, 1])).codes
+    assert codes.shape == (2, model.config.num_image_tokens) and 0 <= codes.min() and codes.max() < 256
+    cache = model.new_cache(2)
+    assert cache.k.dtype == torch.bfloat16
