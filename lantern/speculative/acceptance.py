@@ -1,0 +1,299 @@
+"""Acceptance rules for speculative decoding, vectorised over rows of candidate positions.
+
+Every rule sees a batch of R rows. Row r holds the target distribution ``p[r]`` (after CFG,
+temperature, top-k and top-p), the candidate token ``x[r]``, the drafter distribution ``q[r]`` that
+proposed it (only needed by sampled candidates) and a uniform ``u[r]`` in (0, 1). A rule returns a
+:class:`Verdict` (accept or not, the relaxed target probability ``p~(x)`` the test used, and the
+total-variation mass moved) and offers ``residual(p, q, x)``: the distribution to draw from when
+the candidate is rejected. Rules know nothing about drafters or trees:
+
+* sampled candidates (``x ~ q``): accept iff ``u < min(1, p~(x) / q(x))``;
+* deterministic candidates (EAGLE-2 top-k children, siblings tried in order): accept iff
+  ``u < p~(x)``; on rejection the residual becomes the ``p`` of the next sibling, and of the final
+  resample when every sibling fails;
+* greedy: accept iff ``x`` is the argmax of the row (after relaxation for greedy LANTERN).
+
+The exact rules have ``p~(x) = p(x)``. LANTERN moves the target mass of a prefix ``n_1..n_m`` of
+``x``'s nearest codebook neighbours onto ``x`` (``S_m <= delta``; LANTERN++: ``S_m <= (lam - 1) p(x)``).
+No rule loops over rows or the vocabulary in Python or synchronises with the device.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from lantern.errors import ConfigError
+
+CANDIDATES = ("sampled", "deterministic", "greedy")
+RESIDUALS = ("consistent", "reference")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of testing R candidates.
+
+    ``accept`` (R,) bool; ``p_tilde`` (R,) the relaxed target probability of the candidate used in
+    the test (``p(x)`` for exact rules); ``tv`` (R,) the realised total-variation mass ``S_m`` moved
+    onto the candidate (0 for exact rules); ``size`` (R,) int64 the number ``m`` of neighbours merged.
+    """
+
+    accept: torch.Tensor
+    p_tilde: torch.Tensor
+    tv: torch.Tensor
+    size: torch.Tensor
+
+
+def _normalised(weights: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    """Rows of ``weights`` renormalised to sum 1; rows that sum to 0 take ``fallback`` instead."""
+    total = weights.sum(dim=-1, keepdim=True)  # (R, 1)
+    empty = total <= 0  # (R, 1)
+    safe = torch.where(empty, torch.ones_like(total), total)  # (R, 1)
+    return torch.where(empty, fallback, weights / safe)  # (R, V)
+
+
+def _one_hot_argmax(p: torch.Tensor) -> torch.Tensor:
+    """The one-hot distribution at each row's argmax (first index on ties)."""
+    out = torch.zeros_like(p)  # (R, V)
+    return out.scatter_(1, p.argmax(dim=-1, keepdim=True), 1.0)
+
+
+def _at(p: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``p[r, x[r]]`` for every row: (R,)."""
+    return p.gather(1, x.long().unsqueeze(1)).squeeze(1)
+
+
+def _sampled_test(p_tilde: torch.Tensor, qx: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """``u < min(1, p_tilde / qx)``, written without division (u < 1 always; qx = 0 accepts iff p_tilde > 0)."""
+    return u * qx < p_tilde
+
+
+class AcceptanceRule:
+    """Common interface: ``verify(p, x, q, u) -> Verdict`` and ``residual(p, q, x) -> (R, V)``."""
+
+    candidates: str = "sampled"
+
+    def verify(self, p: torch.Tensor, x: torch.Tensor, q: torch.Tensor | None, u: torch.Tensor | None) -> Verdict:
+        """Test candidates ``x`` (R,) against target ``p`` (R, V), drafter ``q`` (R, V), uniforms ``u`` (R,)."""
+        raise NotImplementedError
+
+    def residual(self, p: torch.Tensor, q: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+        """The (R, V) distribution to resample from when candidate ``x`` of each row is rejected."""
+        raise NotImplementedError
+
+    def __call__(self, p, x, q=None, u=None) -> Verdict:
+        """Alias of :meth:`verify`."""
+        return self.verify(p, x, q, u)
+
+
+def _exact_verdict(accept: torch.Tensor, px: torch.Tensor) -> Verdict:
+    """A verdict with no relaxation."""
+    return Verdict(accept=accept, p_tilde=px, tv=torch.zeros_like(px), size=torch.zeros_like(accept, dtype=torch.int64))
+
+
+class ExactSampled(AcceptanceRule):
+    """Lossless rule for sampled candidates ``x ~ q``: accept iff ``u < min(1, p(x)/q(x))``.
+
+    The residual is ``norm(max(0, p - q))`` (``p`` itself on rows where that is all zero).
+    """
+
+    candidates = "sampled"
+
+    def verify(self, p, x, q, u) -> Verdict:
+        """See :class:`AcceptanceRule`."""
+        px = _at(p, x)  # (R,)
+        return _exact_verdict(_sampled_test(px, _at(q, x), u), px)
+
+    def residual(self, p, q, x) -> torch.Tensor:
+        """``norm(max(0, p - q))``, falling back to ``p``."""
+        return _normalised((p - q).clamp_min(0), p)  # (R, V)
+
+
+class ExactDeterministic(AcceptanceRule):
+    """Lossless rule for deterministic candidates: accept with probability ``p(x)``.
+
+    The residual is ``p`` with ``p(x) = 0``, renormalised: the target for the next sibling, or for
+    the final resample (``p`` itself on rows where nothing is left).
+    """
+
+    candidates = "deterministic"
+
+    def verify(self, p, x, q=None, u=None) -> Verdict:
+        """See :class:`AcceptanceRule`; ``q`` is ignored."""
+        px = _at(p, x)  # (R,)
+        return _exact_verdict(u < px, px)
+
+    def residual(self, p, q, x) -> torch.Tensor:
+        """``p`` with the candidate zeroed, renormalised."""
+        return _normalised(p.scatter(1, x.long().unsqueeze(1), 0.0), p)  # (R, V)
+
+
+class Greedy(AcceptanceRule):
+    """Accept iff ``x`` is the argmax of ``p``; on rejection the residual is one-hot at that argmax."""
+
+    candidates = "greedy"
+
+    def verify(self, p, x, q=None, u=None) -> Verdict:
+        """See :class:`AcceptanceRule`; ``q`` and ``u`` are ignored."""
+        return _exact_verdict(p.argmax(dim=-1) == x, _at(p, x))
+
+    def residual(self, p, q, x) -> torch.Tensor:
+        """One-hot at the argmax of ``p``."""
+        return _one_hot_argmax(p)  # (R, V)
+
+
+class _Relaxed(AcceptanceRule):
+    """Shared machinery of LANTERN and LANTERN++: the proximity set A(x) and the relaxed test."""
+
+    def __init__(self, k: int, neighbours: torch.Tensor, residual: str, candidates: str):
+        if neighbours.ndim != 2 or neighbours.dtype.is_floating_point or neighbours.dtype == torch.bool:
+            raise ConfigError(f"neighbours must be a (V, k_max) integer table, got {neighbours.dtype} of shape {tuple(neighbours.shape)}")
+        num_codes, k_max = neighbours.shape
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= k_max:
+            raise ConfigError(f"k={k!r} must be an integer in [1, {k_max}] (the neighbour table has k_max={k_max} columns)")
+        if k >= num_codes:
+            raise ConfigError(f"k={k!r} must be < the codebook size V={num_codes}")
+        if residual not in RESIDUALS:
+            raise ConfigError(f"residual={residual!r} must be one of {', '.join(RESIDUALS)}")
+        if candidates not in CANDIDATES:
+            raise ConfigError(f"candidates={candidates!r} must be one of {', '.join(CANDIDATES)}")
+        self.k = k
+        self.num_codes = num_codes
+        self.residual_mode = residual
+        self.candidates = candidates
+        self._table = neighbours[:, :k].to(torch.int64).contiguous()  # (V, k)
+
+    def _bound(self, px: torch.Tensor) -> torch.Tensor:
+        """The largest mass that may be merged into each candidate: (R,)."""
+        raise NotImplementedError
+
+    def _table_on(self, device: torch.device) -> torch.Tensor:
+        if self._table.device != device:
+            self._table = self._table.to(device)
+        return self._table
+
+    def _check(self, p: torch.Tensor) -> None:
+        if p.shape[-1] != self.num_codes:
+            raise ConfigError(
+                f"neighbour table has {self.num_codes} rows but the target distribution has {p.shape[-1]} codes: "
+                "it was built for another codebook"
+            )
+
+    def relax(self, p: torch.Tensor, x: torch.Tensor):
+        """``(p_tilde, tv, m, neighbours, merged)`` for candidates ``x`` under target ``p``.
+
+        ``neighbours`` (R, k) are x's first k neighbours in distance order; ``merged`` (R, k) bool marks
+        the prefix n_1..n_m whose cumulative target mass S_j stays within the bound; ``tv`` = S_m.
+        """
+        self._check(p)
+        x = x.long()
+        nb = self._table_on(p.device)[x]  # (R, k)
+        px = _at(p, x)  # (R,)
+        cum = p.gather(1, nb).cumsum(dim=1)  # (R, k)
+        within = (cum <= self._bound(px).unsqueeze(1)).to(torch.int64)  # (R, k)
+        merged = within.cumprod(dim=1).bool()  # (R, k) a prefix by construction
+        m = merged.sum(dim=1)  # (R,)
+        last = cum.gather(1, (m - 1).clamp_min(0).unsqueeze(1)).squeeze(1)  # (R,)
+        tv = torch.where(m > 0, last, torch.zeros_like(last))  # (R,)
+        return px + tv, tv, m, nb, merged
+
+    def merged_mask(self, p: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """A(x) = {x, n_1..n_m} as an (R, V) bool mask."""
+        _, _, _, nb, merged = self.relax(p, x)
+        mask = torch.zeros(p.shape, dtype=torch.bool, device=p.device)  # (R, V)
+        mask.scatter_(1, nb, merged)
+        return mask.scatter_(1, x.long().unsqueeze(1), True)
+
+    def verify(self, p, x, q=None, u=None) -> Verdict:
+        """The relaxed test for this rule's kind of candidates (see the module docstring)."""
+        p_tilde, tv, m, _, _ = self.relax(p, x)
+        if self.candidates == "sampled":
+            accept = _sampled_test(p_tilde, _at(q, x), u)
+        elif self.candidates == "deterministic":
+            accept = u < p_tilde
+        else:
+            row = p.scatter(1, x.long().unsqueeze(1), p_tilde.unsqueeze(1))  # (R, V)
+            accept = row.argmax(dim=-1) == x
+        return Verdict(accept=accept, p_tilde=p_tilde, tv=tv, size=m)
+
+    def residual(self, p, q, x) -> torch.Tensor:
+        """The distribution to resample from after a relaxed rejection.
+
+        ``consistent``: zero exactly A(x) in ``p``; ``reference``: zero x and all k neighbours (as the
+        reference code does). Deterministic candidates then renormalise; greedy takes the argmax of
+        that ``p'``; sampled candidates take ``norm(max(0, p' - q))`` where, in consistent mode, ``p'``
+        is the relaxed target (A(x)'s mass moved onto x, so ``p'(x) = p~(x)``). Rows left with no mass
+        fall back to ``p``.
+        """
+        if self.residual_mode == "consistent":
+            zeroed = self.merged_mask(p, x)  # (R, V)
+            if self.candidates == "sampled":
+                p_tilde = self.relax(p, x)[0]  # (R,)
+                target = p.masked_fill(zeroed, 0.0).scatter(1, x.long().unsqueeze(1), p_tilde.unsqueeze(1))  # (R, V)
+                return _normalised((target - q).clamp_min(0), _normalised(target, p))  # (R, V)
+        else:
+            self._check(p)
+            zeroed = torch.zeros(p.shape, dtype=torch.bool, device=p.device)  # (R, V)
+            zeroed.scatter_(1, self._table_on(p.device)[x.long()], True)
+            zeroed.scatter_(1, x.long().unsqueeze(1), True)
+        kept = p.masked_fill(zeroed, 0.0)  # (R, V)
+        if self.candidates == "sampled":
+            return _normalised((kept - q).clamp_min(0), _normalised(kept, p))  # (R, V)
+        if self.candidates == "greedy":
+            fallback = kept.sum(dim=-1, keepdim=True) <= 0  # (R, 1)
+            return _one_hot_argmax(torch.where(fallback, p, kept))  # (R, V)
+        return _normalised(kept, p)  # (R, V)
+
+
+class Lantern(_Relaxed):
+    """LANTERN (k, delta): merge the longest prefix of x's k nearest neighbours with mass <= delta.
+
+    ``p~(x) = p(x) + S_m``, with ``S_m <= delta`` the realised total variation per token. ``candidates``
+    selects the sampled, deterministic or greedy test; ``residual`` the consistent or reference
+    resampling distribution.
+    """
+
+    def __init__(
+        self,
+        k: int,
+        delta: float,
+        neighbours: torch.Tensor,
+        residual: str = "consistent",
+        candidates: str = "deterministic",
+    ):
+        if isinstance(delta, bool) or not isinstance(delta, (int, float)) or math.isnan(delta) or not 0 <= delta <= 1:
+            raise ConfigError(f"delta={delta!r} must be a number in [0, 1]")
+        super().__init__(k, neighbours, residual, candidates)
+        self.delta = float(delta)
+
+    def _bound(self, px: torch.Tensor) -> torch.Tensor:
+        return torch.full_like(px, self.delta)
+
+
+class LanternPP(_Relaxed):
+    """LANTERN++ (k, lam): as :class:`Lantern` with the bound ``S_j <= (lam - 1) p(x)``, so ``p~(x) <= lam p(x)``."""
+
+    def __init__(
+        self,
+        k: int,
+        lam: float,
+        neighbours: torch.Tensor,
+        residual: str = "consistent",
+        candidates: str = "deterministic",
+    ):
+        if isinstance(lam, bool) or not isinstance(lam, (int, float)) or math.isnan(lam) or not lam >= 1 or math.isinf(lam):
+            raise ConfigError(f"lam={lam!r} must be a finite number >= 1")
+        super().__init__(k, neighbours, residual, candidates)
+        self.lam = float(lam)
+
+    def _bound(self, px: torch.Tensor) -> torch.Tensor:
+        return (self.lam - 1.0) * px
+
+
+class GreedyLantern(Lantern):
+    """Greedy LANTERN: ``p(x)`` is replaced by ``p~(x)`` in the row and ``x`` is accepted iff it is then the argmax."""
+
+    def __init__(self, k: int, delta: float, neighbours: torch.Tensor, residual: str = "consistent"):
+        super().__init__(k, delta, neighbours, residual=residual, candidates="greedy")

@@ -1,0 +1,167 @@
+"""Nearest-neighbour tables over a VQ codebook, for LANTERN's latent proximity sets.
+
+Row ``i`` of a table lists the ``k_max`` codes nearest to code ``i`` (itself excluded) by
+Euclidean distance, nearest first, ties broken by the smaller index. Distances are taken on the
+l2-normalised rows (the space the VQ-16 tokenizer quantises in) or on the raw rows (what the
+reference implementation does); which one was used is part of the cache key.
+
+Tables are built a chunk of rows at a time, so a 16384 x 16384 distance matrix never exists at once,
+and cached on disk keyed by a hash of the codebook, so a table built for one codebook (say a
+stage-I tokenizer) is never used with another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from lantern.errors import ConfigError
+
+# Distances held per chunk (chunk rows x V), in float64: 2**24 entries = 128 MiB.
+_CHUNK_ENTRIES = 1 << 24
+
+
+def _prepared(codebook: torch.Tensor, normalize: bool) -> torch.Tensor:
+    """The rows distances are measured on, as float64 on the codebook's device."""
+    if codebook.ndim != 2:
+        raise ConfigError(f"codebook must be a (V, D) matrix, got shape {tuple(codebook.shape)}")
+    rows = codebook.detach().to(torch.float64)  # (V, D)
+    if normalize:
+        rows = F.normalize(rows, p=2.0, dim=1)
+    return rows
+
+
+def neighbour_table(
+    codebook: torch.Tensor, k_max: int, normalize: bool = True, chunk_size: int | None = None
+) -> torch.Tensor:
+    """The ``k_max`` nearest other codes of every code, as a (V, k_max) int64 table.
+
+    Distances are Euclidean, on l2-normalised rows when ``normalize`` is true and on raw rows
+    otherwise, computed pairwise by differences (not through a Gram matrix) so that a row's result
+    does not depend on how rows are chunked. Each row is sorted by increasing distance with a stable
+    sort, so equal distances keep index order. ``chunk_size`` rows are processed at a time (default:
+    as many as fit in 2**24 distances).
+    """
+    rows = _prepared(codebook, normalize)  # (V, D)
+    num_codes = rows.shape[0]
+    if not (isinstance(k_max, int) and 1 <= k_max <= num_codes - 1):
+        raise ConfigError(f"k_max={k_max!r} must be an integer in [1, {num_codes - 1}] for a codebook of {num_codes} codes")
+    if chunk_size is None:
+        chunk_size = max(1, _CHUNK_ENTRIES // num_codes)
+    if chunk_size < 1:
+        raise ConfigError(f"chunk_size={chunk_size!r} must be >= 1")
+    table = torch.empty(num_codes, k_max, dtype=torch.int64, device=rows.device)  # (V, k_max)
+    for start in range(0, num_codes, chunk_size):
+        stop = min(start + chunk_size, num_codes)
+        dist = torch.cdist(rows[start:stop], rows, compute_mode="donot_use_mm_for_euclid_dist")  # (c, V)
+        own = torch.arange(start, stop, device=rows.device)  # (c,)
+        dist[own - start, own] = float("inf")
+        order = torch.sort(dist, dim=1, stable=True).indices  # (c, V)
+        table[start:stop] = order[:, :k_max]
+    return table
+
+
+def to_storage(table: torch.Tensor) -> torch.Tensor:
+    """The table in the smallest integer type that holds its indices (int16 up to 32767, else int32)."""
+    largest = int(table.max()) if table.numel() else 0
+    dtype = torch.int16 if largest <= torch.iinfo(torch.int16).max else torch.int32
+    return table.to(dtype)
+
+
+def codebook_hash(codebook: torch.Tensor, normalize: bool) -> str:
+    """sha256 (hex) of the codebook's shape, its fp32 bytes, and the normalise flag."""
+    data = codebook.detach().to(device="cpu", dtype=torch.float32).contiguous()
+    digest = hashlib.sha256()
+    digest.update(repr(tuple(data.shape)).encode())
+    digest.update(data.numpy().tobytes())
+    digest.update(b"norm" if normalize else b"raw")
+    return digest.hexdigest()
+
+
+def table_path(cache_dir: str | os.PathLike, digest: str, k_max: int, normalize: bool) -> Path:
+    """Where the table for a codebook hash, ``k_max`` and distance space is cached."""
+    return Path(cache_dir) / f"{digest}_{k_max}_{'norm' if normalize else 'raw'}.pt"
+
+
+def _read_cached(path: Path, digest: str, normalize: bool, k_max: int) -> torch.Tensor | None:
+    """The cached table at ``path`` sliced to ``k_max`` columns, or ``None`` if it is unusable."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:
+        return None
+    if not isinstance(payload, dict) or payload.get("hash") != digest or payload.get("normalize") != normalize:
+        return None
+    table = payload.get("table")
+    if not isinstance(table, torch.Tensor) or table.ndim != 2 or table.shape[1] < k_max:
+        return None
+    return table[:, :k_max].to(torch.int64)
+
+
+def load_or_build_table(
+    codebook: torch.Tensor, k_max: int, normalize: bool, cache_dir: str | os.PathLike
+) -> torch.Tensor:
+    """The (V, k_max) int64 neighbour table of ``codebook``, from ``cache_dir`` when possible.
+
+    A cached file is used only if the hash stored inside it equals this codebook's hash (with the
+    same normalise flag); a cached table with more columns than ``k_max`` is sliced. Otherwise the
+    table is built and written atomically (temporary file, then ``os.replace``) as
+    ``<hash>_<k_max>_<norm|raw>.pt``. The result lives on the CPU.
+    """
+    digest = codebook_hash(codebook, normalize)
+    cache = Path(cache_dir)
+    tag = "norm" if normalize else "raw"
+    exact = table_path(cache, digest, k_max, normalize)
+    candidates = [exact] if exact.is_file() else []
+    if cache.is_dir():
+        wider = []
+        for path in cache.glob(f"{digest}_*_{tag}.pt"):
+            width = path.name[len(digest) + 1 : -len(f"_{tag}.pt")]
+            if width.isdigit() and int(width) > k_max:
+                wider.append((int(width), path))
+        candidates += [path for _, path in sorted(wider)]
+    for path in candidates:
+        table = _read_cached(path, digest, normalize, k_max)
+        if table is not None and table.shape[0] == codebook.shape[0]:
+            return table
+    table = neighbour_table(codebook, k_max, normalize).cpu()  # (V, k_max)
+    cache.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "hash": digest,
+        "normalize": normalize,
+        "k_max": k_max,
+        "num_codes": int(codebook.shape[0]),
+        "table": to_storage(table),
+    }
+    handle, tmp = tempfile.mkstemp(dir=cache, prefix=exact.name, suffix=".tmp")
+    os.close(handle)
+    try:
+        torch.save(payload, tmp)
+        os.replace(tmp, exact)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return table
+
+
+def check_table(table: torch.Tensor, codebook: torch.Tensor) -> None:
+    """Raise :class:`ConfigError` if ``table`` cannot have been built from ``codebook``.
+
+    Catches the classic mistake of reusing a neighbour table made for another tokenizer (e.g. a
+    stage-I table with a stage-II model): the number of rows must equal the codebook size and every
+    index must be a valid code.
+    """
+    num_codes = codebook.shape[0]
+    if table.ndim != 2 or table.shape[0] != num_codes:
+        raise ConfigError(
+            f"neighbour table of shape {tuple(table.shape)} was built for another codebook: "
+            f"this model's codebook has {num_codes} codes; rebuild the table from this model's tokenizer"
+        )
+    if table.numel() and (int(table.min()) < 0 or int(table.max()) >= num_codes):
+        raise ConfigError(
+            f"neighbour table holds indices outside [0, {num_codes - 1}]: it was built for another codebook"
+        )
