@@ -112,13 +112,15 @@ def test_cached_decoding_matches_full_forward(model_type):
         outs = [first]
         for n in range(steps):
             pos = torch.tensor([T + n])
-            logits, _ = model.forward_tokens(tokens[:, n : n + 1], pos, pos, mask[:, :, T + n : T + n + 1, : T + n + 1], cache)
+            logits, _ = model.forward_tokens(
+                tokens[:, n : n + 1], pos, pos.expand(batch, 1), mask[:, :, T + n : T + n + 1, : T + n + 1], cache
+            )
             outs.append(logits[:, 0])
         # A chunk of several tokens at once gives the same logits as one at a time.
         cache2 = model.new_cache(batch, length)
         model.prefill(cond, mask[:, :, :T, :T], cache2)
         pos = torch.arange(T, T + steps)
-        chunk, _ = model.forward_tokens(tokens[:, :steps], pos, pos, mask[:, :, T:, :], cache2)
+        chunk, _ = model.forward_tokens(tokens[:, :steps], pos, pos.expand(batch, steps), mask[:, :, T:, :], cache2)
     incremental = torch.stack(outs, dim=1)
     torch.testing.assert_close(incremental, full, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(chunk, full[:, 1:], atol=1e-5, rtol=1e-5)
@@ -201,3 +203,14 @@ def test_not_a_checkpoint_fails_clearly(tmp_path):
     torch.save({"model": [1, 2]}, tmp_path / "list.pt")
     with pytest.raises(CheckpointError, match="not a state dict"):
         load_weights(model, tmp_path / "list.pt", expected="GPT-nano c2i")
+
+
+def test_rows_can_write_different_slots():
+    from lantern.models.kv_cache import KVCache
+
+    cache = KVCache.allocate(1, 2, 2, 8, 4, torch.float32, "cpu")
+    k, v = torch.randn(2, 2, 2, 4), torch.randn(2, 2, 2, 4)
+    keys, _ = cache.layer(0).update(torch.tensor([[1, 2], [5, 6]]), k, v, length=7)
+    torch.testing.assert_close(keys[0, :, 1:3], k[0])
+    torch.testing.assert_close(keys[1, :, 5:7], k[1])
+    assert torch.count_nonzero(keys[0, :, 5:7]) == 0 and torch.count_nonzero(keys[1, :, 1:3]) == 0

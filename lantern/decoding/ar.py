@@ -32,7 +32,8 @@ class ARDecoder:
         length = cond_len + num_tokens - 1  # the last image token is never fed back
         cache = model.new_cache(rows, length)
         mask = prefix_causal_mask(cond_mask, length)  # (rows, 1, L, L)
-        slots = torch.arange(length, device=cond_emb.device)
+        positions = torch.arange(length, device=cond_emb.device)
+        slots = positions.expand(rows, length)  # (rows, L): every row writes the same slots
 
         logits, _ = model.prefill(cond_emb, mask[:, :, :cond_len, :cond_len], cache)
         codes = torch.empty(batch, num_tokens, dtype=torch.long, device=cond_emb.device)
@@ -41,7 +42,7 @@ class ARDecoder:
             pos = cond_len + step - 1
             token = codes[:, step - 1 : step].repeat(rows // batch, 1)  # (rows, 1)
             logits, _ = model.forward_tokens(
-                token, slots[pos : pos + 1], slots[pos : pos + 1], mask[:, :, pos : pos + 1, : pos + 1], cache
+                token, positions[pos : pos + 1], slots[:, pos : pos + 1], mask[:, :, pos : pos + 1, : pos + 1], cache
             )
             codes[:, step] = next_token(guided_logits(logits[:, -1], self.sampling, step), self.sampling, keys, step)
         return DecodeResult(codes, {"target_forwards": float(num_tokens), "steps": float(num_tokens)})

@@ -249,7 +249,7 @@ class Transformer(nn.Module):
     def forward_embeddings(self, x, positions, slots, mask, cache) -> torch.Tensor:
         """Run the layers over embeddings ``x`` (B, S, D); return final-norm hidden states (B, S, D).
 
-        ``positions`` (S,) or (B, S) index the RoPE table; ``slots`` (S,) are the cache slots written;
+        ``positions`` (S,) or (B, S) index the RoPE table; ``slots`` (B, S) are the cache slots each row writes;
         ``mask`` (B, 1, S, L) bool says which of the first ``L`` cache slots each query may attend to.
         ``cache`` is a :class:`KVCache` or :class:`NoCache`.
         """
@@ -269,9 +269,9 @@ class Transformer(nn.Module):
         ``mask`` (B, 1, T, T) is the condition's attention mask. Returns the fp32 logits (B, V) and the
         hidden state (B, D) at the last condition position, which predict image token 0.
         """
-        seq = cond_emb.shape[1]
+        batch, seq = cond_emb.shape[:2]
         index = torch.arange(seq, device=cond_emb.device)
-        hidden = self.forward_embeddings(cond_emb, index, index, mask, cache)[:, -1]
+        hidden = self.forward_embeddings(cond_emb, index, index.expand(batch, seq), mask, cache)[:, -1]
         return self.head(hidden), hidden
 
     def forward_tokens(self, tokens, positions, slots, mask, cache) -> tuple[torch.Tensor, torch.Tensor]:
@@ -302,7 +302,7 @@ class Transformer(nn.Module):
         seq = x.shape[1]
         positions = torch.arange(seq, device=x.device)
         mask = prefix_causal_mask(cond_mask, seq)
-        hidden = self.forward_embeddings(x, positions, positions, mask, NoCache())
+        hidden = self.forward_embeddings(x, positions, positions.expand(x.shape[0], seq), mask, NoCache())
         return hidden[:, cond_emb.shape[1] - 1:]
 
 

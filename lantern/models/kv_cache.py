@@ -61,9 +61,13 @@ class LayerCache:
         self.v = v
 
     def update(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write ``k``, ``v`` (B, H, S, hd) at ``slots`` (S,) and return the first ``length`` slots."""
-        self.k.index_copy_(2, slots, k)
-        self.v.index_copy_(2, slots, v)
+        """Write ``k``, ``v`` (B, H, S, hd) at per-row ``slots`` (B, S) and return the first ``length`` slots.
+
+        Rows may write different slots (speculative rows accept different numbers of tokens).
+        """
+        index = slots[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])  # (B, H, S, hd)
+        self.k.scatter_(2, index, k)
+        self.v.scatter_(2, index, v)
         return self.k[:, :, :length], self.v[:, :, :length]
 
 
