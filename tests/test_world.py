@@ -1,13 +1,12 @@
 import json
-import subprocess
-import sys
+from pathlib import Path
 
 import pytest
 
 from lantern.errors import CheckpointError
 from lantern.world import read_manifest, sha256_file, verify_world
 
-REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def make_world(folder):
