@@ -31,6 +31,27 @@ def peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def acceptance_summary(samples: list[dict[str, torch.Tensor]]) -> dict:
+    """Run-level acceptance figures from the decoders' per-sample tensors.
+
+    ``mean_accepted_length`` is tau: tokens produced after the first one divided by target steps,
+    over all images (1.0 for plain AR). A speculative decoder adds ``acceptance_histogram`` (steps
+    that accepted 0, 1, ... draft tokens) and ``tv_mean`` / ``tv_max``: the total-variation mass
+    moved per accepted draft token (0 for exact rules).
+    """
+    if not samples or any("steps" not in s for s in samples):
+        return {}
+    steps = sum(int(s["steps"].sum()) for s in samples)
+    tokens = sum(int(s["tokens"].sum()) for s in samples)
+    summary = {"mean_accepted_length": tokens / max(1, steps), "target_steps": steps}
+    if all("histogram" in s for s in samples):
+        summary["acceptance_histogram"] = [int(v) for v in sum(s["histogram"].sum(0) for s in samples)]
+        drafts = sum(int(s["accepted_drafts"].sum()) for s in samples)
+        summary["tv_mean"] = sum(float(s["tv_sum"].sum()) for s in samples) / max(1, drafts)
+        summary["tv_max"] = max(float(s["tv_max"].max()) for s in samples)
+    return summary
+
+
 class GenerationJob:
     """Generate ``num_images`` images (image ``i`` from prompt ``i % len(prompts)``) in batches.
 
@@ -81,15 +102,20 @@ class GenerationJob:
         if bundle.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(bundle.device)
         out_dir.mkdir(parents=True, exist_ok=True)
-        per_image, grid_images, stats = [], [], {}
+        per_image, grid_images, stats, samples = [], [], {}, []
         tokens_per_image = bundle.gpt.config.num_image_tokens
         bar = tqdm(batches, desc=f"{self.decoder.name} x{self.num_images}", unit="batch", disable=not self.progress)
         for indices in bar:
             result, seconds = self._decode(indices)
             pixels = bundle.decode_images(result.codes).cpu().numpy()  # (B, H, W, 3)
-            for index, image in zip(indices, pixels):
+            samples.append(result.per_sample)
+            for position, (index, image) in enumerate(zip(indices, pixels)):
                 save_png(image, out_dir / image_name(index))
                 row = {"index": index, "prompt": self.items[index], "latency_s": seconds / len(indices)}
+                if "steps" in result.per_sample:
+                    steps = int(result.per_sample["steps"][position])
+                    row["steps"] = steps
+                    row["mean_accepted_length"] = int(result.per_sample["tokens"][position]) / max(1, steps)
                 if self.labels is not None:
                     row["label"] = self.labels[index]
                 per_image.append(row)
@@ -104,6 +130,7 @@ class GenerationJob:
         total = sum(latencies)
         metrics = {
             "decoding": self.decoder.name,
+            **self.decoder.describe(),
             "model": bundle.name,
             "prompts": self.prompts.name,
             "num_images": self.num_images,
@@ -115,6 +142,7 @@ class GenerationJob:
             "latency_s_median": statistics.median(latencies),
             "tokens_per_s": tokens_per_image * len(latencies) / total,
             "peak_memory_mb": peak_memory_mb(bundle.device),
+            **acceptance_summary(samples),
             "decode_stats": stats,
             "per_image": per_image,
             "environment": environment(bundle.device),

@@ -70,6 +70,19 @@ def guided_logits(logits: torch.Tensor, config: SamplingConfig, step: int) -> to
     return logits.float().chunk(2, dim=0)[0]
 
 
+def guided_logits_at(logits: torch.Tensor, config: SamplingConfig, steps: torch.Tensor) -> torch.Tensor:
+    """CFG per position: ``logits`` (2B, S, V) or (B, S, V) -> (B, S, V), with ``steps`` (B, S) the token
+    index each position predicts (for ``cfg_interval``). Tensor steps, so no host synchronisation.
+    """
+    if not config.uses_cfg:
+        return logits.float()
+    guided = combine_cfg(logits, config.cfg_scale)
+    if config.cfg_interval < 0:
+        return guided
+    cond = logits.float().chunk(2, dim=0)[0]
+    return torch.where((steps <= config.cfg_interval)[..., None], guided, cond)
+
+
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     """Mask logits (..., V) outside the top-k set and outside the top-p nucleus with -inf."""
     if 0 < top_k < logits.shape[-1]:
@@ -94,6 +107,25 @@ def probabilities(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
         return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
     logits = filter_logits(logits / config.temperature, config.top_k, config.top_p)
     return logits.softmax(-1)
+
+
+def verification_probabilities(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    """The distribution speculative decoding tests and drafts with, from guided logits (..., V).
+
+    When sampling this is :func:`probabilities`. When greedy it is the temperature-1 softmax after
+    top-k/top-p: its argmax is the greedy token, and relaxed greedy rules (greedy LANTERN) need the
+    soft masses around it.
+    """
+    if config.greedy:
+        return filter_logits(logits, config.top_k, config.top_p).softmax(-1)
+    return probabilities(logits, config)
+
+
+def draw(probs: torch.Tensor, config: SamplingConfig, keys: torch.Tensor, step, stream: int) -> torch.Tensor:
+    """One token per row of ``probs`` (B, V): the argmax when greedy, else a counter-based draw on ``stream``."""
+    if config.greedy:
+        return probs.argmax(-1)
+    return sample(probs, keys, step, stream)
 
 
 def sample(probs: torch.Tensor, keys: torch.Tensor, step, stream: int = rng.SAMPLE) -> torch.Tensor:

@@ -45,4 +45,12 @@ class ARDecoder:
                 token, positions[pos : pos + 1], slots[:, pos : pos + 1], mask[:, :, pos : pos + 1, : pos + 1], cache
             )
             codes[:, step] = next_token(guided_logits(logits[:, -1], self.sampling, step), self.sampling, keys, step)
-        return DecodeResult(codes, {"target_forwards": float(num_tokens), "steps": float(num_tokens)})
+        per_image = torch.full((batch,), num_tokens - 1, dtype=torch.long)
+        return DecodeResult(
+            codes, {"target_forwards": float(num_tokens), "steps": float(num_tokens)},
+            {"steps": per_image, "tokens": per_image.clone()},
+        )
+
+    def describe(self) -> dict:
+        """Decoder settings recorded with results (plain AR has none beyond sampling)."""
+        return {"acceptance": None, "draft": None}

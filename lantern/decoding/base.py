@@ -13,10 +13,15 @@ from lantern.sampling import SamplingConfig
 
 @dataclass
 class DecodeResult:
-    """Image token codes (B, N) in raster order, plus per-batch counters (e.g. target forwards)."""
+    """Image token codes (B, N) in raster order, per-batch counters (e.g. target forwards, phase times)
+    and per-sample CPU tensors with a leading batch dimension: ``steps`` (target steps after the
+    first token) and ``tokens`` (tokens they produced), plus decoder-specific ones (a speculative
+    decoder adds ``histogram`` (B, D+1), ``tv_sum``, ``tv_max`` and ``accepted_drafts``).
+    """
 
     codes: torch.Tensor
     stats: dict[str, float] = field(default_factory=dict)
+    per_sample: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def guided_inputs(model: Transformer, condition: Condition, sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor]:

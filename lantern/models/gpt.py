@@ -292,18 +292,24 @@ class Transformer(nn.Module):
         )
 
     # ----- training -----------------------------------------------------------------------------
-    def forward_teacher(self, cond_emb: torch.Tensor, tokens: torch.Tensor, cond_mask: torch.Tensor) -> torch.Tensor:
-        """Teacher-forced pass without a cache: condition (B, T, D) then tokens (B, N).
+    def teacher_hidden(self, cond_emb: torch.Tensor, tokens: torch.Tensor, cond_mask: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced pass without a cache over condition (B, T, D) then tokens (B, N).
 
-        Returns hidden states (B, N, D) where row ``n`` predicts image token ``n``
-        (the last condition position predicts token 0; the last image token is not fed).
+        Returns the final-norm hidden states of every position, (B, T + N - 1, D); the last image
+        token is not fed. Drafter training reads the condition positions too.
         """
         x = torch.cat([cond_emb, self.embed_tokens(tokens[:, :-1])], dim=1)  # (B, T + N - 1, D)
         seq = x.shape[1]
         positions = torch.arange(seq, device=x.device)
         mask = prefix_causal_mask(cond_mask, seq)
-        hidden = self.forward_embeddings(x, positions, positions.expand(x.shape[0], seq), mask, NoCache())
-        return hidden[:, cond_emb.shape[1] - 1:]
+        return self.forward_embeddings(x, positions, positions.expand(x.shape[0], seq), mask, NoCache())
+
+    def forward_teacher(self, cond_emb: torch.Tensor, tokens: torch.Tensor, cond_mask: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced hidden states (B, N, D) where row ``n`` predicts image token ``n``.
+
+        The last condition position predicts token 0; see :meth:`teacher_hidden`.
+        """
+        return self.teacher_hidden(cond_emb, tokens, cond_mask)[:, cond_emb.shape[1] - 1:]
 
 
 def prefix_causal_mask(cond_mask: torch.Tensor, length: int) -> torch.Tensor:

@@ -20,6 +20,7 @@ No rule loops over rows or the vocabulary in Python or synchronises with the dev
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 
@@ -86,6 +87,16 @@ class AcceptanceRule:
     def __call__(self, p, x, q=None, u=None) -> Verdict:
         """Alias of :meth:`verify`."""
         return self.verify(p, x, q, u)
+
+    def for_candidates(self, kind: str) -> "AcceptanceRule":
+        """The same rule for candidates of ``kind`` (sampled, deterministic or greedy)."""
+        if kind not in CANDIDATES:
+            raise ConfigError(f"candidates={kind!r} must be one of {', '.join(CANDIDATES)}")
+        return self if kind == self.candidates else _EXACT[kind]()
+
+    def describe(self) -> dict:
+        """Settings recorded with results: the rule family and its parameters."""
+        return {"acceptance": "exact" if self.candidates != "greedy" else "greedy", "candidates": self.candidates}
 
 
 def _exact_verdict(accept: torch.Tensor, px: torch.Tensor) -> Verdict:
@@ -168,6 +179,14 @@ class _Relaxed(AcceptanceRule):
     def _bound(self, px: torch.Tensor) -> torch.Tensor:
         """The largest mass that may be merged into each candidate: (R,)."""
         raise NotImplementedError
+
+    def for_candidates(self, kind: str) -> "_Relaxed":
+        """The same relaxation (k, bound, residual, table) for candidates of ``kind``."""
+        if kind not in CANDIDATES:
+            raise ConfigError(f"candidates={kind!r} must be one of {', '.join(CANDIDATES)}")
+        rule = copy.copy(self)
+        rule.candidates = kind
+        return rule
 
     def _table_on(self, device: torch.device) -> torch.Tensor:
         if self._table.device != device:
@@ -271,6 +290,10 @@ class Lantern(_Relaxed):
     def _bound(self, px: torch.Tensor) -> torch.Tensor:
         return torch.full_like(px, self.delta)
 
+    def describe(self) -> dict:
+        """Settings recorded with results."""
+        return {"acceptance": "lantern", "candidates": self.candidates, "k": self.k, "delta": self.delta, "residual": self.residual_mode}
+
 
 class LanternPP(_Relaxed):
     """LANTERN++ (k, lam): as :class:`Lantern` with the bound ``S_j <= (lam - 1) p(x)``, so ``p~(x) <= lam p(x)``."""
@@ -291,9 +314,16 @@ class LanternPP(_Relaxed):
     def _bound(self, px: torch.Tensor) -> torch.Tensor:
         return (self.lam - 1.0) * px
 
+    def describe(self) -> dict:
+        """Settings recorded with results."""
+        return {"acceptance": "lantern_pp", "candidates": self.candidates, "k": self.k, "lambda": self.lam, "residual": self.residual_mode}
+
 
 class GreedyLantern(Lantern):
     """Greedy LANTERN: ``p(x)`` is replaced by ``p~(x)`` in the row and ``x`` is accepted iff it is then the argmax."""
 
     def __init__(self, k: int, delta: float, neighbours: torch.Tensor, residual: str = "consistent"):
         super().__init__(k, delta, neighbours, residual=residual, candidates="greedy")
+
+
+_EXACT = {"sampled": ExactSampled, "deterministic": ExactDeterministic, "greedy": Greedy}

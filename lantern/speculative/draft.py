@@ -1,0 +1,319 @@
+"""Draft structures: which candidate tokens a drafter proposes each step, as a tree.
+
+A structure grows a :class:`Draft` for every row at once through an :class:`Expander` (the
+decoder's view of the drafter): given new nodes (tokens and parent entries) the expander returns
+the drafter's next-token distribution at each of them. Structures know nothing about the drafter's
+internals or the acceptance rule; they only choose children:
+
+* ``deterministic`` / ``greedy`` candidates: a node's children are the top ranks of its ``q``;
+* ``sampled`` candidates: children are drawn from ``q`` without replacement (an exponential race
+  on counter-based uniforms, so drafts depend only on the sample key and the step).
+
+:class:`StaticTree` has a fixed topology given as rank paths (``(0,)``, ``(1,)``, ``(0, 0)``...);
+:func:`chain` is its single-path case and :func:`prior_tree` builds a LANTERN++-style default shape.
+:class:`DynamicTree` is EAGLE-2's: expand the best ``top_k`` nodes per level by cumulative drafter
+log-probability, then keep the ``nodes`` best candidates overall.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from lantern import rng
+from lantern.errors import ConfigError
+
+CANDIDATE_MODES = ("deterministic", "sampled")
+MAX_DEPTH = 32  # draft RNG steps are numbered step * 64 + level
+
+
+@dataclass
+class Draft:
+    """One draft tree per row. Node 0 is the root: the pending token the target has not seen yet.
+
+    ``tokens`` (B, N+1) long; ``parents`` (B, N+1) long (-1 at the root); ``depth`` (B, N+1) long;
+    ``children`` (B, N+1, K) long node indices in the order they are to be tried (-1 = none);
+    ``q`` (B, N+1, V) the drafter distribution each node's children were chosen from (zero rows for
+    nodes without children); ``ancestors`` (B, N+1, N+1) bool, ``ancestors[b, i, j]`` iff node j is
+    node i or one of its ancestors; ``max_depth`` a host bound on ``depth``. Nodes are in topological order (a parent precedes its children),
+    so the node at depth d has index >= d.
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    depth: torch.Tensor
+    children: torch.Tensor
+    q: torch.Tensor
+    ancestors: torch.Tensor
+    max_depth: int
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes including the root."""
+        return self.tokens.shape[1]
+
+
+class Expander(Protocol):
+    """What a structure needs from the drafter: feed nodes, get next-token distributions back."""
+
+    root_q: torch.Tensor  # (B, V) the drafter distribution after the pending token
+
+    def expand(self, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+        """Feed nodes ``tokens`` (B, n) whose parents are the entries ``parents`` (B, n) (0 = root).
+
+        The new nodes become entries ``E, E+1, ...`` in call order; returns their ``q`` (B, n, V).
+        """
+        ...
+
+
+def choose_children(q: torch.Tensor, count: int, mode: str, keys: torch.Tensor, step: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``count`` children per distribution of ``q`` (B, m, V): tokens (B, m, count) and their log q.
+
+    Deterministic (and greedy) children are the top ranks; sampled children are an exponential race on
+    uniforms keyed by ``(keys, step)``, i.e. sequential draws without replacement. Children with zero
+    probability get log q = -inf (a sampled candidate of zero probability is never tried).
+    """
+    if mode == "sampled":
+        batch, m, vocab = q.shape
+        uniforms = rng.uniform(keys, step, rng.DRAFT, m * vocab).view(batch, m, vocab)
+        race = q / -torch.log(uniforms)  # (B, m, V)
+        tokens = race.topk(count, dim=-1).indices  # (B, m, count)
+    else:
+        tokens = q.topk(count, dim=-1).indices  # (B, m, count)
+    return tokens, torch.log(q.gather(-1, tokens))
+
+
+def finish_draft(tokens, parents, depth, q, max_children: int, max_depth: int, drop_impossible: bool) -> Draft:
+    """Assemble a :class:`Draft` from per-node ``tokens``, ``parents``, ``depth`` (B, N+1) and ``q``.
+
+    ``max_depth`` (a host integer, so nothing synchronises) bounds the depth of every node.
+
+    Children lists keep node order (which is rank order among siblings). With ``drop_impossible``
+    (sampled candidates) children whose ``q`` under their parent is zero are left out.
+    """
+    batch, count = tokens.shape
+    device = tokens.device
+    index = torch.arange(count, device=device)
+    child_parent = parents[:, 1:]  # (B, N)
+    same = child_parent[:, :, None] == child_parent[:, None, :]  # (B, N, N)
+    earlier = index[1:, None] > index[None, 1:]  # (N, N) strictly earlier siblings
+    rank = (same & earlier).sum(-1)  # (B, N)
+    keep = torch.ones_like(rank, dtype=torch.bool)
+    if drop_impossible:
+        parent_q = q.gather(1, child_parent[:, :, None].expand(-1, -1, q.shape[-1]))  # (B, N, V)
+        keep = parent_q.gather(2, tokens[:, 1:, None]).squeeze(2) > 0  # (B, N)
+        rank = ((same & earlier) & keep[:, None, :]).sum(-1)
+    children = torch.full((batch, count * max_children + 1), -1, dtype=torch.long, device=device)
+    flat = torch.where(keep, child_parent * max_children + rank, count * max_children)  # (B, N); dropped -> spill slot
+    children.scatter_(1, flat, index[1:].expand(batch, -1))
+    children = children[:, :-1].view(batch, count, max_children)
+    ancestors = torch.eye(count, dtype=torch.bool, device=device).expand(batch, count, count).clone()
+    safe_parents = parents.clamp_min(0)  # root points at itself
+    for _ in range(max_depth):
+        ancestors = ancestors | ancestors.gather(1, safe_parents[:, :, None].expand(-1, -1, count))
+    return Draft(tokens=tokens, parents=parents, depth=depth, children=children, q=q, ancestors=ancestors, max_depth=max_depth)
+
+
+def _check_mode(candidates: str) -> str:
+    if candidates not in CANDIDATE_MODES:
+        raise ConfigError(f"candidates={candidates!r} must be one of {', '.join(CANDIDATE_MODES)}")
+    return candidates
+
+
+class StaticTree:
+    """A fixed topology: node ``(r_1, ..., r_d)`` is the rank-``r_d`` child of node ``(r_1, ..., r_{d-1})``.
+
+    Every prefix of a path must itself be a path. One drafter forward per level feeds the nodes
+    that have children.
+    """
+
+    name = "static_tree"
+
+    def __init__(self, paths, candidates: str = "deterministic"):
+        self.candidates = _check_mode(candidates)
+        cleaned = []
+        for path in paths:
+            path = tuple(path)
+            if not path or any(not isinstance(r, int) or isinstance(r, bool) or r < 0 for r in path):
+                raise ConfigError(f"tree path {list(path)!r} must be a non-empty list of ranks >= 0")
+            cleaned.append(path)
+        if not cleaned:
+            raise ConfigError("a static tree needs at least one path")
+        if len(set(cleaned)) != len(cleaned):
+            raise ConfigError("tree paths must be distinct")
+        known = set(cleaned)
+        for path in cleaned:
+            if len(path) > 1 and path[:-1] not in known:
+                raise ConfigError(f"tree path {list(path)!r} has no parent path {list(path[:-1])!r}")
+        if max(len(p) for p in cleaned) > MAX_DEPTH:
+            raise ConfigError(f"tree depth must be <= {MAX_DEPTH}")
+        self.paths = sorted(cleaned, key=lambda p: (len(p), p))  # breadth-first, ranks in order
+        node_of = {(): 0} | {p: i + 1 for i, p in enumerate(self.paths)}
+        self._parent = [-1] + [node_of[p[:-1]] for p in self.paths]
+        self._rank = [0] + [p[-1] for p in self.paths]
+        self._depth = [0] + [len(p) for p in self.paths]
+        has_children = {node_of[p[:-1]] for p in self.paths}
+        self._expanded = sorted(has_children)  # nodes fed to the drafter (their q is needed)
+        self.depth = max(self._depth)
+        self.max_children = max(sum(1 for p in self.paths if p[:-1] == q) for q in [()] + self.paths)
+        self.nodes = len(self.paths)
+
+    def describe(self) -> dict:
+        """Settings recorded with results."""
+        return {"draft": self.name, "depth": self.depth, "nodes": self.nodes, "candidates": self.candidates}
+
+    def grow(self, expander: Expander, root_token: torch.Tensor, keys: torch.Tensor, step: torch.Tensor, mode: str) -> Draft:
+        """Grow the tree below ``root_token`` (B,); ``mode`` is ``deterministic``, ``sampled`` or ``greedy``."""
+        batch, device = root_token.shape[0], root_token.device
+        count = self.nodes + 1
+        vocab = expander.root_q.shape[-1]
+        tokens = torch.zeros(batch, count, dtype=torch.long, device=device)
+        tokens[:, 0] = root_token
+        q = torch.zeros(batch, count, vocab, dtype=expander.root_q.dtype, device=device)
+        q[:, 0] = expander.root_q
+        entry = {0: 0}
+        for level in range(1, self.depth + 1):
+            nodes = [i for i in range(1, count) if self._depth[i] == level]
+            parents = sorted({self._parent[i] for i in nodes})
+            width = max(self._rank[i] for i in nodes) + 1
+            chosen, _ = choose_children(q[:, parents], width, mode, keys, step * 64 + level)  # (B, P, width)
+            slot = {p: j for j, p in enumerate(parents)}
+            pick = torch.tensor([slot[self._parent[i]] * width + self._rank[i] for i in nodes], device=device)
+            tokens[:, nodes] = chosen.flatten(1)[:, pick]
+            fed = [i for i in nodes if i in self._expanded]
+            if fed:
+                parent_entries = torch.tensor([entry[self._parent[i]] for i in fed], device=device).expand(batch, -1)
+                q[:, fed] = expander.expand(tokens[:, fed], parent_entries)
+                for i in fed:
+                    entry[i] = len(entry)
+        parents = torch.tensor(self._parent, device=device).expand(batch, -1)
+        depth = torch.tensor(self._depth, device=device).expand(batch, -1)
+        return finish_draft(tokens, parents, depth, q, self.max_children, self.depth, mode == "sampled")
+
+
+def chain(depth: int, candidates: str = "deterministic") -> StaticTree:
+    """A chain of ``depth`` candidates, one per level (the top-ranked or a sampled child)."""
+    if not isinstance(depth, int) or isinstance(depth, bool) or not 1 <= depth <= MAX_DEPTH:
+        raise ConfigError(f"chain depth={depth!r} must be an integer in [1, {MAX_DEPTH}]")
+    tree = StaticTree([(0,) * d for d in range(1, depth + 1)], candidates)
+    tree.name = "chain"
+    return tree
+
+
+def prior_tree(depth: int = 5, top_k: int = 10, nodes: int = 58, decay: float = 0.6, candidates: str = "deterministic") -> StaticTree:
+    """A static tree with the ``nodes`` most likely paths under a rank prior.
+
+    The prior accepts the rank-r child with weight ``decay ** r / 2`` and a path with the product
+    of its ranks' weights; this gives the wide-and-shallow shape of EAGLE/LANTERN++ trees (about 60
+    nodes, depth 5, up to ``top_k`` children at the root).
+    """
+    for name, value, low in (("depth", depth, 1), ("top_k", top_k, 1), ("nodes", nodes, 1)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ConfigError(f"static tree {name}={value!r} must be an integer >= {low}")
+    if depth > MAX_DEPTH:
+        raise ConfigError(f"static tree depth={depth} must be <= {MAX_DEPTH}")
+    if not 0 < decay < 1:
+        raise ConfigError(f"static tree decay={decay!r} must be in (0, 1)")
+    weight = [math.log(0.5 * decay**r) for r in range(top_k)]
+    frontier = [((r,), weight[r]) for r in range(top_k)]
+    chosen: list[tuple[int, ...]] = []
+    while frontier and len(chosen) < nodes:
+        frontier.sort(key=lambda item: (-item[1], item[0]))
+        path, score = frontier.pop(0)
+        chosen.append(path)
+        if len(path) < depth:
+            frontier.extend((path + (r,), score + weight[r]) for r in range(top_k))
+    tree = StaticTree(chosen, candidates)
+    return tree
+
+
+class DynamicTree:
+    """EAGLE-2's dynamic tree: per level keep the ``top_k`` best nodes by cumulative log q, expand each
+    into ``top_k`` children, and finally keep the ``nodes`` best of all candidates.
+
+    A candidate's score never exceeds its parent's, and ties keep the earlier (parent) first, so the
+    kept set is always a tree. ``depth - 1`` drafter forwards of ``top_k`` nodes each.
+    """
+
+    name = "dynamic_tree"
+
+    def __init__(self, depth: int = 5, top_k: int = 10, nodes: int = 58, candidates: str = "deterministic"):
+        for name, value, low in (("depth", depth, 1), ("top_k", top_k, 1), ("nodes", nodes, 1)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ConfigError(f"dynamic tree {name}={value!r} must be an integer >= {low}")
+        if depth > MAX_DEPTH:
+            raise ConfigError(f"dynamic tree depth={depth} must be <= {MAX_DEPTH}")
+        total = top_k + (depth - 1) * top_k * top_k
+        if nodes > total:
+            raise ConfigError(f"dynamic tree nodes={nodes} exceeds the {total} candidates of depth {depth} and top_k {top_k}")
+        self.depth, self.top_k, self.nodes = depth, top_k, nodes
+        self.candidates = _check_mode(candidates)
+        self.max_children = top_k
+
+    def describe(self) -> dict:
+        """Settings recorded with results."""
+        return {"draft": self.name, "depth": self.depth, "top_k": self.top_k, "nodes": self.nodes, "candidates": self.candidates}
+
+    def grow(self, expander: Expander, root_token: torch.Tensor, keys: torch.Tensor, step: torch.Tensor, mode: str) -> Draft:
+        """Grow the tree below ``root_token`` (B,); ``mode`` is ``deterministic``, ``sampled`` or ``greedy``."""
+        k = self.top_k
+        root_q = expander.root_q  # (B, V)
+        batch, vocab = root_q.shape
+        device = root_q.device
+        tok, logq = choose_children(root_q[:, None], k, mode, keys, step * 64 + 1)  # (B, 1, k)
+        cand_tokens, cand_scores = [tok[:, 0]], [logq[:, 0]]
+        cand_parents = [torch.full((batch, k), -1, dtype=torch.long, device=device)]
+        frontier = torch.arange(k, device=device).expand(batch, k)  # candidate indices (B, k)
+        frontier_scores = logq[:, 0]
+        frontier_entries = torch.zeros(batch, k, dtype=torch.long, device=device)  # root
+        fed_q, fed_cands = [], []
+        offset = k
+        for level in range(2, self.depth + 1):
+            new_q = expander.expand(cand_tokens[-1].gather(1, frontier - (offset - cand_tokens[-1].shape[1])), frontier_entries)  # (B, k, V)
+            entries = 1 + (level - 2) * k + torch.arange(k, device=device)  # entry ids of the nodes just fed
+            fed_q.append(new_q)
+            fed_cands.append(frontier)
+            tok, logq = choose_children(new_q, k, mode, keys, step * 64 + level)  # (B, k, k)
+            scores = (frontier_scores[:, :, None] + logq).flatten(1)  # (B, k*k)
+            cand_tokens.append(tok.flatten(1))
+            cand_scores.append(scores)
+            cand_parents.append(frontier[:, :, None].expand(-1, -1, k).flatten(1))
+            if level < self.depth:
+                order = torch.sort(-scores, dim=1, stable=True).indices[:, :k]  # (B, k) best first
+                frontier = offset + order
+                frontier_scores = scores.gather(1, order)
+                frontier_entries = entries.expand(batch, -1).gather(1, order // k)
+            offset += k * k
+        tokens_all = torch.cat(cand_tokens, dim=1)  # (B, C)
+        scores_all = torch.cat(cand_scores, dim=1)
+        parents_all = torch.cat(cand_parents, dim=1)
+        chosen = torch.sort(torch.sort(-scores_all, dim=1, stable=True).indices[:, : self.nodes], dim=1).values  # (B, N)
+        count = chosen.shape[1] + 1
+        node_of = torch.zeros(batch, tokens_all.shape[1], dtype=torch.long, device=device)
+        node_of.scatter_(1, chosen, torch.arange(1, count, device=device).expand(batch, -1))
+        parent_cand = parents_all.gather(1, chosen)  # (B, N), -1 for depth 1
+        parents = torch.where(parent_cand < 0, torch.zeros_like(parent_cand), node_of.gather(1, parent_cand.clamp_min(0)))
+        levels = torch.cat([torch.ones(k, dtype=torch.long, device=device)] + [
+            torch.full((k * k,), d, dtype=torch.long, device=device) for d in range(2, self.depth + 1)
+        ])
+        q = torch.zeros(batch, count, vocab, dtype=root_q.dtype, device=device)
+        q[:, 0] = root_q
+        if fed_q:
+            fed_nodes = node_of.gather(1, torch.cat(fed_cands, dim=1))  # (B, F); 0 when not kept
+            fed = torch.cat(fed_q, dim=1)  # (B, F, V)
+            kept = fed_nodes > 0
+            spill = torch.zeros(batch, count + 1, vocab, dtype=q.dtype, device=device)
+            spill[:, :count] = q
+            target = torch.where(kept, fed_nodes, torch.full_like(fed_nodes, count))
+            spill.scatter_(1, target[:, :, None].expand(-1, -1, vocab), fed)
+            q = spill[:, :count]
+        root = torch.full((batch, 1), -1, dtype=torch.long, device=device)
+        return finish_draft(
+            torch.cat([root_token[:, None], tokens_all.gather(1, chosen)], dim=1),
+            torch.cat([root, parents], dim=1),
+            torch.cat([torch.zeros(batch, 1, dtype=torch.long, device=device), levels[chosen]], dim=1),
+            q, self.max_children, self.depth, mode == "sampled",
+        )

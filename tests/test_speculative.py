@@ -1,0 +1,236 @@
+"""Speculative decoding end to end on tiny random models: greedy equality with AR, lossless sampling,
+LANTERN's degenerate cases, and the cache left behind."""
+
+import pytest
+import torch
+from scipy.stats import chi2
+
+from lantern.conditioning import ClassConditioner, TextConditioner
+from lantern.decoding.ar import ARDecoder
+from lantern.decoding.speculative import SpeculativeDecoder
+from lantern.errors import ConfigError
+from lantern.models.gpt import Transformer, gpt_config, prefix_causal_mask
+from lantern.models.kv_cache import KVCache
+from lantern.rng import keys_tensor
+from lantern.sampling import SamplingConfig, guided_logits, probabilities
+from lantern.speculative.acceptance import ExactDeterministic, ExactSampled, Lantern, LanternPP
+from lantern.speculative.draft import DynamicTree, chain, prior_tree
+from lantern.speculative.drafter import Drafter, DrafterConfig
+from test_ar import FakeEncoder
+
+VOCAB = 8
+
+
+def tiny(model_type="t2i", vocab=VOCAB, seed=0):
+    """A GPT-nano target over a small vocabulary (4x4 tokens) and a random drafter for it."""
+    torch.manual_seed(seed)
+    cfg = gpt_config("GPT-nano", model_type, 64, vocab_size=vocab, num_classes=10, caption_dim=8,
+                     cls_token_num=4 if model_type == "t2i" else 1)
+    return Transformer(cfg).eval(), Drafter(DrafterConfig(cfg)).eval()
+
+
+def structures(candidates="deterministic"):
+    return [chain(4, candidates), prior_tree(4, 4, 12, candidates=candidates), DynamicTree(4, 3, 10, candidates)]
+
+
+def text_condition(prompts=("a red shirt", "b", "two words here now", "x y")):
+    return TextConditioner(FakeEncoder()).encode(list(prompts))
+
+
+@pytest.mark.parametrize("cfg_scale", [1.0, 3.0])
+@pytest.mark.parametrize("structure", structures(), ids=["chain", "static_tree", "dynamic_tree"])
+def test_greedy_speculative_reproduces_greedy_ar(structure, cfg_scale):
+    model, drafter = tiny()
+    cond, keys = text_condition(), keys_tensor(0, range(4))
+    sampling = SamplingConfig(temperature=0, cfg_scale=cfg_scale)
+    expected = ARDecoder(sampling).generate(model, cond, keys).codes
+    result = SpeculativeDecoder(sampling, drafter, structure, ExactDeterministic()).generate(model, cond, keys)
+    assert torch.equal(result.codes, expected)
+    histogram = result.per_sample["histogram"]
+    assert histogram[:, 1:].sum() > 0, "the test should exercise accepted drafts"
+    assert torch.equal(histogram.sum(1), result.per_sample["steps"])
+    tokens = (histogram * torch.arange(histogram.shape[1])).sum(1) + result.per_sample["steps"]
+    assert (tokens >= model.config.num_image_tokens - 1).all()
+
+
+def test_greedy_lantern_with_zero_delta_reproduces_greedy_ar():
+    model, drafter = tiny()
+    cond, keys = text_condition(), keys_tensor(0, range(4))
+    sampling = SamplingConfig(temperature=0, cfg_scale=2.0)
+    expected = ARDecoder(sampling).generate(model, cond, keys).codes
+    table = torch.stack([torch.roll(torch.arange(VOCAB), -s) for s in range(1, VOCAB)], dim=1)  # (V, V-1)
+    rule = Lantern(3, 0.0, table)
+    result = SpeculativeDecoder(sampling, drafter, DynamicTree(4, 3, 10), rule).generate(model, cond, keys)
+    assert torch.equal(result.codes, expected)
+
+
+def _neighbours(vocab):
+    """A valid neighbour table: code i's neighbours are i+1, i+2, ... (mod V)."""
+    return torch.stack([(torch.arange(vocab) + s) % vocab for s in range(1, vocab)], dim=1)
+
+
+@pytest.mark.parametrize("relaxed", ["lantern", "lantern_pp"])
+def test_zero_relaxation_is_exact_token_for_token(relaxed):
+    model, drafter = tiny()
+    cond, keys = text_condition(), keys_tensor(3, range(4))
+    sampling = SamplingConfig(temperature=1.0, cfg_scale=2.0)
+    table = _neighbours(VOCAB)
+    rule = Lantern(4, 0.0, table) if relaxed == "lantern" else LanternPP(4, 1.0, table)
+    for structure in structures():
+        exact = SpeculativeDecoder(sampling, drafter, structure, ExactDeterministic()).generate(model, cond, keys)
+        relaxed_run = SpeculativeDecoder(sampling, drafter, structure, rule).generate(model, cond, keys)
+        assert torch.equal(exact.codes, relaxed_run.codes)
+        assert float(relaxed_run.per_sample["tv_max"].max()) == 0.0
+
+
+def _exact_marginals(model, condition, sampling):
+    """The AR distribution of image tokens 1 and 2 (V,) each, by enumerating tokens 0 and 1."""
+    vocab = model.config.vocab_size
+    with torch.no_grad():
+        values = torch.cat([condition.values, model.null_condition(1)]) if sampling.uses_cfg else condition.values
+        mask = condition.mask.repeat(values.shape[0], 1)
+        emb = model.embed_condition(values)
+        prefixes = torch.cartesian_prod(torch.arange(vocab), torch.arange(vocab))  # (V*V, 2)
+        tokens = torch.cat([prefixes, torch.zeros(vocab * vocab, 1, dtype=torch.long)], dim=1)  # (V*V, 3)
+        rows = values.shape[0]
+        hidden = model.forward_teacher(
+            emb.repeat_interleave(vocab * vocab, 0), tokens.repeat(rows, 1), mask.repeat_interleave(vocab * vocab, 0)
+        )  # (rows * V*V, 3, D)
+        logits = model.head(hidden)
+        dist = probabilities(guided_logits(logits, sampling, 1), sampling)  # (V*V, 3, V)
+    p0 = dist[0, 0]  # (V,)
+    p1 = dist[::vocab, 1]  # (V, V): p(x1 | x0)
+    p2 = dist[:, 2].view(vocab, vocab, vocab)  # p(x2 | x0, x1)
+    joint01 = p0[:, None] * p1
+    return joint01.sum(0), (joint01[:, :, None] * p2).sum((0, 1))
+
+
+def _chi2(counts, probs, n):
+    expected = probs * n
+    support = expected > 0
+    assert counts[~support].sum() == 0
+    return float(((counts[support] - expected[support]) ** 2 / expected[support]).sum()), int(support.sum()) - 1
+
+
+class _WrongResidual(ExactSampled):
+    """A broken rule for the negative control: resamples from p instead of norm(max(0, p - q))."""
+
+    def residual(self, p, q, x):
+        return p
+
+
+class _WrongSiblingResidual(ExactDeterministic):
+    """A broken rule for the negative control: a rejected sibling keeps its mass in p."""
+
+    def residual(self, p, q, x):
+        return p
+
+
+SAMPLES = 3000
+
+
+@pytest.mark.parametrize(
+    "rule, structure",
+    [
+        (ExactSampled(), chain(3, "sampled")),
+        (ExactSampled(), prior_tree(3, 3, 8, candidates="sampled")),
+        (ExactDeterministic(), DynamicTree(3, 3, 8)),
+        (ExactDeterministic(), prior_tree(3, 3, 8)),
+    ],
+    ids=["sampled_chain", "sampled_static_tree", "deterministic_dynamic_tree", "deterministic_static_tree"],
+)
+def test_exact_speculative_sampling_preserves_the_target_marginals(rule, structure):
+    model, drafter = tiny(model_type="c2i", seed=1)
+    sampling = SamplingConfig(temperature=1.0, cfg_scale=2.0)
+    condition = ClassConditioner(10).encode([3])
+    marginal1, marginal2 = _exact_marginals(model, condition, sampling)
+    many = ClassConditioner(10).encode([3] * SAMPLES)
+    result = SpeculativeDecoder(sampling, drafter, structure, rule).generate(model, many, keys_tensor(9, range(SAMPLES)))
+    assert result.per_sample["histogram"][:, 1:].sum() > SAMPLES  # drafts were accepted along the way
+    threshold = lambda dof: chi2.ppf(0.999, dof)  # noqa: E731
+    for position, marginal in ((1, marginal1), (2, marginal2)):
+        counts = torch.bincount(result.codes[:, position], minlength=VOCAB).double()
+        stat, dof = _chi2(counts, marginal.double(), SAMPLES)
+        assert stat < threshold(dof), f"token {position}: chi2 {stat:.1f} >= {threshold(dof):.1f}"
+
+
+@pytest.mark.parametrize(
+    "rule, structure",
+    [(_WrongResidual(), chain(3, "sampled")), (_WrongSiblingResidual(), DynamicTree(3, 3, 8))],
+    ids=["sampled_chain", "deterministic_dynamic_tree"],
+)
+def test_the_marginal_test_catches_a_wrong_residual(rule, structure):
+    model, drafter = tiny(model_type="c2i", seed=1)
+    sampling = SamplingConfig(temperature=1.0, cfg_scale=2.0)
+    condition = ClassConditioner(10).encode([3])
+    marginal1, marginal2 = _exact_marginals(model, condition, sampling)
+    many = ClassConditioner(10).encode([3] * SAMPLES)
+    result = SpeculativeDecoder(sampling, drafter, structure, rule).generate(model, many, keys_tensor(9, range(SAMPLES)))
+    stats = [
+        _chi2(torch.bincount(result.codes[:, pos], minlength=VOCAB).double(), m.double(), SAMPLES)
+        for pos, m in ((1, marginal1), (2, marginal2))
+    ]
+    assert any(stat > chi2.ppf(0.999, dof) for stat, dof in stats)
+
+
+def test_cache_after_speculative_decoding_equals_the_ar_cache():
+    model, drafter = tiny()
+    cond, keys = text_condition(), keys_tensor(0, range(4))
+    sampling = SamplingConfig(temperature=1.0, cfg_scale=3.0)
+    caches = []
+    original = model.new_cache
+
+    def capture(batch, max_len=None):
+        cache = original(batch, max_len)
+        caches.append(cache)
+        return cache
+
+    model.new_cache = capture
+    try:
+        result = SpeculativeDecoder(sampling, drafter, DynamicTree(4, 3, 10), ExactDeterministic()).generate(model, cond, keys)
+    finally:
+        del model.new_cache
+    cache = caches[0]
+    cfg = model.config
+    length = cfg.cls_token_num + cfg.num_image_tokens - 1
+    values = torch.cat([cond.values, model.null_condition(4)])
+    mask = torch.cat([cond.mask, cond.mask])
+    x = torch.cat([model.embed_condition(values), model.embed_tokens(result.codes[:, :-1].repeat(2, 1))], dim=1)
+    reference = KVCache.allocate(cfg.n_layer, 8, cfg.n_head, length, cfg.head_dim, torch.float32, "cpu")
+    positions = torch.arange(length)
+    with torch.no_grad():
+        model.forward_embeddings(x, positions, positions.expand(8, -1), prefix_causal_mask(mask, length), reference)
+    torch.testing.assert_close(cache.k[:, :, :, :length], reference.k, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(cache.v[:, :, :, :length], reference.v, atol=1e-5, rtol=1e-4)
+
+
+def test_images_do_not_depend_on_batch_composition():
+    model, drafter = tiny()
+    prompts = ["a red shirt", "b", "two words here now", "x y"]
+    sampling = SamplingConfig(temperature=1.0, cfg_scale=2.0)
+    decoder = SpeculativeDecoder(sampling, drafter, DynamicTree(4, 3, 10), ExactDeterministic())
+    together = decoder.generate(model, text_condition(prompts), keys_tensor(4, range(4))).codes
+    alone = torch.cat([decoder.generate(model, text_condition([prompts[i]]), keys_tensor(4, [i])).codes for i in range(4)])
+    assert torch.equal(together, alone)
+
+
+def test_drafter_for_another_target_is_refused():
+    model, _ = tiny()
+    other = gpt_config("GPT-nano", "t2i", 64, vocab_size=16, caption_dim=8, cls_token_num=4)
+    decoder = SpeculativeDecoder(SamplingConfig(temperature=0), Drafter(DrafterConfig(other)), chain(2), ExactDeterministic())
+    with pytest.raises(ConfigError, match="vocabulary 16.*vocabulary 8"):
+        decoder.generate(model, text_condition(["a"]), keys_tensor(0, [0]))
+
+
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (lambda: chain(0), "depth=0"),
+        (lambda: DynamicTree(3, 2, 100), "nodes=100"),
+        (lambda: prior_tree(5, 10, 58, candidates="random"), "candidates='random'"),
+        (lambda: DynamicTree(top_k=0), "top_k=0"),
+    ],
+)
+def test_bad_draft_settings_are_refused(build, message):
+    with pytest.raises(ConfigError, match=message):
+        build()
