@@ -106,6 +106,22 @@ def random_bundle(
     """A bundle with randomly initialised weights (seeded): for tests, smoke runs and speed benchmarks."""
     device, dtype = resolve_device(device), resolve_dtype(dtype)
     torch.manual_seed(init_seed)
-    gpt_model, vq_model, _ = _build(gpt, vq)
+    gpt_model, _, _ = _build(gpt, vq)
+    vq_model = random_vq(vq, init_seed)
     conditioner = conditioner(device=device)
     return _finish(name, gpt_model, vq_model, conditioner, device, dtype)
+
+
+def random_vq(vq: Mapping, init_seed: int = 0) -> VQModel:
+    """The seeded random tokenizer of :func:`random_bundle` (seed ``init_seed + 1``)."""
+    torch.manual_seed(init_seed + 1)
+    return VQModel(vq_config(vq["preset"], **dict(vq.get("overrides") or {})))
+
+
+def random_neighbours(
+    vq: Mapping, init_seed: int = 0, k_max: int = 1000, normalize: bool = True, cache_dir: str = "outputs/neighbours"
+) -> torch.Tensor:
+    """The codebook neighbour table of :func:`random_bundle`'s tokenizer (for smoke runs of LANTERN)."""
+    from lantern.speculative.neighbours import load_or_build_table
+
+    return load_or_build_table(random_vq(vq, init_seed).raw_codebook().detach(), k_max, normalize, cache_dir)

@@ -53,6 +53,11 @@ def verify_world(folder: str | Path) -> dict:
     return manifest
 
 
+def world_file(folder: str | None, name: str) -> str:
+    """Path of file ``name`` in a world folder (``None``: the shipped world)."""
+    return str((Path(folder) if folder else DEFAULT_WORLD) / name)
+
+
 def load_world(
     name: str, gpt: Mapping, vq: Mapping, conditioner: Callable, folder: str | None = None,
     gpt_file: str = "gpt.safetensors", vq_file: str = "vq.safetensors", device: str = "cpu", dtype: str = "float32",

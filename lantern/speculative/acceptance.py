@@ -163,7 +163,10 @@ class _Relaxed(AcceptanceRule):
             raise ConfigError(f"neighbours must be a (V, k_max) integer table, got {neighbours.dtype} of shape {tuple(neighbours.shape)}")
         num_codes, k_max = neighbours.shape
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= k_max:
-            raise ConfigError(f"k={k!r} must be an integer in [1, {k_max}] (the neighbour table has k_max={k_max} columns)")
+            raise ConfigError(
+                f"k={k!r} must be an integer in [1, {k_max}] (the neighbour table has k_max={k_max} columns; "
+                "a larger table: model.neighbours.k_max=...)"
+            )
         if k >= num_codes:
             raise ConfigError(f"k={k!r} must be < the codebook size V={num_codes}")
         if residual not in RESIDUALS:

@@ -20,7 +20,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from lantern.errors import ConfigError
+from lantern.checkpoint import read_state_dict
+from lantern.errors import CheckpointError, ConfigError
+
+CODEBOOK_KEY = "quantize.embedding.weight"
 
 # Distances held per chunk (chunk rows x V), in float64: 2**24 entries = 128 MiB.
 _CHUNK_ENTRIES = 1 << 24
@@ -128,6 +131,8 @@ def load_or_build_table(
         table = _read_cached(path, digest, normalize, k_max)
         if table is not None and table.shape[0] == codebook.shape[0]:
             return table
+    if not (isinstance(k_max, int) and 1 <= k_max <= codebook.shape[0] - 1):
+        raise ConfigError(f"k_max={k_max!r} must be an integer in [1, {codebook.shape[0] - 1}] for a codebook of {codebook.shape[0]} codes")
     table = neighbour_table(codebook, k_max, normalize).cpu()  # (V, k_max)
     cache.mkdir(parents=True, exist_ok=True)
     payload = {
@@ -165,3 +170,19 @@ def check_table(table: torch.Tensor, codebook: torch.Tensor) -> None:
         raise ConfigError(
             f"neighbour table holds indices outside [0, {num_codes - 1}]: it was built for another codebook"
         )
+
+
+def checkpoint_neighbours(
+    vq_ckpt: str | os.PathLike, k_max: int = 1000, normalize: bool = True, cache_dir: str | os.PathLike = "outputs/neighbours"
+) -> torch.Tensor:
+    """The (V, k_max) neighbour table of the codebook stored in a VQ checkpoint (LlamaGen layout).
+
+    Built once and cached in ``cache_dir`` keyed by the codebook's hash (see :func:`load_or_build_table`).
+    """
+    state = read_state_dict(vq_ckpt)
+    if CODEBOOK_KEY not in state:
+        raise CheckpointError(f"{os.fspath(vq_ckpt)!r} has no {CODEBOOK_KEY!r}: is it a VQ tokenizer checkpoint?")
+    codebook = state[CODEBOOK_KEY].float()  # (V, D)
+    table = load_or_build_table(codebook, k_max, normalize, cache_dir)
+    check_table(table, codebook)
+    return table
