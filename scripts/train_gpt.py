@@ -16,49 +16,18 @@ from pathlib import Path
 import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
-from tqdm import tqdm
 
 from lantern.checkpoint import load_weights
-from lantern.data.fashion_mnist import NUM_CLASSES, FashionMNISTImages, all_captions
+from lantern.data.fashion_mnist import FashionMNISTImages
 from lantern.cli import run_or_exit
 from lantern.models.gpt import Transformer, gpt_config
 from lantern.models.vq import VQModel, vq_config
 from lantern.records import sha256_file
-from lantern.text.minilm import load_minilm_encoder
+from lantern.training.fashion import caption_table, tokenize
 from lantern.training.gpt import GPTObjective
 from lantern.training.loop import EpochBatches, Trainer, warmup_cosine
-from lantern.training.vq import image_batch
 
 WEIGHTS_NAME = "gpt.safetensors"
-
-
-@torch.no_grad()
-def tokenize(vq: VQModel, dataset: FashionMNISTImages, cache: Path, vq_hash: str, batch: int = 500) -> torch.Tensor:
-    """Codes (N, G*G) of every image, read from ``cache`` when it was made by the same tokenizer."""
-    if cache.is_file():
-        saved = torch.load(cache, map_location="cpu", weights_only=True)
-        if saved.get("vq_sha256") == vq_hash and saved["codes"].shape[0] == len(dataset):
-            return saved["codes"].long()
-    codes = []
-    for start in tqdm(range(0, len(dataset), batch), desc="tokenising", unit="batch"):
-        images = image_batch(dataset, torch.arange(start, min(start + batch, len(dataset))))
-        codes.append(vq.encode(images).flatten(1).to(torch.int16))  # (b, G*G)
-    codes = torch.cat(codes)
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_name(cache.name + ".tmp")
-    torch.save({"vq_sha256": vq_hash, "codes": codes}, tmp)
-    tmp.replace(cache)
-    return codes.long()
-
-
-def caption_table(max_length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Encoder states (C, T, 384) and masks (C, T) of every caption template, and ids (classes, K)."""
-    captions = [all_captions(label) for label in range(NUM_CLASSES)]
-    per_class = len(captions[0])
-    flat = [c for group in captions for c in group]
-    embedding = load_minilm_encoder(max_length=max_length).encode(flat)
-    ids = torch.arange(len(flat)).view(NUM_CLASSES, per_class)
-    return embedding.states, embedding.mask, ids
 
 
 def train_gpt(cfg: DictConfig) -> dict:

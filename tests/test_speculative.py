@@ -13,7 +13,7 @@ from lantern.models.gpt import Transformer, gpt_config, prefix_causal_mask
 from lantern.models.kv_cache import KVCache
 from lantern.rng import keys_tensor
 from lantern.sampling import SamplingConfig, guided_logits, probabilities
-from lantern.speculative.acceptance import ExactDeterministic, ExactSampled, Lantern, LanternPP
+from lantern.speculative.acceptance import AcceptanceRule, ExactDeterministic, ExactSampled, Lantern, LanternPP
 from lantern.speculative.draft import DynamicTree, chain, prior_tree
 from lantern.speculative.drafter import Drafter, DrafterConfig
 from test_ar import FakeEncoder
@@ -120,10 +120,20 @@ class _WrongResidual(ExactSampled):
 
 
 class _WrongSiblingResidual(ExactDeterministic):
-    """A broken rule for the negative control: a rejected sibling keeps its mass in p."""
+    """A broken rule for the negative control: a rejected sibling keeps its mass in p (tried in order)."""
 
     def residual(self, p, q, x):
         return p
+
+    def try_siblings(self, p, x, valid, q, u):
+        return AcceptanceRule.try_siblings(self, p, x, valid, q, u)
+
+
+class _SequentialDeterministic(ExactDeterministic):
+    """The exact deterministic rule through the generic sibling loop (the closed form's reference)."""
+
+    def try_siblings(self, p, x, valid, q, u):
+        return AcceptanceRule.try_siblings(self, p, x, valid, q, u)
 
 
 SAMPLES = 3000
@@ -171,6 +181,16 @@ def test_the_marginal_test_catches_a_wrong_residual(rule, structure):
         for pos, m in ((1, marginal1), (2, marginal2))
     ]
     assert any(stat > chi2.ppf(0.999, dof) for stat, dof in stats)
+
+
+def test_closed_form_sibling_test_matches_the_sequential_loop():
+    model, drafter = tiny()
+    cond, keys = text_condition(), keys_tensor(5, range(4))
+    sampling = SamplingConfig(temperature=1.0, cfg_scale=2.0)
+    for structure in structures():
+        closed = SpeculativeDecoder(sampling, drafter, structure, ExactDeterministic()).generate(model, cond, keys)
+        loop = SpeculativeDecoder(sampling, drafter, structure, _SequentialDeterministic()).generate(model, cond, keys)
+        assert torch.equal(closed.codes, loop.codes)
 
 
 def test_cache_after_speculative_decoding_equals_the_ar_cache():
@@ -234,3 +254,23 @@ def test_drafter_for_another_target_is_refused():
 def test_bad_draft_settings_are_refused(build, message):
     with pytest.raises(ConfigError, match=message):
         build()
+
+
+def test_at_most_one_host_synchronisation_per_verification_step(monkeypatch):
+    model, drafter = tiny()
+    cond, keys = text_condition(), keys_tensor(0, range(4))
+    calls = []
+    for name in ("item", "tolist", "__bool__", "__int__", "__float__"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, _name=name, **kwargs):
+            calls.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    for sampling in (SamplingConfig(temperature=0, cfg_scale=2.0), SamplingConfig(temperature=1.0, top_k=5, cfg_scale=2.0)):
+        for structure in structures() + [chain(3, "sampled")]:
+            calls.clear()
+            result = SpeculativeDecoder(sampling, drafter, structure, ExactDeterministic()).generate(model, cond, keys)
+            steps = int(result.stats["target_forwards"]) - 1  # prefill is not a verification step
+            assert len(calls) <= steps + 1, f"{structure.name}: {len(calls)} reads for {steps} steps: {set(calls)}"

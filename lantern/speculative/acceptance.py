@@ -88,6 +88,34 @@ class AcceptanceRule:
         """Alias of :meth:`verify`."""
         return self.verify(p, x, q, u)
 
+    def try_siblings(self, p, x, valid, q, u) -> SiblingOutcome:
+        """Try sibling candidates ``x`` (R, K) in order (``valid`` (R, K) marks real ones) against ``p`` (R, V).
+
+        Each rejection turns ``p`` into the rule's residual before the next sibling is tried; with
+        sampled candidates (drawn from ``q`` without replacement) the rejected token also leaves ``q``
+        (recursive rejection sampling). ``u`` (R, K) are the uniforms. Rules override this with
+        closed forms where one exists; this generic form loops over the K siblings.
+        """
+        rows = p.shape[0]
+        chosen = torch.full((rows,), -1, dtype=torch.long, device=p.device)
+        tv = torch.zeros(rows, dtype=p.dtype, device=p.device)
+        for slot in range(x.shape[1]):
+            token = x[:, slot]
+            trying = valid[:, slot] & (chosen < 0)  # (R,)
+            verdict, residual = self._step(p, token, q, u[:, slot])
+            accept = trying & verdict.accept
+            reject = trying & ~verdict.accept
+            chosen = torch.where(accept, slot, chosen)
+            tv = torch.where(accept, verdict.tv.to(p.dtype), tv)
+            p = torch.where(reject[:, None], residual, p)
+            if self.candidates == "sampled":
+                q = torch.where(reject[:, None], _without(q, token), q)
+        return SiblingOutcome(chosen=chosen, tv=tv, target=p, proposal=q)
+
+    def _step(self, p, x, q, u) -> tuple[Verdict, torch.Tensor]:
+        """Verdict and residual for one candidate per row (rules may share work between the two)."""
+        return self.verify(p, x, q, u), self.residual(p, q, x)
+
     def for_candidates(self, kind: str) -> "AcceptanceRule":
         """The same rule for candidates of ``kind`` (sampled, deterministic or greedy)."""
         if kind not in CANDIDATES:
@@ -97,6 +125,35 @@ class AcceptanceRule:
     def describe(self) -> dict:
         """Settings recorded with results: the rule family and its parameters."""
         return {"acceptance": "exact" if self.candidates != "greedy" else "greedy", "candidates": self.candidates}
+
+
+@dataclass(frozen=True)
+class SiblingOutcome:
+    """The outcome of trying K sibling candidates of one node, per row.
+
+    ``chosen`` (R,) the slot of the accepted sibling (-1 if none); ``tv`` (R,) the mass moved onto it;
+    ``target`` (R, V) the distribution after the rejections before it (for the final draw when none
+    was accepted); ``proposal`` (R, V) the drafter distribution after the same rejections.
+    """
+
+    chosen: torch.Tensor
+    tv: torch.Tensor
+    target: torch.Tensor
+    proposal: torch.Tensor
+
+
+def _without(q: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``q`` (R, V) with token ``x`` (R,) removed and renormalised (left as is if nothing remains)."""
+    removed = q.scatter(1, x[:, None], 0.0)
+    total = removed.sum(-1, keepdim=True)
+    return torch.where(total > 0, removed / total.clamp_min(1e-30), q)
+
+
+def _first(accept: torch.Tensor) -> torch.Tensor:
+    """Index of the first true entry per row of ``accept`` (R, K), or -1: (R,)."""
+    slots = torch.arange(accept.shape[1], device=accept.device)
+    first = torch.where(accept, slots, accept.shape[1]).min(dim=1).values
+    return torch.where(first < accept.shape[1], first, -1)
 
 
 def _exact_verdict(accept: torch.Tensor, px: torch.Tensor) -> Verdict:
@@ -140,6 +197,21 @@ class ExactDeterministic(AcceptanceRule):
         """``p`` with the candidate zeroed, renormalised."""
         return _normalised(p.scatter(1, x.long().unsqueeze(1), 0.0), p)  # (R, V)
 
+    def try_siblings(self, p, x, valid, q, u) -> SiblingOutcome:
+        """Closed form of the sequential test: sibling s sees ``p(x_s) / (1 - sum_{j<s} p(x_j))``.
+
+        Siblings are distinct tokens, so the residual after s rejections is ``p`` without them,
+        renormalised; accepting s means ``u_s (1 - C_s) < p(x_s)`` with ``C_s`` the mass tried before.
+        """
+        px = p.gather(1, x) * valid  # (R, K)
+        before = px.cumsum(1) - px  # (R, K) exclusive
+        accept = valid & (u * (1 - before) < px)
+        chosen = _first(accept)
+        tried = valid & ((torch.arange(x.shape[1], device=x.device) < chosen[:, None]) | (chosen[:, None] < 0))
+        hits = torch.zeros_like(p).scatter_add_(1, x, tried.to(p.dtype))  # (R, V) > 0 where a sibling was rejected
+        kept = p.masked_fill(hits > 0, 0.0)
+        return SiblingOutcome(chosen=chosen, tv=torch.zeros_like(p[:, 0]), target=_normalised(kept, p), proposal=q)
+
 
 class Greedy(AcceptanceRule):
     """Accept iff ``x`` is the argmax of ``p``; on rejection the residual is one-hot at that argmax."""
@@ -153,6 +225,11 @@ class Greedy(AcceptanceRule):
     def residual(self, p, q, x) -> torch.Tensor:
         """One-hot at the argmax of ``p``."""
         return _one_hot_argmax(p)  # (R, V)
+
+    def try_siblings(self, p, x, valid, q, u) -> SiblingOutcome:
+        """The sibling equal to the argmax, if any (siblings are distinct tokens)."""
+        chosen = _first(valid & (x == p.argmax(dim=-1, keepdim=True)))
+        return SiblingOutcome(chosen=chosen, tv=torch.zeros_like(p[:, 0]), target=p, proposal=q)
 
 
 class _Relaxed(AcceptanceRule):
@@ -221,16 +298,16 @@ class _Relaxed(AcceptanceRule):
         tv = torch.where(m > 0, last, torch.zeros_like(last))  # (R,)
         return px + tv, tv, m, nb, merged
 
-    def merged_mask(self, p: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """A(x) = {x, n_1..n_m} as an (R, V) bool mask."""
-        _, _, _, nb, merged = self.relax(p, x)
+    def merged_mask(self, p: torch.Tensor, x: torch.Tensor, relaxed=None) -> torch.Tensor:
+        """A(x) = {x, n_1..n_m} as an (R, V) bool mask (``relaxed``: a precomputed :meth:`relax`)."""
+        _, _, _, nb, merged = relaxed if relaxed is not None else self.relax(p, x)
         mask = torch.zeros(p.shape, dtype=torch.bool, device=p.device)  # (R, V)
         mask.scatter_(1, nb, merged)
         return mask.scatter_(1, x.long().unsqueeze(1), True)
 
-    def verify(self, p, x, q=None, u=None) -> Verdict:
+    def verify(self, p, x, q=None, u=None, relaxed=None) -> Verdict:
         """The relaxed test for this rule's kind of candidates (see the module docstring)."""
-        p_tilde, tv, m, _, _ = self.relax(p, x)
+        p_tilde, tv, m, _, _ = relaxed if relaxed is not None else self.relax(p, x)
         if self.candidates == "sampled":
             accept = _sampled_test(p_tilde, _at(q, x), u)
         elif self.candidates == "deterministic":
@@ -240,7 +317,23 @@ class _Relaxed(AcceptanceRule):
             accept = row.argmax(dim=-1) == x
         return Verdict(accept=accept, p_tilde=p_tilde, tv=tv, size=m)
 
-    def residual(self, p, q, x) -> torch.Tensor:
+    def _step(self, p, x, q, u) -> tuple[Verdict, torch.Tensor]:
+        relaxed = self.relax(p, x)
+        return self.verify(p, x, q, u, relaxed), self.residual(p, q, x, relaxed)
+
+    def try_siblings(self, p, x, valid, q, u) -> SiblingOutcome:
+        """Greedy candidates are tested each against ``p`` at once (the first that passes wins, and the
+        next token is the argmax of ``p`` when none does); other kinds try siblings in order."""
+        if self.candidates != "greedy":
+            return super().try_siblings(p, x, valid, q, u)
+        rows, count = x.shape
+        flat = p[:, None].expand(-1, count, -1).reshape(rows * count, -1)  # (R*K, V)
+        verdict = self.verify(flat, x.reshape(-1))
+        chosen = _first(valid & verdict.accept.view(rows, count))
+        tv = verdict.tv.view(rows, count).gather(1, chosen.clamp_min(0)[:, None])[:, 0]
+        return SiblingOutcome(chosen=chosen, tv=torch.where(chosen >= 0, tv, 0.0).to(p.dtype), target=p, proposal=q)
+
+    def residual(self, p, q, x, relaxed=None) -> torch.Tensor:
         """The distribution to resample from after a relaxed rejection.
 
         ``consistent``: zero exactly A(x) in ``p``; ``reference``: zero x and all k neighbours (as the
@@ -250,9 +343,10 @@ class _Relaxed(AcceptanceRule):
         fall back to ``p``.
         """
         if self.residual_mode == "consistent":
-            zeroed = self.merged_mask(p, x)  # (R, V)
+            relaxed = relaxed if relaxed is not None else self.relax(p, x)
+            zeroed = self.merged_mask(p, x, relaxed)  # (R, V)
             if self.candidates == "sampled":
-                p_tilde = self.relax(p, x)[0]  # (R,)
+                p_tilde = relaxed[0]  # (R,)
                 target = p.masked_fill(zeroed, 0.0).scatter(1, x.long().unsqueeze(1), p_tilde.unsqueeze(1))  # (R, V)
                 return _normalised((target - q).clamp_min(0), _normalised(target, p))  # (R, V)
         else:

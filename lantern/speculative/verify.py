@@ -1,12 +1,11 @@
 """Walking a draft tree with an acceptance rule: which path is accepted and what comes next.
 
-From the root, the children of the current node are tried in order with the rule. An accepted
-child becomes the current node; when every child is rejected (or there are none) the walk stops and
-one more token is drawn from the rule's residual (or, at a leaf or after the last accepted node with
-no children tried, from the target distribution there). With sampled candidates a rejected sibling's
-token is also removed from ``q`` before the next sibling is tried (recursive rejection sampling,
-which is lossless for siblings drawn without replacement). Everything is vectorised over rows; the
-loops run over depth and siblings only, and nothing synchronises with the device.
+From the root, the children of the current node are handed to the rule
+(:meth:`~lantern.speculative.acceptance.AcceptanceRule.try_siblings`), which tries them in order.
+An accepted child becomes the current node; when every child is rejected (or there are none) the
+walk stops and one more token is drawn from what the rule left (its residual, or at a leaf the
+target distribution there). Everything is vectorised over rows; the loop runs over depth only
+(rules loop over siblings where no closed form exists), and nothing synchronises with the device.
 """
 
 from __future__ import annotations
@@ -36,13 +35,6 @@ class Walk:
     tv: torch.Tensor
 
 
-def _without(q: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """``q`` (R, V) with token ``x`` (R,) removed and renormalised (left as is if nothing remains)."""
-    removed = q.scatter(1, x[:, None], 0.0)
-    total = removed.sum(-1, keepdim=True)
-    return torch.where(total > 0, removed / total.clamp_min(1e-30), q)
-
-
 def walk_tree(
     draft: Draft, p: torch.Tensor, rule: AcceptanceRule, sampling: SamplingConfig, keys: torch.Tensor, step: torch.Tensor,
 ) -> Walk:
@@ -64,26 +56,17 @@ def walk_tree(
     proposal = draft.q[:, 0]
     path = torch.full((batch, depth_max), -1, dtype=torch.long, device=device)
     tv = torch.zeros(batch, depth_max, dtype=p.dtype, device=device)
-    sampled = rule.candidates == "sampled"
     for level in range(depth_max):
         kids = draft.children[rows, current]  # (B, K)
-        chosen = torch.full((batch,), -1, dtype=torch.long, device=device)
-        moved = torch.zeros(batch, dtype=p.dtype, device=device)
-        for slot in range(siblings):
-            node = kids[:, slot]
-            trying = alive & (node >= 0) & (chosen < 0)  # (B,)
-            token = draft.tokens[rows, node.clamp_min(0)]
-            verdict = rule.verify(target, token, proposal, uniforms[:, level * siblings + slot])
-            accept = trying & verdict.accept
-            reject = trying & ~verdict.accept
-            chosen = torch.where(accept, node, chosen)
-            moved = torch.where(accept, verdict.tv.to(p.dtype), moved)
-            target = torch.where(reject[:, None], rule.residual(target, proposal, token), target)
-            if sampled:
-                proposal = torch.where(reject[:, None], _without(proposal, token), proposal)
-        got = chosen >= 0
+        tokens = draft.tokens.gather(1, kids.clamp_min(0))  # (B, K)
+        valid = alive[:, None] & (kids >= 0)
+        outcome = rule.try_siblings(target, tokens, valid, proposal, uniforms[:, level * siblings : (level + 1) * siblings])
+        got = outcome.chosen >= 0
+        chosen = torch.where(got, kids.gather(1, outcome.chosen.clamp_min(0)[:, None])[:, 0], -1)
         path[:, level] = chosen
-        tv[:, level] = moved
+        tv[:, level] = torch.where(got, outcome.tv, 0.0)
+        target = torch.where(alive[:, None], outcome.target, target)
+        proposal = torch.where(alive[:, None], outcome.proposal, proposal)
         alive = alive & got
         current = torch.where(got, chosen, current)
         target = torch.where(got[:, None], p[rows, current], target)

@@ -182,6 +182,8 @@ class Trainer:
         resume_ignore: dotted config keys allowed to differ on resumption.
         export_name: file name of the exported weights (``.safetensors``).
         export_dtype: cast floating-point tensors to this dtype on export (None keeps them).
+        export_metadata: extra string entries for the exported file's safetensors metadata (e.g.
+            what a loader checks); ``step`` and ``config`` are always written.
     """
 
     def __init__(
@@ -202,6 +204,7 @@ class Trainer:
         resume_ignore: Iterable[str] = DEFAULT_RESUME_IGNORE,
         export_name: str = "model.safetensors",
         export_dtype: torch.dtype | None = None,
+        export_metadata: Mapping[str, str] | None = None,
     ) -> None:
         """Store the pieces; nothing is read or written until :meth:`fit`."""
         for name, value in (("max_steps", max_steps), ("ckpt_every", ckpt_every), ("log_every", log_every)):
@@ -226,6 +229,7 @@ class Trainer:
         self.resume_ignore = tuple(resume_ignore)
         self.export_name = export_name
         self.export_dtype = export_dtype
+        self.export_metadata = {str(k): str(v) for k, v in (export_metadata or {}).items()}
         self.base_lrs = [group["lr"] for group in optimizer.param_groups]
         self.step = 0
         self.epoch = 0
@@ -335,7 +339,8 @@ class Trainer:
             if self.export_dtype is not None and value.is_floating_point():
                 value = value.to(self.export_dtype)
             tensors[key] = value.contiguous().clone()
-        metadata = {"step": str(self.step)}
+        metadata = dict(self.export_metadata)
+        metadata["step"] = str(self.step)
         if self.config is not None:
             metadata["config"] = json.dumps(self.config, default=str)
         _atomic_write(self.export_path, lambda tmp: save_file(tensors, tmp, metadata=metadata))

@@ -1,0 +1,157 @@
+"""Speculative decoding vs AR on the same prompts and seeds, in one run: tau, latency, speed-up.
+
+    python scripts/bench_speculative.py                       # the embedded world, CPU, batch 1
+    python scripts/bench_speculative.py --images 20 --runs 3 --out results/bench_speculative
+
+Every mode is composed from the project configs exactly as ``run.py`` would (``decoding=...
+draft=... delta=... temperature=...``), so a row here is what a user gets from the same overrides.
+For each sampling setting (greedy, and the model's recommended sampling) the AR baseline and every
+mode decode the same images at batch 1; runs are interleaved image by image (AR, mode 1, mode 2, ...,
+then the next image) so machine noise hits all modes alike, after one untimed warm-up per mode.
+Latency per image is the median over ``--runs`` repeats; a mode's latency is the mean over images.
+Speed-up = AR latency / mode latency, measured in this run; speed-up / tau shows how much of the
+step compression survives the drafter and tree overheads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+
+from lantern.generate import synchronize
+from lantern.records import REPO_ROOT, environment, write_json_atomic
+from lantern.rng import keys_tensor
+
+EXACT_STRUCTURES = ("chain", "static_tree", "dynamic_tree")
+DELTAS = (0.05, 0.1, 0.2, 0.4)
+
+
+def modes(structures: tuple[str, ...], lantern_structures: tuple[str, ...], deltas: tuple[float, ...]) -> list[tuple[str, list[str]]]:
+    """(label, Hydra overrides) of every speculative mode in the benchmark."""
+    rows = [(f"eagle {s}", ["decoding=eagle", f"draft={s}"]) for s in structures]
+    for s in lantern_structures:
+        rows += [(f"lantern d={d} {s}", ["decoding=lantern", f"draft={s}", f"delta={d}"]) for d in deltas]
+    rows.append((f"lantern_pp l=3 k=10 {lantern_structures[0]}", ["decoding=lantern_pp", f"draft={lantern_structures[0]}"]))
+    return rows
+
+
+def compose_config(overrides: list[str]):
+    with initialize_config_dir(version_base="1.3", config_dir=str(REPO_ROOT / "conf")):
+        return compose("config", overrides=overrides)
+
+
+def timed(decoder, bundle, condition, keys) -> tuple[float, object]:
+    synchronize(bundle.device)
+    start = time.perf_counter()
+    result = decoder.generate(bundle.gpt, condition, keys)
+    synchronize(bundle.device)
+    return time.perf_counter() - start, result
+
+
+def bench_setting(name: str, base: list[str], rows, args) -> list[dict]:
+    """All modes for one sampling setting; returns one record per mode (AR first)."""
+    cfg = compose_config(base)
+    bundle = instantiate(cfg.model.bundle)
+    prompts = instantiate(cfg.prompts)
+    items = [prompts.items[i % len(prompts.items)] for i in range(args.images)]
+    decoders = [("ar", instantiate(cfg.decoding))]
+    for label, overrides in rows:
+        decoders.append((label, instantiate(compose_config(base + overrides).decoding)))
+    conditions = [bundle.conditioner.encode([item]) for item in items]
+    keys = [keys_tensor(args.seed, [i], bundle.device) for i in range(args.images)]
+    for _, decoder in decoders:  # warm-up: caches, neighbour tables, allocator
+        timed(decoder, bundle, conditions[0], keys[0])
+    times = {label: [[] for _ in items] for label, _ in decoders}
+    results = {label: [None] * len(items) for label, _ in decoders}
+    for _ in range(args.runs):
+        for i in range(len(items)):
+            for label, decoder in decoders:
+                seconds, result = timed(decoder, bundle, conditions[i], keys[i])
+                times[label][i].append(seconds)
+                results[label][i] = result
+    records = []
+    ar_latency = statistics.mean(statistics.median(t) for t in times["ar"])
+    for label, decoder in decoders:
+        latency = statistics.mean(statistics.median(t) for t in times[label])
+        steps = sum(int(r.per_sample["steps"].sum()) for r in results[label])
+        tokens = sum(int(r.per_sample["tokens"].sum()) for r in results[label])
+        tau = tokens / steps
+        record = {
+            "setting": name, "mode": label, "latency_s": latency, "speedup": ar_latency / latency, "tau": tau,
+            "speedup_per_tau": ar_latency / latency / tau,
+            "describe": decoder.describe(),
+        }
+        if label != "ar":
+            stats = {k: sum(r.stats[k] for r in results[label]) for k in results[label][0].stats}
+            record["drafter_share"] = stats["drafter_time_s"] / max(1e-12, sum(stats[k] for k in ("drafter_time_s", "target_time_s", "verify_time_s")))
+            record["tv_max"] = max(float(r.per_sample["tv_max"].max()) for r in results[label])
+            record["same_tokens_as_ar"] = all(torch.equal(a.codes, b.codes) for a, b in zip(results[label], results["ar"]))
+        records.append(record)
+        print(f"{name:9s} {label:32s} latency {latency * 1000:7.1f} ms  tau {tau:5.2f}  speed-up {record['speedup']:5.2f}x  "
+              f"speed-up/tau {record['speedup_per_tau']:4.2f}", flush=True)
+    return records
+
+
+def markdown(records: list[dict], env: dict, args) -> str:
+    lines = [
+        "# Speculative decoding benchmark (embedded world)",
+        "",
+        f"`python scripts/bench_speculative.py --images {args.images} --runs {args.runs}` at commit {env['commit'][:7]}{' (dirty)' if env['dirty'] else ''} on "
+        f"{env['device_name']} ({env['num_threads']} threads), torch {env['versions']['torch']}. Batch 1, {args.images} prompts, "
+        f"median of {args.runs} interleaved runs per image after a warm-up; speed-up against AR in the same run.",
+        "",
+        "| setting | mode | tau | latency ms/image | speed-up | speed-up / tau | drafter share of time |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in records:
+        share = f"{r['drafter_share']:.0%}" if "drafter_share" in r else ""
+        lines.append(f"| {r['setting']} | {r['mode']} | {r['tau']:.2f} | {r['latency_s'] * 1000:.1f} | {r['speedup']:.2f}x | "
+                     f"{r['speedup_per_tau']:.2f} | {share} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=20, help="prompts (one image each) per mode")
+    parser.add_argument("--runs", type=int, default=3, help="timed repeats per image (median)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--model", default="fashion_t2i")
+    parser.add_argument("--structures", default=",".join(EXACT_STRUCTURES), help="draft structures for exact decoding")
+    parser.add_argument("--lantern-structures", default="dynamic_tree", help="draft structures for LANTERN")
+    parser.add_argument("--deltas", default=",".join(map(str, DELTAS)))
+    parser.add_argument("--settings", default="greedy,sampling", help="greedy and/or sampling (the model's recommended)")
+    parser.add_argument("--out", default=None, help="write OUT.md and OUT.json")
+    args = parser.parse_args()
+    for name, value in (("--images", args.images), ("--runs", args.runs), ("--threads", args.threads)):
+        if value < 1:
+            parser.error(f"{name}={value} must be >= 1")
+    torch.set_num_threads(args.threads)
+    rows = modes(tuple(args.structures.split(",")), tuple(args.lantern_structures.split(",")),
+                 tuple(float(d) for d in args.deltas.split(",")))
+    settings = {"greedy": ["temperature=0"], "sampling": []}
+    records = []
+    for name in args.settings.split(","):
+        if name not in settings:
+            parser.error(f"--settings {name!r}: allowed greedy, sampling")
+        records += bench_setting(name, [f"model={args.model}", *settings[name]], rows, args)
+    env = environment(torch.device("cpu"))
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(out.with_suffix(".json"), {"args": vars(args), "environment": env, "records": records})
+        out.with_suffix(".md").write_text(markdown(records, env, args))
+        print(f"wrote {out.with_suffix('.md')} and {out.with_suffix('.json')}")
+    else:
+        print(json.dumps(records, indent=1, default=str)[:2000])
+
+
+if __name__ == "__main__":
+    main()
