@@ -19,6 +19,7 @@ SAMPLE = 1
 ACCEPT = 2
 RESIDUAL = 3
 DRAFT = 4
+LEVEL = 5  # the per-level target draw of a tree walk
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:

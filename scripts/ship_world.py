@@ -40,7 +40,7 @@ def main() -> None:
         shutil.copyfile(source, target)
         entry = {"sha256": sha256_file(target), "bytes": target.stat().st_size, "command": command,
                  "data": args.data, "commit": commit["commit"], "commit_dirty": commit["dirty"]}
-        for extra in ("config.yaml", "vq_report.json", "classifier_report.json", "report.json"):
+        for extra in ["config.yaml", *sorted(p.name for p in source.parent.glob("*report.json"))]:
             if (source.parent / extra).is_file():
                 text = (source.parent / extra).read_text()
                 entry.setdefault("records", {})[extra] = json.loads(text) if extra.endswith(".json") else text

@@ -337,7 +337,7 @@ def test_bad_parameters_raise_config_error():
     with pytest.raises(ConfigError, match="k=3"):
         Lantern(3, 0.1, torch.tensor([[1, 2, 0], [0, 2, 1], [0, 1, 2]]))  # k must be < V
     for lam in (0.5, float("nan"), float("inf")):
-        with pytest.raises(ConfigError, match=f"lam={lam}"):
+        with pytest.raises(ConfigError, match=f"lambda={lam}"):
             LanternPP(4, lam, table)
     with pytest.raises(ConfigError, match="residual='both'"):
         Lantern(4, 0.1, table, residual="both")
@@ -345,3 +345,17 @@ def test_bad_parameters_raise_config_error():
         LanternPP(4, 2.0, table, candidates="tree")
     with pytest.raises(ConfigError, match="integer table"):
         Lantern(4, 0.1, table.float())
+
+
+def test_relaxed_sibling_test_maps_each_draw_onto_the_first_proximity_set_holding_it():
+    p = torch.tensor([[0.05, 0.30, 0.10, 0.20, 0.15, 0.12, 0.08]])  # (1, V)
+    table = torch.tensor([[(i + s) % 7 for s in range(1, 7)] for i in range(7)])  # neighbours i+1, i+2, ...
+    rule = Lantern(3, 0.3, table, candidates="deterministic")
+    x = torch.tensor([[2, 4]])  # siblings in order
+    sets = [set(torch.nonzero(rule.merged_mask(p, x[:, s])[0]).flatten().tolist()) for s in range(2)]
+    assert sets[0] == {2, 3} and sets[1] == {4, 5, 6, 0}  # S stops before exceeding delta=0.3
+    for y in range(7):
+        outcome = rule.try_siblings(p, x, torch.ones_like(x, dtype=torch.bool), None, None, torch.tensor([y]))
+        expected = 0 if y in sets[0] else 1 if y in sets[1] else -1
+        assert int(outcome.chosen) == expected and int(outcome.emitted) == y
+        assert float(outcome.tv) == pytest.approx([0.2, 0.25, 0.0][expected])

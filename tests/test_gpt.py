@@ -212,3 +212,18 @@ def test_rows_can_write_different_slots():
     torch.testing.assert_close(keys[0, :, 1:3], k[0])
     torch.testing.assert_close(keys[1, :, 5:7], k[1])
     assert torch.count_nonzero(keys[0, :, 5:7]) == 0 and torch.count_nonzero(keys[1, :, 1:3]) == 0
+
+
+def test_apply_rope_matches_the_pairwise_formula():
+    from lantern.models.rope import apply_rope
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 3, 8)
+    table = rope_table_2d(2, 8, 1)[:5]  # (5, 4, 2)
+    cos, sin = table[None, :, None, :, 0], table[None, :, None, :, 1]
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    expected = torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1).flatten(3)
+    torch.testing.assert_close(apply_rope(x, table), expected)
+    per_row = table.expand(2, -1, -1, -1)  # (B, S, hd/2, 2)
+    torch.testing.assert_close(apply_rope(x, per_row), expected)
+    assert apply_rope(x.bfloat16(), table).dtype == torch.bfloat16

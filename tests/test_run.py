@@ -57,6 +57,36 @@ def test_bad_input_is_one_line_nonzero_and_writes_nothing(tmp_path, override, me
     assert not out.exists()
 
 
+@pytest.mark.parametrize("overrides,message", [
+    (("decoding=lantern", "delta=-0.1"), "delta=-0.1"),
+    (("decoding=lantern", "delta=1.5"), "delta=1.5"),
+    (("decoding=lantern", "delta=nan"), "delta=nan"),
+    (("decoding=lantern", "k=0"), "k=0"),
+    (("decoding=lantern", "k=5000"), "k=5000"),
+    (("decoding=lantern_pp", "lambda=0.5"), "lambda=0.5"),
+    (("decoding=eagle", "model.drafter.gpt.preset=GPT-mini"), "does not match the target"),
+    (("decoding=lantern", "model.neighbours.vq.overrides.codebook_size=512"), "another codebook"),
+    (("decoding=eagle", "draft=chain", "draft.depth=0"), "depth=0"),
+])
+def test_bad_speculative_input_is_one_line_and_writes_nothing(tmp_path, overrides, message):
+    proc, out = run(tmp_path, "num_images=2", *overrides)
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], proc.stderr
+    assert not out.exists()
+
+
+def test_speculative_run_records_acceptance(tmp_path):
+    proc, out = run(tmp_path, "decoding=lantern", "delta=0.3", "num_images=3", "warmup=0")
+    assert proc.returncode == 0, proc.stderr
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["decoding"] == "lantern" and metrics["delta"] == 0.3 and metrics["k"] == 1000
+    assert metrics["draft"] == "dynamic_tree" and metrics["mean_accepted_length"] >= 1.0
+    assert sum(metrics["acceptance_histogram"]) == metrics["target_steps"]
+    assert 0.0 <= metrics["tv_max"] <= 0.3 and metrics["decode_stats"]["drafter_forwards"] > 0
+    assert all(row["steps"] >= 1 for row in metrics["per_image"])
+
+
 def test_missing_checkpoint_and_text_encoder_are_named(tmp_path):
     proc, out = run(tmp_path, "model=llamagen_c2i_b_256")
     assert proc.returncode != 0 and "model.gpt_ckpt is required" in proc.stderr and not out.exists()

@@ -125,15 +125,15 @@ class _WrongSiblingResidual(ExactDeterministic):
     def residual(self, p, q, x):
         return p
 
-    def try_siblings(self, p, x, valid, q, u):
-        return AcceptanceRule.try_siblings(self, p, x, valid, q, u)
+    def try_siblings(self, p, x, valid, q, u, y):
+        return AcceptanceRule.try_siblings(self, p, x, valid, q, u, y)
 
 
 class _SequentialDeterministic(ExactDeterministic):
     """The exact deterministic rule through the generic sibling loop (the closed form's reference)."""
 
-    def try_siblings(self, p, x, valid, q, u):
-        return AcceptanceRule.try_siblings(self, p, x, valid, q, u)
+    def try_siblings(self, p, x, valid, q, u, y):
+        return AcceptanceRule.try_siblings(self, p, x, valid, q, u, y)
 
 
 SAMPLES = 3000
@@ -146,8 +146,10 @@ SAMPLES = 3000
         (ExactSampled(), prior_tree(3, 3, 8, candidates="sampled")),
         (ExactDeterministic(), DynamicTree(3, 3, 8)),
         (ExactDeterministic(), prior_tree(3, 3, 8)),
+        (_SequentialDeterministic(), DynamicTree(3, 3, 8)),
     ],
-    ids=["sampled_chain", "sampled_static_tree", "deterministic_dynamic_tree", "deterministic_static_tree"],
+    ids=["sampled_chain", "sampled_static_tree", "deterministic_dynamic_tree", "deterministic_static_tree",
+         "deterministic_sequential_loop"],
 )
 def test_exact_speculative_sampling_preserves_the_target_marginals(rule, structure):
     model, drafter = tiny(model_type="c2i", seed=1)
@@ -181,16 +183,6 @@ def test_the_marginal_test_catches_a_wrong_residual(rule, structure):
         for pos, m in ((1, marginal1), (2, marginal2))
     ]
     assert any(stat > chi2.ppf(0.999, dof) for stat, dof in stats)
-
-
-def test_closed_form_sibling_test_matches_the_sequential_loop():
-    model, drafter = tiny()
-    cond, keys = text_condition(), keys_tensor(5, range(4))
-    sampling = SamplingConfig(temperature=1.0, cfg_scale=2.0)
-    for structure in structures():
-        closed = SpeculativeDecoder(sampling, drafter, structure, ExactDeterministic()).generate(model, cond, keys)
-        loop = SpeculativeDecoder(sampling, drafter, structure, _SequentialDeterministic()).generate(model, cond, keys)
-        assert torch.equal(closed.codes, loop.codes)
 
 
 def test_cache_after_speculative_decoding_equals_the_ar_cache():
@@ -274,3 +266,15 @@ def test_at_most_one_host_synchronisation_per_verification_step(monkeypatch):
             result = SpeculativeDecoder(sampling, drafter, structure, ExactDeterministic()).generate(model, cond, keys)
             steps = int(result.stats["target_forwards"]) - 1  # prefill is not a verification step
             assert len(calls) <= steps + 1, f"{structure.name}: {len(calls)} reads for {steps} steps: {set(calls)}"
+
+
+def test_condition_inputs_follow_the_drafter_config():
+    model, _ = tiny()
+    cond_emb = torch.randn(2, 4, model.config.dim)
+    ours = Drafter(DrafterConfig(model.config))
+    assert torch.equal(ours.condition_inputs(model, cond_emb), cond_emb[:, 1:])
+    release = Drafter(DrafterConfig(model.config, condition_input="token0"))
+    expected = model.tok_embeddings.weight[0].expand(2, 3, -1)
+    assert torch.equal(release.condition_inputs(model, cond_emb), expected)
+    with pytest.raises(ConfigError, match="condition_input='text'"):
+        DrafterConfig(model.config, condition_input="text")

@@ -80,15 +80,20 @@ class DrafterSession:
         base: torch.Tensor, decided: torch.Tensor, columns: torch.Tensor, width: int, max_entries: int,
     ):
         self.model, self.drafter, self.cache, self.sampling = model, drafter, cache, sampling
-        self.base, self.decided, self.columns, self.width = base, decided, columns[:, :width], width
+        self.base, self.decided, self.columns = base, decided, columns[:, :width]
         batch, rows = base.shape[0], root_feature.shape[0]
         self.groups = rows // batch
         device = base.device
         self.features = torch.zeros(rows, max_entries, root_feature.shape[-1], dtype=root_feature.dtype, device=device)
         self.features[:, 0] = root_feature
         self.depth = torch.zeros(batch, max_entries, dtype=torch.long, device=device)
-        self.ancestors = torch.zeros(batch, max_entries, max_entries, dtype=torch.bool, device=device)
-        self.ancestors[:, 0, 0] = True
+        self.ancestors = torch.eye(max_entries, dtype=torch.bool, device=device).repeat(batch, 1, 1)  # (B, E, E)
+        # Per step, not per expansion: which cache columns are the valid prefix, and which entry each
+        # scratch column holds (entry e >= 1 lives at column L + e - 1).
+        columns = torch.arange(width, device=device)
+        self.prefix = (columns[None, :] < base[:, None]) & self.columns[:batch]  # (B, W)
+        self.entry = columns[None, :] - base[:, None] + 1  # (B, W)
+        self.entry_index = self.entry.clamp(0, max_entries - 1)[:, None, :]  # (B, 1, W)
         self.count = 1
         self.forwards = 0
         logits = model.head(root_feature)[:, None]  # (rows, 1, V)
@@ -104,16 +109,11 @@ class DrafterSession:
         device = tokens.device
         depth = self.depth.gather(1, parents) + 1  # (B, n)
         self.depth[:, start:stop] = depth
-        own = torch.zeros(batch, n, self.ancestors.shape[2], dtype=torch.bool, device=device)
-        own[:, torch.arange(n, device=device), torch.arange(start, stop, device=device)] = True
-        ancestors = self.ancestors.gather(1, parents[:, :, None].expand(-1, -1, self.ancestors.shape[2])) | own
-        self.ancestors[:, start:stop] = ancestors  # (B, n, E)
-        columns = torch.arange(self.width, device=device)
-        entry = columns[None, :] - self.base[:, None] + 1  # (B, W) entry id held by each scratch column
-        prefix = (columns[None, :] < self.base[:, None]) & self.columns[:batch]  # (B, W)
-        in_scratch = (entry >= 1) & (entry < stop)
-        tree = ancestors.gather(2, entry.clamp(0, self.ancestors.shape[2] - 1)[:, None, :].expand(-1, n, -1))
-        mask = prefix[:, None, :] | (tree & in_scratch[:, None, :])  # (B, n, W)
+        self.ancestors[:, start:stop] |= self.ancestors.gather(1, parents[:, :, None].expand(-1, -1, self.ancestors.shape[2]))
+        ancestors = self.ancestors[:, start:stop]  # (B, n, E): own bit from the identity, then the parent's
+        in_scratch = (self.entry >= 1) & (self.entry < stop)  # (B, W)
+        tree = ancestors.gather(2, self.entry_index.expand(-1, n, -1))  # (B, n, W)
+        mask = self.prefix[:, None, :] | (tree & in_scratch[:, None, :])  # (B, n, W)
         slots = self.base[:, None] + torch.arange(start - 1, stop - 1, device=device)  # (B, n)
         positions = self.base[:, None] - 1 + depth  # drafter entry index of each node
         parent_features = self.features.gather(1, self._rows(parents)[:, :, None].expand(-1, -1, self.features.shape[-1]))
@@ -175,7 +175,7 @@ class SpeculativeDecoder:
         clock.add("target", started, clock.now())
 
         started = clock.now()
-        embeds = torch.cat([cond_emb[:, 1:], model.embed_tokens(codes[:, :1].repeat(groups, 1))], dim=1)  # (rows, T, D)
+        embeds = torch.cat([drafter.condition_inputs(model, cond_emb), model.embed_tokens(codes[:, :1].repeat(groups, 1))], dim=1)  # (rows, T, D)
         root_feature = drafter(
             embeds, hidden, index, index.expand(rows, -1), prefix_causal_mask(cond_mask[:, 1:], cond_len), drafter_cache
         )[:, -1]  # (rows, D)

@@ -168,10 +168,9 @@ class Attention(nn.Module):
 
     def forward(self, x, rope, mask, slots, kv) -> torch.Tensor:
         batch, seq, dim = x.shape
-        q, k, v = self.wqkv(x).split(dim, dim=-1)
-        q = apply_rope(q.view(batch, seq, self.n_head, self.head_dim), rope).transpose(1, 2)  # (B, H, S, hd)
-        k = apply_rope(k.view(batch, seq, self.n_head, self.head_dim), rope).transpose(1, 2)
-        v = v.view(batch, seq, self.n_head, self.head_dim).transpose(1, 2)
+        qkv = self.wqkv(x).view(batch, seq, 3 * self.n_head, self.head_dim)
+        q, k = apply_rope(qkv[:, :, : 2 * self.n_head], rope).transpose(1, 2).split(self.n_head, dim=1)  # (B, H, S, hd)
+        v = qkv[:, :, 2 * self.n_head :].transpose(1, 2)
         keys, values = kv.update(slots, k, v, mask.shape[-1])  # (B, H, L, hd)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
         return self.wo(out.transpose(1, 2).reshape(batch, seq, dim))

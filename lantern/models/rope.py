@@ -33,13 +33,10 @@ def rope_table_2d(grid_size: int, head_dim: int, cls_token_num: int, base: float
 def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """Rotate interleaved channel pairs of ``x`` (B, S, H, hd) by ``table`` (S, hd/2, 2) or (B, S, hd/2, 2).
 
-    Computed in fp32 and cast back, as in the reference.
+    Pair ``(x0, x1)`` becomes ``(x0 cos - x1 sin, x1 cos + x0 sin)``, computed as one complex product
+    in fp32 and cast back, as in the reference (few operations: this runs twice per layer and step).
     """
-    pairs = x.float().reshape(*x.shape[:-1], -1, 2)  # (B, S, H, hd/2, 2)
-    if table.dim() == 3:
-        table = table.unsqueeze(0)
-    table = table.unsqueeze(2)  # (B|1, S, 1, hd/2, 2)
-    cos, sin = table[..., 0], table[..., 1]
-    x0, x1 = pairs[..., 0], pairs[..., 1]
-    out = torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1)
-    return out.flatten(3).type_as(x)
+    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))  # (B, S, H, hd/2)
+    angles = torch.view_as_complex(table.contiguous())  # (S, hd/2) or (B, S, hd/2)
+    rotated = pairs * angles.unsqueeze(-2)  # (B, S, H, hd/2)
+    return torch.view_as_real(rotated).flatten(3).type_as(x)

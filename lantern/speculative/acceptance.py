@@ -88,13 +88,14 @@ class AcceptanceRule:
         """Alias of :meth:`verify`."""
         return self.verify(p, x, q, u)
 
-    def try_siblings(self, p, x, valid, q, u) -> SiblingOutcome:
+    def try_siblings(self, p, x, valid, q, u, y) -> SiblingOutcome:
         """Try sibling candidates ``x`` (R, K) in order (``valid`` (R, K) marks real ones) against ``p`` (R, V).
 
-        Each rejection turns ``p`` into the rule's residual before the next sibling is tried; with
-        sampled candidates (drawn from ``q`` without replacement) the rejected token also leaves ``q``
-        (recursive rejection sampling). ``u`` (R, K) are the uniforms. Rules override this with
-        closed forms where one exists; this generic form loops over the K siblings.
+        ``u`` (R, K) are uniforms, one per sibling, and ``y`` (R,) a token drawn from ``p`` (the argmax
+        when greedy). This generic form loops over the siblings: each rejection turns ``p`` into the
+        rule's residual before the next sibling is tried, and with sampled candidates (drawn from ``q``
+        without replacement) the rejected token also leaves ``q`` (recursive rejection sampling).
+        Deterministic and greedy rules override it with one vectorised test on ``y``.
         """
         rows = p.shape[0]
         chosen = torch.full((rows,), -1, dtype=torch.long, device=p.device)
@@ -132,14 +133,16 @@ class SiblingOutcome:
     """The outcome of trying K sibling candidates of one node, per row.
 
     ``chosen`` (R,) the slot of the accepted sibling (-1 if none); ``tv`` (R,) the mass moved onto it;
-    ``target`` (R, V) the distribution after the rejections before it (for the final draw when none
-    was accepted); ``proposal`` (R, V) the drafter distribution after the same rejections.
+    ``target`` (R, V) the distribution after the rejections before it and ``proposal`` (R, V) the
+    drafter distribution after the same rejections; ``emitted`` (R,) the token to emit when no sibling
+    is accepted, or ``None`` when it is to be drawn from ``target``.
     """
 
     chosen: torch.Tensor
     tv: torch.Tensor
     target: torch.Tensor
     proposal: torch.Tensor
+    emitted: torch.Tensor | None = None
 
 
 def _without(q: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -197,20 +200,15 @@ class ExactDeterministic(AcceptanceRule):
         """``p`` with the candidate zeroed, renormalised."""
         return _normalised(p.scatter(1, x.long().unsqueeze(1), 0.0), p)  # (R, V)
 
-    def try_siblings(self, p, x, valid, q, u) -> SiblingOutcome:
-        """Closed form of the sequential test: sibling s sees ``p(x_s) / (1 - sum_{j<s} p(x_j))``.
+    def try_siblings(self, p, x, valid, q, u, y) -> SiblingOutcome:
+        """Accept the sibling equal to ``y ~ p``; if there is none, ``y`` itself is the next token.
 
-        Siblings are distinct tokens, so the residual after s rejections is ``p`` without them,
-        renormalised; accepting s means ``u_s (1 - C_s) < p(x_s)`` with ``C_s`` the mass tried before.
+        This is the sequential test in closed form: trying distinct siblings in order with
+        probability ``p(x)`` each, renormalising after every rejection, accepts sibling s with
+        probability ``p(x_s)`` and otherwise draws from ``p`` without the siblings, exactly as here.
         """
-        px = p.gather(1, x) * valid  # (R, K)
-        before = px.cumsum(1) - px  # (R, K) exclusive
-        accept = valid & (u * (1 - before) < px)
-        chosen = _first(accept)
-        tried = valid & ((torch.arange(x.shape[1], device=x.device) < chosen[:, None]) | (chosen[:, None] < 0))
-        hits = torch.zeros_like(p).scatter_add_(1, x, tried.to(p.dtype))  # (R, V) > 0 where a sibling was rejected
-        kept = p.masked_fill(hits > 0, 0.0)
-        return SiblingOutcome(chosen=chosen, tv=torch.zeros_like(p[:, 0]), target=_normalised(kept, p), proposal=q)
+        chosen = _first(valid & (x == y[:, None]))
+        return SiblingOutcome(chosen=chosen, tv=torch.zeros_like(p[:, 0]), target=p, proposal=q, emitted=y)
 
 
 class Greedy(AcceptanceRule):
@@ -226,10 +224,10 @@ class Greedy(AcceptanceRule):
         """One-hot at the argmax of ``p``."""
         return _one_hot_argmax(p)  # (R, V)
 
-    def try_siblings(self, p, x, valid, q, u) -> SiblingOutcome:
-        """The sibling equal to the argmax, if any (siblings are distinct tokens)."""
-        chosen = _first(valid & (x == p.argmax(dim=-1, keepdim=True)))
-        return SiblingOutcome(chosen=chosen, tv=torch.zeros_like(p[:, 0]), target=p, proposal=q)
+    def try_siblings(self, p, x, valid, q, u, y) -> SiblingOutcome:
+        """The sibling equal to the argmax ``y``, if any; else the argmax is the next token."""
+        chosen = _first(valid & (x == y[:, None]))
+        return SiblingOutcome(chosen=chosen, tv=torch.zeros_like(p[:, 0]), target=p, proposal=q, emitted=y)
 
 
 class _Relaxed(AcceptanceRule):
@@ -318,20 +316,37 @@ class _Relaxed(AcceptanceRule):
         return Verdict(accept=accept, p_tilde=p_tilde, tv=tv, size=m)
 
     def _step(self, p, x, q, u) -> tuple[Verdict, torch.Tensor]:
+        """Verdict and residual from one :meth:`relax`."""
         relaxed = self.relax(p, x)
         return self.verify(p, x, q, u, relaxed), self.residual(p, q, x, relaxed)
 
-    def try_siblings(self, p, x, valid, q, u) -> SiblingOutcome:
-        """Greedy candidates are tested each against ``p`` at once (the first that passes wins, and the
-        next token is the argmax of ``p`` when none does); other kinds try siblings in order."""
-        if self.candidates != "greedy":
-            return super().try_siblings(p, x, valid, q, u)
+    def try_siblings(self, p, x, valid, q, u, y) -> SiblingOutcome:
+        """All siblings at once against the same ``p``; the first that passes wins.
+
+        Deterministic candidates: with ``y ~ p``, sibling s passes iff ``y`` lies in its proximity set
+        ``A(x_s)``; when none does, ``y`` is the next token. For one candidate this is exactly the
+        relaxed test with the consistent residual (``x`` with probability ``p~(x)``, otherwise a draw
+        from ``p`` with A(x) removed); with siblings, each A(x_s) is computed on ``p`` itself.
+        Greedy candidates: sibling s passes iff it is the argmax of its relaxed row; otherwise the
+        argmax ``y`` is next. Sampled candidates are tried in order (the generic loop).
+        """
+        if self.candidates == "sampled" or self.residual_mode == "reference":
+            return super().try_siblings(p, x, valid, q, u, y)
         rows, count = x.shape
-        flat = p[:, None].expand(-1, count, -1).reshape(rows * count, -1)  # (R*K, V)
-        verdict = self.verify(flat, x.reshape(-1))
-        chosen = _first(valid & verdict.accept.view(rows, count))
-        tv = verdict.tv.view(rows, count).gather(1, chosen.clamp_min(0)[:, None])[:, 0]
-        return SiblingOutcome(chosen=chosen, tv=torch.where(chosen >= 0, tv, 0.0).to(p.dtype), target=p, proposal=q)
+        flat_x = x.reshape(-1)  # (R*K,)
+        flat_p = p[:, None].expand(-1, count, -1).reshape(rows * count, -1)  # (R*K, V)
+        relaxed = self.relax(flat_p, flat_x)
+        _, tv, _, neighbours, merged = relaxed
+        if self.candidates == "greedy":
+            passes = self.verify(flat_p, flat_x, relaxed=relaxed).accept.view(rows, count)
+        else:
+            drawn = y.repeat_interleave(count)  # (R*K,)
+            passes = ((flat_x == drawn) | ((neighbours == drawn[:, None]) & merged).any(dim=1)).view(rows, count)
+        chosen = _first(valid & passes)
+        moved = tv.view(rows, count).gather(1, chosen.clamp_min(0)[:, None])[:, 0]
+        return SiblingOutcome(
+            chosen=chosen, tv=torch.where(chosen >= 0, moved, 0.0).to(p.dtype), target=p, proposal=q, emitted=y,
+        )
 
     def residual(self, p, q, x, relaxed=None) -> torch.Tensor:
         """The distribution to resample from after a relaxed rejection.
@@ -404,7 +419,7 @@ class LanternPP(_Relaxed):
         candidates: str = "deterministic",
     ):
         if isinstance(lam, bool) or not isinstance(lam, (int, float)) or math.isnan(lam) or not lam >= 1 or math.isinf(lam):
-            raise ConfigError(f"lam={lam!r} must be a finite number >= 1")
+            raise ConfigError(f"lambda={lam!r} must be a finite number >= 1")
         super().__init__(k, neighbours, residual, candidates)
         self.lam = float(lam)
 

@@ -156,10 +156,35 @@ class StaticTree:
         self._rank = [0] + [p[-1] for p in self.paths]
         self._depth = [0] + [len(p) for p in self.paths]
         has_children = {node_of[p[:-1]] for p in self.paths}
-        self._expanded = sorted(has_children)  # nodes fed to the drafter (their q is needed)
         self.depth = max(self._depth)
         self.max_children = max(sum(1 for p in self.paths if p[:-1] == q) for q in [()] + self.paths)
         self.nodes = len(self.paths)
+        # Per level, on the host once: the nodes, their parents, where each node's token sits in the
+        # parents' top-ranked choices, and which nodes are fed to the drafter under which entry.
+        entry = {0: 0}
+        self._levels = []
+        for level in range(1, self.depth + 1):
+            nodes = [i for i in range(1, self.nodes + 1) if self._depth[i] == level]
+            parents = sorted({self._parent[i] for i in nodes})
+            width = max(self._rank[i] for i in nodes) + 1
+            slot = {p: j for j, p in enumerate(parents)}
+            pick = [slot[self._parent[i]] * width + self._rank[i] for i in nodes]
+            fed = [i for i in nodes if i in has_children]
+            fed_parents = [entry[self._parent[i]] for i in fed]
+            for i in fed:
+                entry[i] = len(entry)
+            self._levels.append((nodes, parents, width, pick, fed, fed_parents))
+        self._constants: dict[torch.device, list] = {}
+
+    def _on(self, device: torch.device) -> list:
+        """The per-level index tensors on ``device`` (made once per device)."""
+        if device not in self._constants:
+            as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=device)  # noqa: E731
+            self._constants[device] = [
+                (as_tensor(nodes), as_tensor(parents), width, as_tensor(pick), as_tensor(fed), as_tensor(fed_parents))
+                for nodes, parents, width, pick, fed, fed_parents in self._levels
+            ] + [(as_tensor(self._parent), as_tensor(self._depth))]
+        return self._constants[device]
 
     def describe(self) -> dict:
         """Settings recorded with results."""
@@ -170,27 +195,18 @@ class StaticTree:
         batch, device = root_token.shape[0], root_token.device
         count = self.nodes + 1
         vocab = expander.root_q.shape[-1]
+        *levels, (all_parents, all_depth) = self._on(device)
         tokens = torch.zeros(batch, count, dtype=torch.long, device=device)
         tokens[:, 0] = root_token
         q = torch.zeros(batch, count, vocab, dtype=expander.root_q.dtype, device=device)
         q[:, 0] = expander.root_q
-        entry = {0: 0}
-        for level in range(1, self.depth + 1):
-            nodes = [i for i in range(1, count) if self._depth[i] == level]
-            parents = sorted({self._parent[i] for i in nodes})
-            width = max(self._rank[i] for i in nodes) + 1
+        for level, (nodes, parents, width, pick, fed, fed_parents) in enumerate(levels, start=1):
             chosen, _ = choose_children(q[:, parents], width, mode, keys, step * 64 + level)  # (B, P, width)
-            slot = {p: j for j, p in enumerate(parents)}
-            pick = torch.tensor([slot[self._parent[i]] * width + self._rank[i] for i in nodes], device=device)
             tokens[:, nodes] = chosen.flatten(1)[:, pick]
-            fed = [i for i in nodes if i in self._expanded]
-            if fed:
-                parent_entries = torch.tensor([entry[self._parent[i]] for i in fed], device=device).expand(batch, -1)
-                q[:, fed] = expander.expand(tokens[:, fed], parent_entries)
-                for i in fed:
-                    entry[i] = len(entry)
-        parents = torch.tensor(self._parent, device=device).expand(batch, -1)
-        depth = torch.tensor(self._depth, device=device).expand(batch, -1)
+            if fed.numel():
+                q[:, fed] = expander.expand(tokens[:, fed], fed_parents.expand(batch, -1))
+        parents = all_parents.expand(batch, -1)
+        depth = all_depth.expand(batch, -1)
         return finish_draft(tokens, parents, depth, q, self.max_children, self.depth, mode == "sampled")
 
 

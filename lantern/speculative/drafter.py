@@ -10,7 +10,9 @@ and the target position of its input token share the same 2D coordinates.
 
 The drafter owns only ``fc`` and its layers. Token embeddings and the output head belong to the
 target and are passed in or applied by the caller, so they stay frozen and shared. The first layer
-has no input norm (the features it reads are already normalised).
+has no input norm (the features it reads are already normalised). ``condition_input`` says what
+the condition entries read as ``e``: the condition embeddings (this project's drafters) or the
+embedding of code 0 (the LANTERN release for LlamaGen feeds zero token ids there).
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from lantern.models.rope import rope_table_2d
 from lantern.models.vq import vq_config
 
 VOCAB_KEY = "lantern.vocab_size"
+# What the drafter reads as the "next input" at condition entries: the target's condition embeddings
+# (this project), or the image-token embedding of code 0 (how the LANTERN release was trained).
+CONDITION_INPUTS = ("embedding", "token0")
 DIM_KEY = "lantern.dim"
 
 
@@ -40,10 +45,13 @@ class DrafterConfig:
     target: GPTConfig
     n_layer: int = 1
     norm_eps: float = 1e-6
+    condition_input: str = "embedding"
 
     def __post_init__(self):
         if not isinstance(self.n_layer, int) or self.n_layer < 1:
             raise ConfigError(f"drafter n_layer={self.n_layer!r} must be an integer >= 1")
+        if self.condition_input not in CONDITION_INPUTS:
+            raise ConfigError(f"drafter condition_input={self.condition_input!r} must be one of {', '.join(CONDITION_INPUTS)}")
 
     @property
     def dim(self) -> int:
@@ -80,6 +88,13 @@ class Drafter(nn.Module):
         super()._apply(fn, recurse)
         self.rope = self._rope_table().to(self.rope.device)
         return self
+
+    def condition_inputs(self, target, cond_emb: torch.Tensor) -> torch.Tensor:
+        """The inputs ``e_1 .. e_{T-1}`` of the condition entries (B, T-1, D), from condition embeddings (B, T, D)."""
+        if self.config.condition_input == "embedding":
+            return cond_emb[:, 1:]
+        zeros = torch.zeros(cond_emb.shape[0], cond_emb.shape[1] - 1, dtype=torch.long, device=cond_emb.device)
+        return target.embed_tokens(zeros)
 
     @property
     def max_entries(self) -> int:
@@ -175,7 +190,7 @@ def _layer_count(state_dict: Mapping[str, torch.Tensor]) -> int:
 
 def load_drafter(
     path: str | os.PathLike | None, gpt: Mapping, vq: Mapping, device: str = "cpu", dtype: str = "float32",
-    norm_eps: float = 1e-6,
+    norm_eps: float = 1e-6, condition_input: str = "embedding",
 ) -> Drafter:
     """Build the drafter for the target described by ``gpt``/``vq`` (model-config nodes) and load ``path``.
 
@@ -207,7 +222,7 @@ def load_drafter(
         raise ConfigError(
             f"drafter {os.fspath(path)!r} was trained for a vocabulary of {vocab} codes but the target has {target.vocab_size}"
         )
-    drafter = Drafter(DrafterConfig(target, n_layer=_layer_count(state_dict), norm_eps=norm_eps))
+    drafter = Drafter(DrafterConfig(target, _layer_count(state_dict), norm_eps, condition_input))
     check_state_dict(drafter, state_dict, f"a 1-layer drafter for {gpt['preset']}", os.fspath(path))
     drafter.load_state_dict(state_dict, strict=True)
     return drafter.to(device=device, dtype=torch_dtype).eval()

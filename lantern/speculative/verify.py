@@ -2,9 +2,11 @@
 
 From the root, the children of the current node are handed to the rule
 (:meth:`~lantern.speculative.acceptance.AcceptanceRule.try_siblings`), which tries them in order.
-An accepted child becomes the current node; when every child is rejected (or there are none) the
-walk stops and one more token is drawn from what the rule left (its residual, or at a leaf the
-target distribution there). Everything is vectorised over rows; the loop runs over depth only
+At every level a token ``y`` is drawn from the current node's target distribution (the argmax
+when greedy); deterministic and greedy rules accept the sibling that ``y`` selects and, when none
+does, emit ``y`` itself, which is exactly the sequential test in one step. Rules without such a form
+(sampled candidates) try siblings in order and leave a residual to draw from. An accepted child
+becomes the current node; after the last accepted node of a full path the next token is drawn there. Everything is vectorised over rows; the loop runs over depth only
 (rules loop over siblings where no closed form exists), and nothing synchronises with the device.
 """
 
@@ -56,15 +58,21 @@ def walk_tree(
     proposal = draft.q[:, 0]
     path = torch.full((batch, depth_max), -1, dtype=torch.long, device=device)
     tv = torch.zeros(batch, depth_max, dtype=p.dtype, device=device)
+    emitted = torch.full((batch,), -1, dtype=torch.long, device=device)  # token fixed by the stopping level
     for level in range(depth_max):
         kids = draft.children[rows, current]  # (B, K)
         tokens = draft.tokens.gather(1, kids.clamp_min(0))  # (B, K)
         valid = alive[:, None] & (kids >= 0)
-        outcome = rule.try_siblings(target, tokens, valid, proposal, uniforms[:, level * siblings : (level + 1) * siblings])
+        drawn = draw(target, sampling, keys, step * 64 + level, rng.LEVEL)  # (B,) y ~ p at the current node
+        outcome = rule.try_siblings(
+            target, tokens, valid, proposal, uniforms[:, level * siblings : (level + 1) * siblings], drawn
+        )
         got = outcome.chosen >= 0
         chosen = torch.where(got, kids.gather(1, outcome.chosen.clamp_min(0)[:, None])[:, 0], -1)
         path[:, level] = chosen
         tv[:, level] = torch.where(got, outcome.tv, 0.0)
+        if outcome.emitted is not None:
+            emitted = torch.where(alive & ~got, outcome.emitted, emitted)
         target = torch.where(alive[:, None], outcome.target, target)
         proposal = torch.where(alive[:, None], outcome.proposal, proposal)
         alive = alive & got
@@ -72,5 +80,6 @@ def walk_tree(
         target = torch.where(got[:, None], p[rows, current], target)
         proposal = torch.where(got[:, None], draft.q[rows, current], proposal)
     accepted = (path >= 0).sum(-1)
-    next_token = draw(target, sampling, keys, step, rng.RESIDUAL)
+    drawn = draw(target, sampling, keys, step, rng.RESIDUAL)
+    next_token = torch.where(emitted >= 0, emitted, drawn)
     return Walk(path=path, accepted=accepted, next_token=next_token, tv=tv)

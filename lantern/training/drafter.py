@@ -51,7 +51,7 @@ def drafter_pass(
     length = cond_len + num_tokens - 2  # drafter entries 0 .. T+N-3
     with torch.no_grad():
         f = target.teacher_hidden(cond_emb, tokens, cond_mask)  # (B, T+N-1, D)
-        embeds = torch.cat([cond_emb[:, 1:], target.embed_tokens(tokens[:, : num_tokens - 1])], dim=1)  # (B, T+N-2, D)
+        embeds = torch.cat([drafter.condition_inputs(target, cond_emb), target.embed_tokens(tokens[:, : num_tokens - 1])], dim=1)  # (B, T+N-2, D)
         features = f[:, :length]  # (B, T+N-2, D)
         if noise:
             features = features + (torch.rand_like(features) - 0.5) * noise
