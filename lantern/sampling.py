@@ -128,6 +128,18 @@ def draw(probs: torch.Tensor, config: SamplingConfig, keys: torch.Tensor, step, 
     return sample(probs, keys, step, stream)
 
 
+def exponentials(keys: torch.Tensor, step, stream: int, draws: int, vocab: int) -> torch.Tensor:
+    """Exp(1) variables (B, draws, V) for ``draws`` independent draws, made in one pass."""
+    return -torch.log(rng.uniform(keys, step, stream, draws * vocab)).view(keys.shape[0], draws, vocab)
+
+
+def race(probs: torch.Tensor, exponential: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    """One token per row of ``probs`` (B, V): ``argmax(p / E)`` (distributed as ``p``), or the argmax when greedy."""
+    if config.greedy:
+        return probs.argmax(-1)
+    return (probs / exponential).argmax(-1)
+
+
 def sample(probs: torch.Tensor, keys: torch.Tensor, step, stream: int = rng.SAMPLE) -> torch.Tensor:
     """Draw one token per row of ``probs`` (B, V) with the counter-based uniforms of ``keys`` (B,).
 

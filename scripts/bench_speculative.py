@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -103,7 +104,7 @@ def markdown(records: list[dict], env: dict, args) -> str:
     lines = [
         "# Speculative decoding benchmark (embedded world)",
         "",
-        f"`python scripts/bench_speculative.py --images {args.images} --runs {args.runs}` at commit {env['commit'][:7]}{' (dirty)' if env['dirty'] else ''} on "
+        f"`python scripts/bench_speculative.py {' '.join(args.argv)}` at commit {env['commit'][:7]}{' (dirty)' if env['dirty'] else ''} on "
         f"{env['device_name']} ({env['num_threads']} threads), torch {env['versions']['torch']}. Batch 1, {args.images} prompts, "
         f"median of {args.runs} interleaved runs per image after a warm-up; speed-up against AR in the same run.",
         "",
@@ -128,20 +129,23 @@ def main() -> None:
     parser.add_argument("--lantern-structures", default="dynamic_tree", help="draft structures for LANTERN")
     parser.add_argument("--deltas", default=",".join(map(str, DELTAS)))
     parser.add_argument("--settings", default="greedy,sampling", help="greedy and/or sampling (the model's recommended)")
+    parser.add_argument("--overrides", default="", help="extra Hydra overrides for AR and every mode, comma-separated (e.g. draft.depth=3)")
     parser.add_argument("--out", default=None, help="write OUT.md and OUT.json")
     args = parser.parse_args()
+    args.argv = sys.argv[1:]
     for name, value in (("--images", args.images), ("--runs", args.runs), ("--threads", args.threads)):
         if value < 1:
             parser.error(f"{name}={value} must be >= 1")
     torch.set_num_threads(args.threads)
     rows = modes(tuple(args.structures.split(",")), tuple(args.lantern_structures.split(",")),
                  tuple(float(d) for d in args.deltas.split(",")))
+    extra = [o for o in args.overrides.split(",") if o]
     settings = {"greedy": ["temperature=0"], "sampling": []}
     records = []
     for name in args.settings.split(","):
         if name not in settings:
             parser.error(f"--settings {name!r}: allowed greedy, sampling")
-        records += bench_setting(name, [f"model={args.model}", *settings[name]], rows, args)
+        records += bench_setting(name, [f"model={args.model}", *settings[name], *extra], rows, args)
     env = environment(torch.device("cpu"))
     if args.out:
         out = Path(args.out)

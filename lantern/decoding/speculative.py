@@ -183,11 +183,11 @@ class SpeculativeDecoder:
 
         decided = torch.ones(batch, dtype=torch.long, device=device)  # n
         length = torch.full((batch,), cond_len, dtype=torch.long, device=device)  # L
-        steps = torch.zeros(batch, dtype=torch.long, device=device)
-        histogram = torch.zeros(batch, depth + 1, dtype=torch.long, device=device)
-        tv_sum = torch.zeros(batch, dtype=torch.float64, device=device)
-        tv_max = torch.zeros(batch, dtype=torch.float64, device=device)
-        relaxed = torch.zeros(batch, dtype=torch.long, device=device)
+        # Per-step logs, summarised once at the end: accepted drafts (-1 for a finished row) and the
+        # mass moved onto each accepted level. A row takes at most num_tokens - 1 steps.
+        accepted_log = torch.full((batch, num_tokens), -1, dtype=torch.long, device=device)
+        tv_log = torch.zeros(batch, num_tokens, depth, device=device)
+        step_index = 0
         target_forwards, drafter_forwards = 1, 1
         span = torch.arange(depth + 1, device=device)
         last_position = cfg.max_seq_len - 1
@@ -253,16 +253,20 @@ class SpeculativeDecoder:
             drafter_forwards += 1
             clock.add("drafter", started, clock.now())
 
-            steps += active
-            histogram.scatter_add_(1, accepted[:, None], active[:, None].long())
-            accepted_levels = (span[None, :-1] < accepted[:, None]) & active[:, None]  # (B, D)
-            moved = torch.where(accepted_levels, walk.tv.double(), torch.zeros_like(walk.tv, dtype=torch.float64))
-            tv_sum += moved.sum(-1)
-            tv_max = torch.maximum(tv_max, moved.max(-1).values)
-            relaxed += accepted_levels.sum(-1)
+            accepted_log[:, step_index] = torch.where(active, accepted, -1)
+            tv_log[:, step_index] = walk.tv
+            step_index += 1
             decided = decided + advance
             length = length + advance
 
+        ran = accepted_log >= 0  # (B, S)
+        steps = ran.sum(1)
+        histogram = torch.zeros(batch, depth + 2, dtype=torch.long, device=device)
+        histogram.scatter_add_(1, torch.where(ran, accepted_log, depth + 1), torch.ones_like(accepted_log))
+        levels = (span[None, None, :-1] < accepted_log[:, :, None]).to(tv_log.dtype)  # (B, S, D) accepted levels
+        moved = (tv_log * levels).double()
+        tv_sum, tv_max, relaxed = moved.sum((1, 2)), moved.amax((1, 2)), levels.sum((1, 2)).long()
+        histogram = histogram[:, : depth + 1]
         timing = clock.totals()
         stats = {
             "target_forwards": float(target_forwards),

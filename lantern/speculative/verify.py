@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from lantern import rng
-from lantern.sampling import SamplingConfig, draw
+from lantern.sampling import SamplingConfig, exponentials, race
 from lantern.speculative.acceptance import AcceptanceRule
 from lantern.speculative.draft import Draft
 
@@ -52,6 +52,7 @@ def walk_tree(
     device = p.device
     rows = torch.arange(batch, device=device)
     uniforms = rng.uniform(keys, step, rng.ACCEPT, max(1, depth_max * siblings))  # (B, D*K)
+    races = None if sampling.greedy else exponentials(keys, step, rng.LEVEL, depth_max + 1, vocab)  # (B, D+1, V)
     current = torch.zeros(batch, dtype=torch.long, device=device)
     alive = torch.ones(batch, dtype=torch.bool, device=device)
     target = p[:, 0]  # (B, V)
@@ -63,7 +64,7 @@ def walk_tree(
         kids = draft.children[rows, current]  # (B, K)
         tokens = draft.tokens.gather(1, kids.clamp_min(0))  # (B, K)
         valid = alive[:, None] & (kids >= 0)
-        drawn = draw(target, sampling, keys, step * 64 + level, rng.LEVEL)  # (B,) y ~ p at the current node
+        drawn = race(target, None if races is None else races[:, level], sampling)  # (B,) y ~ p at the current node
         outcome = rule.try_siblings(
             target, tokens, valid, proposal, uniforms[:, level * siblings : (level + 1) * siblings], drawn
         )
@@ -80,6 +81,6 @@ def walk_tree(
         target = torch.where(got[:, None], p[rows, current], target)
         proposal = torch.where(got[:, None], draft.q[rows, current], proposal)
     accepted = (path >= 0).sum(-1)
-    drawn = draw(target, sampling, keys, step, rng.RESIDUAL)
+    drawn = race(target, None if races is None else races[:, depth_max], sampling)
     next_token = torch.where(emitted >= 0, emitted, drawn)
     return Walk(path=path, accepted=accepted, next_token=next_token, tv=tv)
