@@ -64,8 +64,9 @@ def test_bad_input_is_one_line_nonzero_and_writes_nothing(tmp_path, override, me
     (("decoding=lantern", "k=0"), "k=0"),
     (("decoding=lantern", "k=5000"), "k=5000"),
     (("decoding=lantern_pp", "lambda=0.5"), "lambda=0.5"),
-    (("decoding=eagle", "model.drafter.gpt.preset=GPT-mini"), "does not match the target"),
-    (("decoding=lantern", "model.neighbours.vq.overrides.codebook_size=512"), "another codebook"),
+    (("decoding=eagle", "model.drafter.gpt={preset:GPT-mini,model_type:c2i,image_size:32}"), "does not match the target"),
+    (("decoding=lantern", "k=50", "model.neighbours.k_max=100", "model.neighbours.vq={preset:VQ-tiny,overrides:{codebook_size:512}}"),
+     "another codebook"),
     (("decoding=eagle", "draft=chain", "draft.depth=0"), "depth=0"),
 ])
 def test_bad_speculative_input_is_one_line_and_writes_nothing(tmp_path, overrides, message):

@@ -278,3 +278,21 @@ def test_condition_inputs_follow_the_drafter_config():
     assert torch.equal(release.condition_inputs(model, cond_emb), expected)
     with pytest.raises(ConfigError, match="condition_input='text'"):
         DrafterConfig(model.config, condition_input="text")
+
+
+@pytest.mark.parametrize("decoding", ["eagle", "lantern", "lantern_pp"])
+@pytest.mark.parametrize("draft", ["chain", "static_tree", "static_paths", "dynamic_tree"])
+def test_every_decoding_and_draft_config_instantiates_and_decodes(decoding, draft):
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    from test_run import REPO
+
+    with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):
+        cfg = compose("config", overrides=["model=tiny_random_c2i", f"decoding={decoding}", f"draft={draft}",
+                                           "model.neighbours.cache_dir=outputs/test_neighbours"])
+    bundle = instantiate(cfg.model.bundle)
+    decoder = instantiate(cfg.decoding)
+    assert decoder.name == decoding and decoder.describe()["draft"] == draft.replace("static_paths", "static_tree")
+    result = decoder.generate(bundle.gpt, bundle.conditioner.encode([1]), keys_tensor(0, [0]))
+    assert result.codes.shape == (1, bundle.gpt.config.num_image_tokens)

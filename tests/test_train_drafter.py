@@ -84,6 +84,9 @@ class OracleDrafter(torch.nn.Module):
     def check_target(self, config):
         pass
 
+    def condition_inputs(self, target, cond_emb):
+        return cond_emb[:, 1:]
+
     def forward(self, embeds, features, entries, slots, mask, cache):
         self.calls.append((embeds, features, entries, slots, mask))
         return self.answer
