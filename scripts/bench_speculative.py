@@ -102,7 +102,7 @@ def bench_setting(name: str, base: list[str], rows, args) -> list[dict]:
 
 def markdown(records: list[dict], env: dict, args) -> str:
     lines = [
-        "# Speculative decoding benchmark (embedded world)",
+        f"# Speculative decoding benchmark (model={args.model})",
         "",
         f"`python scripts/bench_speculative.py {' '.join(args.argv)}` at commit {env['commit'][:7]}{' (dirty)' if env['dirty'] else ''} on "
         f"{env['device_name']} ({env['num_threads']} threads), torch {env['versions']['torch']}. Batch 1, {args.images} prompts, "
