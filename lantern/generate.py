@@ -31,6 +31,14 @@ def peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+# Keys every record carries, so tables can line runs up whatever produced them (None: not applicable or
+# not measured in this run).
+RECORD_DEFAULTS = {
+    "acceptance": None, "draft": None, "k": None, "delta": None, "lambda": None,
+    "mean_accepted_length": 1.0, "speedup": None, "fid": None, "clip_score": None,
+}
+
+
 def acceptance_summary(samples: list[dict[str, torch.Tensor]]) -> dict:
     """Run-level acceptance figures from the decoders' per-sample tensors.
 
@@ -130,6 +138,7 @@ class GenerationJob:
         total = sum(latencies)
         metrics = {
             "decoding": self.decoder.name,
+            **RECORD_DEFAULTS,
             **self.decoder.describe(),
             "model": bundle.name,
             "prompts": self.prompts.name,

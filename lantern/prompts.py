@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import json
 import os
 from collections.abc import Sequence
 
@@ -69,3 +71,66 @@ def fashion_prompts(count: int = 20, seed: int = 0) -> PromptSet:
         raise ConfigError(f"prompt count {count!r} must be >= 1")
     prompts = prompt_set(count, seed)
     return PromptSet("fashion_mnist", "text", [p.caption for p in prompts], labels=[p.label for p in prompts])
+
+
+PER_IMAGE = ("longest", "first", "all")
+
+
+def _subset(items: list, start: int, count: int | None, source: str) -> list:
+    """Items ``start .. start + count - 1`` (``count=None``: to the end), with one error for a bad range."""
+    if not isinstance(start, int) or start < 0 or (count is not None and (not isinstance(count, int) or count < 1)):
+        raise ConfigError(f"prompt range start={start!r} count={count!r} must be start >= 0 and count >= 1 (or null)")
+    if start >= len(items):
+        raise ConfigError(f"prompt range start={start} is past the {len(items)} prompts in {source!r}")
+    return items[start : None if count is None else start + count]
+
+
+def coco_captions(
+    path: str, per_image: str = "longest", start: int = 0, count: int | None = None, name: str | None = None
+) -> PromptSet:
+    """Captions from an MS-COCO ``captions_*.json`` annotation file, images in id order.
+
+    ``per_image="longest"`` keeps each image's longest caption (the LANTERN protocol on val2017: 5,000
+    prompts), ``first`` its first, ``all`` every caption (val2014's ~200k, of which LlamaGen's protocol
+    uses 30k: ``count=30000``). ``start``/``count`` take a contiguous subset.
+    """
+    if per_image not in PER_IMAGE:
+        raise ConfigError(f"per_image={per_image!r} must be one of {', '.join(PER_IMAGE)}")
+    if not os.path.isfile(path):
+        raise ConfigError(f"COCO caption file not found: {path!r} (expected e.g. annotations/captions_val2017.json)")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            annotations = json.load(handle)["annotations"]
+        rows = [(int(a["image_id"]), int(a.get("id", 0)), str(a["caption"]).strip()) for a in annotations]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{path!r} is not a COCO caption file: expected {{'annotations': [{{'image_id', 'caption'}}, ...]}} ({exc})") from exc
+    by_image: dict[int, list[tuple[int, str]]] = {}
+    for image_id, caption_id, caption in sorted(rows):
+        if caption:
+            by_image.setdefault(image_id, []).append((caption_id, caption))
+    if per_image == "all":
+        captions = [c for image_id in sorted(by_image) for _, c in by_image[image_id]]
+    elif per_image == "first":
+        captions = [by_image[i][0][1] for i in sorted(by_image)]
+    else:
+        captions = [max(by_image[i], key=lambda item: len(item[1]))[1] for i in sorted(by_image)]
+    if not captions:
+        raise ConfigError(f"COCO caption file {path!r} holds no captions")
+    return PromptSet(name or f"coco_{per_image}", "text", _subset(captions, start, count, path))
+
+
+def parti_prompts(path: str, start: int = 0, count: int | None = None, category: str | None = None, name: str = "parti") -> PromptSet:
+    """PartiPrompts from its TSV (columns ``Prompt``, ``Category``, ...), optionally one category."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"PartiPrompts file not found: {path!r} (expected PartiPrompts.tsv)")
+    with open(path, encoding="utf-8", newline="") as handle:
+        reader = csv.DictReader(handle, delimiter="\t")
+        if not reader.fieldnames or "Prompt" not in reader.fieldnames:
+            raise ConfigError(f"{path!r} is not a PartiPrompts TSV: no 'Prompt' column in its header")
+        rows = [r for r in reader if (r.get("Prompt") or "").strip()]
+    if category is not None:
+        rows = [r for r in rows if r.get("Category") == category]
+    prompts = [r["Prompt"].strip() for r in rows]
+    if not prompts:
+        raise ConfigError(f"{path!r} holds no prompts" + (f" in category {category!r}" if category else ""))
+    return PromptSet(name, "text", _subset(prompts, start, count, path))

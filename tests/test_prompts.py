@@ -1,0 +1,64 @@
+"""Prompt sets read from the field's files: COCO caption annotations and PartiPrompts."""
+
+import json
+
+import pytest
+
+from lantern.errors import ConfigError
+from lantern.prompts import coco_captions, parti_prompts
+
+
+@pytest.fixture()
+def coco_file(tmp_path):
+    annotations = [
+        {"image_id": 9, "id": 1, "caption": "A dog."},
+        {"image_id": 3, "id": 2, "caption": "A cat on a mat."},
+        {"image_id": 9, "id": 3, "caption": "A brown dog runs on grass."},
+        {"image_id": 3, "id": 4, "caption": "A cat."},
+        {"image_id": 5, "id": 5, "caption": "  Boats in a harbour at dawn. "},
+    ]
+    path = tmp_path / "captions_val2017.json"
+    path.write_text(json.dumps({"images": [], "annotations": annotations}))
+    return str(path)
+
+
+def test_coco_longest_caption_per_image_in_image_order(coco_file):
+    prompts = coco_captions(coco_file)
+    assert prompts.items == ["A cat on a mat.", "Boats in a harbour at dawn.", "A brown dog runs on grass."]
+    assert coco_captions(coco_file, per_image="first").items == ["A cat on a mat.", "Boats in a harbour at dawn.", "A dog."]
+    assert len(coco_captions(coco_file, per_image="all")) == 5
+    assert coco_captions(coco_file, start=1, count=1).items == ["Boats in a harbour at dawn."]
+
+
+def test_parti_prompts_by_category(tmp_path):
+    path = tmp_path / "PartiPrompts.tsv"
+    path.write_text("Prompt\tCategory\tChallenge\tNote\na red car\tVehicles\tBasic\t\na corgi\tAnimals\tBasic\t\n")
+    assert parti_prompts(str(path)).items == ["a red car", "a corgi"]
+    assert parti_prompts(str(path), category="Animals").items == ["a corgi"]
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "not found"),
+    ("{}", "is not a COCO caption file"),
+    ("not json", "is not a COCO caption file"),
+    ('{"annotations": []}', "holds no captions"),
+])
+def test_bad_coco_files_get_one_clear_error(tmp_path, content, message):
+    path = tmp_path / "captions.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ConfigError, match=message):
+        coco_captions(str(path))
+
+
+def test_bad_ranges_and_parti_files_are_refused(tmp_path, coco_file):
+    with pytest.raises(ConfigError, match="start=7 is past the 3 prompts"):
+        coco_captions(coco_file, start=7)
+    with pytest.raises(ConfigError, match="count=0"):
+        coco_captions(coco_file, count=0)
+    with pytest.raises(ConfigError, match="per_image='median'"):
+        coco_captions(coco_file, per_image="median")
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("Text\tCategory\nx\ty\n")
+    with pytest.raises(ConfigError, match="no 'Prompt' column"):
+        parti_prompts(str(bad))

@@ -1,0 +1,71 @@
+"""Result tables from run records, and the table a multirun writes at its end."""
+
+import csv
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+
+from lantern.errors import ConfigError
+from lantern.tables import load_records, table_rows, to_csv, to_latex, to_markdown, write_tables
+from test_run import REPO
+
+SETTING = {"model": "m", "prompts": "p", "num_images": 4, "seed": 0, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "cfg_scale": 3.0}
+
+
+def record(tmp_path, name, **fields):
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "metrics.json").write_text(json.dumps({**SETTING, **fields}))
+    return folder
+
+
+def test_rows_follow_the_paper_order_and_speedup_comes_from_the_matching_ar_run(tmp_path):
+    record(tmp_path, "c", decoding="lantern", draft="chain", k=1000, delta=0.4, latency_s_per_image=0.05, mean_accepted_length=3.0)
+    record(tmp_path, "a", decoding="lantern", draft="chain", k=1000, delta=0.1, latency_s_per_image=0.08, mean_accepted_length=2.0)
+    record(tmp_path, "b", decoding="ar", latency_s_per_image=0.1, mean_accepted_length=1.0, fid=50.0)
+    record(tmp_path, "d", decoding="eagle", draft="chain", latency_s_per_image=0.2, mean_accepted_length=1.5)
+    record(tmp_path, "e", decoding="lantern_pp", draft="chain", k=10, **{"lambda": 3.0}, latency_s_per_image=0.1)
+    rows = table_rows(load_records([tmp_path]))
+    assert [r["method"] for r in rows] == [
+        "AR", "EAGLE exact (chain)", "LANTERN k=1000 d=0.1 (chain)", "LANTERN k=1000 d=0.4 (chain)", "LANTERN++ k=10 l=3.0 (chain)",
+    ]
+    assert [round(r["speedup"], 3) for r in rows] == [1.0, 0.5, 1.25, 2.0, 1.0]
+    assert rows[0]["fid"] == 50.0 and rows[1]["baseline"].endswith("b")
+    assert "| AR | 1.00 | 100.0 | 1.00x | 50.00 | - |" in to_markdown(rows)
+    assert list(csv.DictReader(io.StringIO(to_csv(rows))))[2]["method"] == "LANTERN k=1000 d=0.1 (chain)"
+    assert r"\begin{tabular}" in to_latex(rows) and "2.00$\\times$" in to_latex(rows)
+    paths = write_tables(load_records([tmp_path]), tmp_path / "out")
+    assert all(p.is_file() for p in paths.values())
+
+
+def test_no_speedup_without_a_matching_baseline(tmp_path):
+    record(tmp_path, "a", decoding="eagle", draft="chain", latency_s_per_image=0.2)
+    record(tmp_path, "b", decoding="ar", latency_s_per_image=0.1, **{"seed": 1})
+    rows = table_rows(load_records([tmp_path]))
+    assert rows[1]["speedup"] is None
+
+
+def test_missing_or_empty_runs_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="runs path not found"):
+        load_records([tmp_path / "nope"])
+    with pytest.raises(ConfigError, match="no metrics.json"):
+        load_records([tmp_path])
+
+
+def test_multirun_writes_a_table_whose_rows_match_the_records(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = subprocess.run(
+        [sys.executable, "run.py", "-m", "model=tiny_random_c2i", "decoding=ar,lantern", "num_images=2", "warmup=0",
+         f"hydra.sweep.dir={sweep}"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    table = json.loads((sweep / "table.json").read_text())
+    records = {json.loads((sweep / d / "metrics.json").read_text())["decoding"]: d for d in ("0", "1")}
+    assert [row["method"] for row in table["rows"]] == ["AR", "LANTERN k=1000 d=0.1 (chain)"]
+    lantern = json.loads((sweep / records["lantern"] / "metrics.json").read_text())
+    assert table["rows"][1]["tau"] == lantern["mean_accepted_length"]
+    assert (sweep / "table.md").is_file() and (sweep / "table_pareto.png").is_file()
