@@ -29,9 +29,11 @@ def generate(cfg: DictConfig, out_dir: Path) -> dict:
 def main(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     metrics = run_or_exit(lambda: generate(cfg, out_dir), out_dir)
+    speedup = f", {metrics['speedup']:.2f}x AR" if metrics.get("speedup") is not None else ""
     print(
         f"{metrics['num_images']} images, grid.png and metrics.json in {out_dir} "
-        f"({metrics['latency_s_per_image'] * 1000:.1f} ms/image, {metrics['tokens_per_s']:.0f} tokens/s)"
+        f"({metrics['latency_s_per_image'] * 1000:.1f} ms/image, {metrics['tokens_per_s']:.0f} tokens/s, "
+        f"tau {metrics['mean_accepted_length']:.2f}{speedup})"
     )
 
 

@@ -65,12 +65,14 @@ class GenerationJob:
 
     Latency per image is the decode time of its batch divided by the batch size, measured from after
     text encoding to the last token (VQ decoding excluded), with device synchronisation, after
-    ``warmup`` untimed batches.
+    ``warmup`` untimed batches. With a ``baseline`` decoder (plain AR) of another kind, every batch is
+    also decoded by the baseline, interleaved and alternating which goes first, and ``speedup`` is the
+    ratio of their total decode times.
     """
 
     def __init__(
         self, bundle: ModelBundle, decoder, prompts: PromptSet, num_images: int, batch_size: int, seed: int,
-        warmup: int = 1, save_grid: bool = True, progress: bool = True,
+        warmup: int = 1, save_grid: bool = True, progress: bool = True, baseline=None,
     ):
         for name, value, low in (("num_images", num_images, 1), ("batch_size", batch_size, 1), ("warmup", warmup, 0)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
@@ -85,20 +87,34 @@ class GenerationJob:
         self.bundle, self.decoder, self.prompts = bundle, decoder, prompts
         self.num_images, self.batch_size, self.seed = num_images, batch_size, seed
         self.warmup, self.save_grid, self.progress = warmup, save_grid, progress
+        self.baseline = baseline
         self.items = prompts.for_images(num_images)
         self.labels = prompts.labels_for_images(num_images)
         for prompt in self.items:
             bundle.conditioner.check(prompt)
 
-    def _decode(self, indices: list[int]):
+    def _decode(self, indices: list[int], decoder=None):
         bundle = self.bundle
+        decoder = decoder or self.decoder
         condition = bundle.conditioner.encode([self.items[i] for i in indices])
         keys = keys_tensor(self.seed, indices, bundle.device)
         synchronize(bundle.device)
         start = time.perf_counter()
-        result = self.decoder.generate(bundle.gpt, condition, keys)
+        result = decoder.generate(bundle.gpt, condition, keys)
         synchronize(bundle.device)
         return result, time.perf_counter() - start
+
+    def _compares(self) -> bool:
+        """Whether the baseline is timed beside the decoder (not when the decoder is the baseline itself)."""
+        return self.baseline is not None and type(self.baseline) is not type(self.decoder)
+
+    def _speedup(self, seconds: float, baseline_seconds: float) -> dict:
+        if self._compares():
+            return {"speedup": baseline_seconds / seconds, "baseline_latency_s_per_image": baseline_seconds / self.num_images,
+                    "speedup_baseline": f"{self.baseline.name}, interleaved in this run on the same prompts and seeds"}
+        if self.baseline is not None:
+            return {"speedup": 1.0, "speedup_baseline": "this run is the baseline"}
+        return {}
 
     def run(self, out_dir: str | Path, config: dict | None = None) -> dict:
         """Write ``000000.png`` ..., ``grid.png`` and ``metrics.json`` into ``out_dir``; return the metrics."""
@@ -107,14 +123,21 @@ class GenerationJob:
         batches = [list(range(s, min(s + self.batch_size, self.num_images))) for s in range(0, self.num_images, self.batch_size)]
         for _ in range(self.warmup):
             self._decode(batches[0])
+            if self._compares():
+                self._decode(batches[0], self.baseline)
+        baseline_seconds = 0.0
         if bundle.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(bundle.device)
         out_dir.mkdir(parents=True, exist_ok=True)
         per_image, grid_images, stats, samples = [], [], {}, []
         tokens_per_image = bundle.gpt.config.num_image_tokens
         bar = tqdm(batches, desc=f"{self.decoder.name} x{self.num_images}", unit="batch", disable=not self.progress)
-        for indices in bar:
+        for number, indices in enumerate(bar):
+            if self._compares() and number % 2:  # alternate which goes first, so drift hits both alike
+                baseline_seconds += self._decode(indices, self.baseline)[1]
             result, seconds = self._decode(indices)
+            if self._compares() and not number % 2:
+                baseline_seconds += self._decode(indices, self.baseline)[1]
             pixels = bundle.decode_images(result.codes).cpu().numpy()  # (B, H, W, 3)
             samples.append(result.per_sample)
             for position, (index, image) in enumerate(zip(indices, pixels)):
@@ -151,6 +174,7 @@ class GenerationJob:
             "latency_s_median": statistics.median(latencies),
             "tokens_per_s": tokens_per_image * len(latencies) / total,
             "peak_memory_mb": peak_memory_mb(bundle.device),
+            **self._speedup(total, baseline_seconds),
             **acceptance_summary(samples),
             "decode_stats": stats,
             "per_image": per_image,

@@ -86,6 +86,8 @@ def test_speculative_run_records_acceptance(tmp_path):
     assert sum(metrics["acceptance_histogram"]) == metrics["target_steps"]
     assert 0.0 <= metrics["tv_max"] <= 0.3 and metrics["decode_stats"]["drafter_forwards"] > 0
     assert all(row["steps"] >= 1 for row in metrics["per_image"])
+    assert metrics["speedup"] > 0 and "interleaved" in metrics["speedup_baseline"]
+    assert metrics["speedup"] == pytest.approx(metrics["baseline_latency_s_per_image"] / metrics["latency_s_per_image"])
 
 
 def test_missing_checkpoint_and_text_encoder_are_named(tmp_path):
