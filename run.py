@@ -13,10 +13,6 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from lantern.cli import run_or_exit
-from lantern.records import REPO_ROOT
-
-# The repository root, for config paths that must not depend on the working directory (experiments/).
-OmegaConf.register_new_resolver("lantern_root", lambda: str(REPO_ROOT), replace=True)
 
 
 def generate(cfg: DictConfig, out_dir: Path) -> dict:

@@ -1,0 +1,89 @@
+"""CLIP score with open_clip, in both conventions of the field.
+
+* ``lantern`` (LANTERN / LlamaGen papers): captions prefixed with "A photo depicts ", score = mean cosine
+  of the image and text embeddings (about 0.3 for good samples), OpenAI ViT-B/32.
+* ``torchmetrics`` (SJD and torchmetrics' ``CLIPScore``): plain captions, score = mean of
+  ``100 * max(cosine, 0)``.
+
+Weights are never downloaded: ``pretrained`` is a local open_clip weights file or ``local-dir:FOLDER``.
+``model_config`` optionally registers an open_clip architecture from a JSON file first (for small CLIPs
+trained by this project).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from lantern.errors import ConfigError
+
+CONVENTIONS = {"lantern": ("A photo depicts ", 1.0, False), "torchmetrics": ("", 100.0, True)}
+
+
+def _load(model: str, pretrained: str, model_config: str | None, device: str):
+    import open_clip
+
+    if model_config is not None:
+        if not os.path.isfile(model_config):
+            raise ConfigError(f"CLIP model config not found: {model_config!r}")
+        open_clip.add_model_config(model_config)
+    if model not in open_clip.list_models():
+        raise ConfigError(f"unknown open_clip model {model!r} (register its JSON with metrics.clip.model_config=FILE)")
+    local = pretrained[len("local-dir:"):] if pretrained.startswith("local-dir:") else pretrained
+    if not os.path.exists(local):
+        raise ConfigError(
+            f"CLIP weights not found: {pretrained!r}; give a local open_clip weights file or local-dir:FOLDER "
+            "(named tags such as 'openai' download, which does not work offline)"
+        )
+    clip, _, preprocess = open_clip.create_model_and_transforms(model, pretrained=pretrained, device=device)
+    return clip.eval(), preprocess, open_clip.get_tokenizer(model)
+
+
+@torch.no_grad()
+def clip_cosines(clip, preprocess, tokenizer, images: np.ndarray, captions: Sequence[str], batch_size: int = 64,
+                 device: str = "cpu") -> np.ndarray:
+    """Cosine similarity (N,) of each uint8 (N, H, W, 3) image with its caption."""
+    from PIL import Image
+
+    cosines = []
+    for start in range(0, len(images), batch_size):
+        pixels = torch.stack([preprocess(Image.fromarray(im)) for im in images[start : start + batch_size]]).to(device)
+        tokens = tokenizer(list(captions[start : start + batch_size])).to(device)
+        image_emb = torch.nn.functional.normalize(clip.encode_image(pixels).float(), dim=-1)  # (b, E)
+        text_emb = torch.nn.functional.normalize(clip.encode_text(tokens).float(), dim=-1)  # (b, E)
+        cosines.append((image_emb * text_emb).sum(-1).cpu().numpy())
+    return np.concatenate(cosines)
+
+
+class CLIPScore:
+    """The run's CLIP score (``clip_score``) under ``convention``; no I/O until it is computed."""
+
+    def __init__(
+        self, pretrained: str, model: str = "ViT-B-32", convention: str = "lantern", model_config: str | None = None,
+        batch_size: int = 64, device: str = "cpu",
+    ):
+        if convention not in CONVENTIONS:
+            raise ConfigError(f"CLIP convention={convention!r} must be one of {', '.join(CONVENTIONS)}")
+        self.pretrained, self.model, self.convention = pretrained, model, convention
+        self.model_config, self.batch_size, self.device = model_config, batch_size, device
+
+    def score(self, images: np.ndarray, captions: Sequence[str]) -> float:
+        """Mean score of uint8 (N, H, W, 3) images against their captions."""
+        if any(not isinstance(c, str) for c in captions):
+            raise ConfigError("CLIP score needs text prompts; this prompt set holds class ids")
+        prefix, scale, clamp = CONVENTIONS[self.convention]
+        clip, preprocess, tokenizer = _load(self.model, self.pretrained, self.model_config, self.device)
+        cosines = clip_cosines(clip, preprocess, tokenizer, images, [prefix + c for c in captions], self.batch_size, self.device)
+        if clamp:
+            cosines = np.maximum(cosines, 0.0)
+        return float(scale * cosines.mean())
+
+    def __call__(self, run_dir: Path, prompts: Sequence, labels: Sequence[int] | None) -> dict:
+        from lantern.evaluation import read_images
+
+        return {"clip_score": self.score(read_images(run_dir, len(prompts)), list(prompts)),
+                "clip_convention": self.convention, "clip_model": self.model}

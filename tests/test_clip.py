@@ -1,0 +1,54 @@
+"""CLIP score through open_clip on a tiny architecture with weights from a local file (no network)."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from lantern.errors import ConfigError
+from lantern.metrics.clip import CLIPScore, _load, clip_cosines
+
+TINY = {"embed_dim": 32, "vision_cfg": {"image_size": 32, "layers": 1, "width": 64, "patch_size": 8},
+        "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1}}
+
+
+@pytest.fixture(scope="module")
+def tiny_clip(tmp_path_factory):
+    import open_clip
+
+    folder = tmp_path_factory.mktemp("clip")
+    config = folder / "lantern-tiny-clip.json"
+    config.write_text(json.dumps(TINY))
+    open_clip.add_model_config(str(config))
+    torch.manual_seed(0)
+    model = open_clip.create_model("lantern-tiny-clip")
+    weights = folder / "tiny.pt"
+    torch.save(model.state_dict(), weights)
+    return str(config), str(weights)
+
+
+def test_both_conventions_score_the_same_cosines(tiny_clip):
+    config, weights = tiny_clip
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(3, 32, 32, 3), dtype=np.uint8)
+    captions = ["a shirt", "a bag", "an ankle boot"]
+    clip, preprocess, tokenizer = _load("lantern-tiny-clip", weights, config, "cpu")
+    prefixed = clip_cosines(clip, preprocess, tokenizer, images, ["A photo depicts " + c for c in captions])
+    plain = clip_cosines(clip, preprocess, tokenizer, images, captions)
+    lantern = CLIPScore(weights, "lantern-tiny-clip", "lantern", config).score(images, captions)
+    metrics = CLIPScore(weights, "lantern-tiny-clip", "torchmetrics", config).score(images, captions)
+    assert lantern == pytest.approx(float(prefixed.mean()), abs=1e-6)
+    assert metrics == pytest.approx(float(100 * np.maximum(plain, 0).mean()), abs=1e-4)
+    assert not np.allclose(prefixed, plain)  # the prefix changes the text embedding
+
+
+def test_missing_weights_and_bad_settings_are_refused(tiny_clip, tmp_path):
+    config, _ = tiny_clip
+    images = np.zeros((1, 32, 32, 3), dtype=np.uint8)
+    with pytest.raises(ConfigError, match="CLIP weights not found"):
+        CLIPScore(str(tmp_path / "none.pt"), "lantern-tiny-clip", model_config=config).score(images, ["a"])
+    with pytest.raises(ConfigError, match="convention='x100'"):
+        CLIPScore("w.pt", convention="x100")
+    with pytest.raises(ConfigError, match="needs text prompts"):
+        CLIPScore("w.pt").score(images, [3])
