@@ -72,7 +72,7 @@ class GenerationJob:
 
     def __init__(
         self, bundle: ModelBundle, decoder, prompts: PromptSet, num_images: int, batch_size: int, seed: int,
-        warmup: int = 1, save_grid: bool = True, progress: bool = True, baseline=None, metrics=None,
+        warmup: int = 1, save_grid: bool = True, progress: bool = True, baseline=None, metrics=None, tracker=None,
     ):
         for name, value, low in (("num_images", num_images, 1), ("batch_size", batch_size, 1), ("warmup", warmup, 0)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
@@ -89,6 +89,7 @@ class GenerationJob:
         self.warmup, self.save_grid, self.progress = warmup, save_grid, progress
         self.baseline = baseline
         self.metrics = dict(metrics or {})  # name -> callable(run_dir, prompts, labels) -> dict
+        self.tracker = tracker  # e.g. lantern.tracking.WandbLogger: gets the finished record
         self.items = prompts.for_images(num_images)
         self.labels = prompts.labels_for_images(num_images)
         for prompt in self.items:
@@ -185,4 +186,6 @@ class GenerationJob:
         for evaluate in self.metrics.values():
             metrics.update(evaluate(out_dir, self.items, self.labels))
         write_json_atomic(out_dir / "metrics.json", metrics)
+        if self.tracker is not None:
+            self.tracker.log_run(out_dir, metrics)
         return metrics

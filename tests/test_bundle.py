@@ -27,7 +27,7 @@ def test_t2i_run_loads_official_format_files_and_a_local_t5(tmp_path):
         f"model.text_encoder_path={t5}", "model.bundle.gpt.preset=GPT-nano", "model.bundle.gpt.image_size=32",
         f"+model.bundle.gpt.overrides={{vocab_size:1024,caption_dim:{T5_DIM},cls_token_num:12}}",
         "model.bundle.vq.preset=VQ-tiny", "+model.bundle.vq.overrides={codebook_size:1024}",
-        "model.bundle.conditioner.max_length=12", "num_images=3", "batch_size=2", "top_k=50", "warmup=0",
+        "model.bundle.conditioner.max_length=12", "num_images=3", "batch_size=2", "top_k=50", "warmup=0", "wandb.mode=disabled",
         f"hydra.run.dir={out}",
     ]
     proc = subprocess.run([sys.executable, "run.py", *overrides], cwd=REPO, capture_output=True, text=True, timeout=300)

@@ -17,7 +17,7 @@ def test_every_experiment_smoke_runs_and_writes_its_table(tmp_path, experiment):
     sweep = tmp_path / "sweep"
     proc = subprocess.run(
         [sys.executable, str(REPO / "run.py"), "-m", f"+experiment={experiment}", "num_images=1", "warmup=0",
-         "metrics=none", f"hydra.sweep.dir={sweep}"],
+         "metrics=none", "wandb.mode=disabled", f"hydra.sweep.dir={sweep}"],
         cwd=tmp_path, capture_output=True, text=True, timeout=600,  # another working directory on purpose
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -30,7 +30,7 @@ def test_world_metrics_land_in_the_record(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "run.py", "metrics=world", "num_images=4", "batch_size=4", "warmup=0",
-         "metrics.fid.reference.count=64", f"metrics.fid.cache_dir={tmp_path / 'fid'}", f"hydra.run.dir={out}"],
+         "metrics.fid.reference.count=64", f"metrics.fid.cache_dir={tmp_path / 'fid'}", "wandb.mode=disabled", f"hydra.run.dir={out}"],
         cwd=REPO, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -10,10 +10,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run(tmp_path: Path, *overrides: str, name: str = "run") -> tuple[subprocess.CompletedProcess, Path]:
+def run(tmp_path: Path, *overrides: str, name: str = "run", wandb_off: bool = True) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp_path / name
     proc = subprocess.run(
-        [sys.executable, "run.py", "model=tiny_random_c2i", f"hydra.run.dir={out}", *overrides],
+        [sys.executable, "run.py", "model=tiny_random_c2i", f"hydra.run.dir={out}", *(("wandb.mode=disabled",) if wandb_off else ()), *overrides],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )
     return proc, out
@@ -78,7 +78,7 @@ def test_bad_speculative_input_is_one_line_and_writes_nothing(tmp_path, override
 
 
 def test_speculative_run_records_acceptance(tmp_path):
-    proc, out = run(tmp_path, "decoding=lantern", "delta=0.3", "num_images=3", "warmup=0")
+    proc, out = run(tmp_path, "decoding=lantern", "delta=0.3", "num_images=3", "warmup=0", wandb_off=False)
     assert proc.returncode == 0, proc.stderr
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["decoding"] == "lantern" and metrics["delta"] == 0.3 and metrics["k"] == 1000
@@ -88,6 +88,7 @@ def test_speculative_run_records_acceptance(tmp_path):
     assert all(row["steps"] >= 1 for row in metrics["per_image"])
     assert metrics["speedup"] > 0 and "interleaved" in metrics["speedup_baseline"]
     assert metrics["speedup"] == pytest.approx(metrics["baseline_latency_s_per_image"] / metrics["latency_s_per_image"])
+    assert list((out / "wandb").glob("offline-run-*/*.wandb")), "W&B logs offline by default"
 
 
 def test_missing_checkpoint_and_text_encoder_are_named(tmp_path):
@@ -102,7 +103,7 @@ def test_missing_checkpoint_and_text_encoder_are_named(tmp_path):
 
 def test_default_world_main_job(tmp_path):
     out = tmp_path / "default"
-    proc = subprocess.run([sys.executable, "run.py", "num_images=4", "batch_size=2", f"hydra.run.dir={out}"],
+    proc = subprocess.run([sys.executable, "run.py", "num_images=4", "batch_size=2", "wandb.mode=disabled", f"hydra.run.dir={out}"],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "4 images, grid.png and metrics.json in" in proc.stdout

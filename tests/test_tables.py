@@ -59,7 +59,7 @@ def test_multirun_writes_a_table_whose_rows_match_the_records(tmp_path):
     sweep = tmp_path / "sweep"
     proc = subprocess.run(
         [sys.executable, "run.py", "-m", "model=tiny_random_c2i", "decoding=ar,lantern", "num_images=2", "warmup=0",
-         f"hydra.sweep.dir={sweep}"],
+         "wandb.mode=disabled", f"hydra.sweep.dir={sweep}"],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
