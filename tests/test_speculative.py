@@ -139,6 +139,21 @@ class _SequentialDeterministic(ExactDeterministic):
 SAMPLES = 3000
 
 
+def _marginal_statistics(rule, structure):
+    """Chi-square statistics (stat, dof) of image tokens 1 and 2 over SAMPLES speculative samples, against
+    the exact AR marginals, and the acceptance histogram."""
+    model, drafter = tiny(model_type="c2i", seed=1)
+    sampling = SamplingConfig(temperature=1.0, cfg_scale=2.0)
+    marginals = _exact_marginals(model, ClassConditioner(10).encode([3]), sampling)
+    many = ClassConditioner(10).encode([3] * SAMPLES)
+    result = SpeculativeDecoder(sampling, drafter, structure, rule).generate(model, many, keys_tensor(9, range(SAMPLES)))
+    stats = [
+        _chi2(torch.bincount(result.codes[:, position], minlength=VOCAB).double(), marginal.double(), SAMPLES)
+        for position, marginal in zip((1, 2), marginals)
+    ]
+    return stats, result.per_sample["histogram"]
+
+
 @pytest.mark.parametrize(
     "rule, structure",
     [
@@ -152,18 +167,10 @@ SAMPLES = 3000
          "deterministic_sequential_loop"],
 )
 def test_exact_speculative_sampling_preserves_the_target_marginals(rule, structure):
-    model, drafter = tiny(model_type="c2i", seed=1)
-    sampling = SamplingConfig(temperature=1.0, cfg_scale=2.0)
-    condition = ClassConditioner(10).encode([3])
-    marginal1, marginal2 = _exact_marginals(model, condition, sampling)
-    many = ClassConditioner(10).encode([3] * SAMPLES)
-    result = SpeculativeDecoder(sampling, drafter, structure, rule).generate(model, many, keys_tensor(9, range(SAMPLES)))
-    assert result.per_sample["histogram"][:, 1:].sum() > SAMPLES  # drafts were accepted along the way
-    threshold = lambda dof: chi2.ppf(0.999, dof)  # noqa: E731
-    for position, marginal in ((1, marginal1), (2, marginal2)):
-        counts = torch.bincount(result.codes[:, position], minlength=VOCAB).double()
-        stat, dof = _chi2(counts, marginal.double(), SAMPLES)
-        assert stat < threshold(dof), f"token {position}: chi2 {stat:.1f} >= {threshold(dof):.1f}"
+    stats, histogram = _marginal_statistics(rule, structure)
+    assert histogram[:, 1:].sum() > SAMPLES  # drafts were accepted along the way
+    for position, (stat, dof) in zip((1, 2), stats):
+        assert stat < chi2.ppf(0.999, dof), f"token {position}: chi2 {stat:.1f} >= {chi2.ppf(0.999, dof):.1f}"
 
 
 @pytest.mark.parametrize(
@@ -172,16 +179,7 @@ def test_exact_speculative_sampling_preserves_the_target_marginals(rule, structu
     ids=["sampled_chain", "deterministic_dynamic_tree"],
 )
 def test_the_marginal_test_catches_a_wrong_residual(rule, structure):
-    model, drafter = tiny(model_type="c2i", seed=1)
-    sampling = SamplingConfig(temperature=1.0, cfg_scale=2.0)
-    condition = ClassConditioner(10).encode([3])
-    marginal1, marginal2 = _exact_marginals(model, condition, sampling)
-    many = ClassConditioner(10).encode([3] * SAMPLES)
-    result = SpeculativeDecoder(sampling, drafter, structure, rule).generate(model, many, keys_tensor(9, range(SAMPLES)))
-    stats = [
-        _chi2(torch.bincount(result.codes[:, pos], minlength=VOCAB).double(), m.double(), SAMPLES)
-        for pos, m in ((1, marginal1), (2, marginal2))
-    ]
+    stats, _ = _marginal_statistics(rule, structure)
     assert any(stat > chi2.ppf(0.999, dof) for stat, dof in stats)
 
 
