@@ -33,6 +33,7 @@ from lantern.models.kv_cache import NoCache
 from lantern.rng import keys_tensor
 from lantern.sampling import SamplingConfig
 from lantern.speculative.drafter import Drafter
+from lantern.training.gpt import draw_conditions
 
 
 def drafter_pass(
@@ -82,12 +83,6 @@ def drafter_loss(
     return loss, logs
 
 
-def _with_null(target: Transformer, values: torch.Tensor, drop: torch.Tensor) -> torch.Tensor:
-    """Condition values (B, ...) with the rows where ``drop`` (B,) is True replaced by the null condition."""
-    null = target.null_condition(values.shape[0]).to(device=values.device, dtype=values.dtype)
-    return torch.where(drop.view(-1, *([1] * (values.dim() - 1))), null, values)
-
-
 class DrafterObjective:
     """``step_fn`` for :class:`lantern.training.loop.Trainer`: the EAGLE loss of ``drafter``.
 
@@ -125,11 +120,7 @@ class DrafterObjective:
         target = self.target
         device = target.tok_embeddings.weight.device
         tokens = self.codes[indices].to(device)  # (B, N)
-        batch = tokens.shape[0]
-        choice = torch.randint(0, self.caption_ids.shape[1], (batch,))
-        caption = self.caption_ids[indices, choice]  # (B,)
-        values, mask = self.states[caption].to(device), self.masks[caption].to(device)  # (B, ...), (B, T)
-        values = _with_null(target, values, (torch.rand(batch) < self.cond_dropout).to(device))
+        values, mask = draw_conditions(target, self.caption_ids, self.states, self.masks, indices, self.cond_dropout, device)
         with torch.no_grad():
             cond_emb = target.embed_condition(values)  # (B, T, D)
         f_hat, f = drafter_pass(target, self.drafter, cond_emb, mask, tokens, self.noise)

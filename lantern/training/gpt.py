@@ -13,6 +13,25 @@ import torch.nn.functional as F
 from lantern.models.gpt import Transformer
 
 
+def draw_conditions(
+    model: Transformer, caption_ids: torch.Tensor, states: torch.Tensor, masks: torch.Tensor, indices: torch.Tensor,
+    cond_dropout: float, device: torch.device | str = "cpu",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Condition values (B, ...) and masks (B, T) for samples ``indices`` (B,).
+
+    Each sample takes one of its K conditions ``caption_ids`` (M, K) at random, then a share
+    ``cond_dropout`` of the samples take the model's null condition (what CFG needs). Draws use the
+    global torch generator (checkpointed by the trainer), in this order: choice, then dropout.
+    """
+    batch = indices.shape[0]
+    choice = torch.randint(0, caption_ids.shape[1], (batch,))
+    caption = caption_ids[indices, choice]  # (B,)
+    values, mask = states[caption].to(device), masks[caption].to(device)  # (B, ...), (B, T)
+    drop = (torch.rand(batch) < cond_dropout).to(device)
+    null = model.null_condition(batch).to(device=values.device, dtype=values.dtype)
+    return torch.where(drop.view(-1, *([1] * (values.dim() - 1))), null, values), mask
+
+
 class GPTObjective:
     """``step_fn`` for :class:`lantern.training.loop.Trainer`: next-token cross-entropy.
 
@@ -36,12 +55,7 @@ class GPTObjective:
     def __call__(self, indices: torch.Tensor) -> tuple[torch.Tensor, dict]:
         model = self.model
         tokens = self.codes[indices]  # (B, N)
-        batch = tokens.shape[0]
-        choice = torch.randint(0, self.caption_ids.shape[1], (batch,))
-        caption = self.caption_ids[indices, choice]  # (B,)
-        states, mask = self.states[caption], self.masks[caption]  # (B, T, D), (B, T)
-        drop = torch.rand(batch) < self.cond_dropout
-        states = torch.where(drop[:, None, None], model.null_condition(batch).to(states.dtype), states)
+        states, mask = draw_conditions(model, self.caption_ids, self.states, self.masks, indices, self.cond_dropout)
         hidden = model.forward_teacher(model.embed_condition(states), tokens, mask)  # (B, N, D)
         logits = model.head(hidden)  # (B, N, V)
         loss = F.cross_entropy(logits.flatten(0, 1), tokens.flatten())
