@@ -65,16 +65,18 @@ class GenerationJob:
 
     Latency per image is the decode time of its batch divided by the batch size, measured from after
     text encoding to the last token (VQ decoding excluded), with device synchronisation, after
-    ``warmup`` untimed batches. With a ``baseline`` decoder (plain AR) of another kind, every batch is
-    also decoded by the baseline, interleaved and alternating which goes first, and ``speedup`` is the
-    ratio of their total decode times.
+    ``warmup`` untimed batches. With a ``baseline`` decoder (plain AR) of another kind, every
+    ``baseline_every``-th batch is also decoded by the baseline, interleaved and alternating which goes
+    first, and ``speedup`` is the ratio of the two decode times over those same batches.
     """
 
     def __init__(
         self, bundle: ModelBundle, decoder, prompts: PromptSet, num_images: int, batch_size: int, seed: int,
-        warmup: int = 1, save_grid: bool = True, progress: bool = True, baseline=None, metrics=None, tracker=None,
+        warmup: int = 1, save_grid: bool = True, progress: bool = True, baseline=None, baseline_every: int = 1,
+        metrics=None, tracker=None,
     ):
-        for name, value, low in (("num_images", num_images, 1), ("batch_size", batch_size, 1), ("warmup", warmup, 0)):
+        for name, value, low in (("num_images", num_images, 1), ("batch_size", batch_size, 1), ("warmup", warmup, 0),
+                                 ("speedup_every", baseline_every, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ConfigError(f"{name}={value!r} must be an integer >= {low}")
         if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
@@ -87,7 +89,7 @@ class GenerationJob:
         self.bundle, self.decoder, self.prompts = bundle, decoder, prompts
         self.num_images, self.batch_size, self.seed = num_images, batch_size, seed
         self.warmup, self.save_grid, self.progress = warmup, save_grid, progress
-        self.baseline = baseline
+        self.baseline, self.baseline_every = baseline, baseline_every
         self.metrics = dict(metrics or {})  # name -> callable(run_dir, prompts, labels) -> dict
         self.tracker = tracker  # e.g. lantern.tracking.WandbLogger: gets the finished record
         self.items = prompts.for_images(num_images)
@@ -110,10 +112,13 @@ class GenerationJob:
         """Whether the baseline is timed beside the decoder (not when the decoder is the baseline itself)."""
         return self.baseline is not None and type(self.baseline) is not type(self.decoder)
 
-    def _speedup(self, seconds: float, baseline_seconds: float) -> dict:
+    def _speedup(self, seconds: float, baseline_seconds: float, images: int, compared: int, batches: int) -> dict:
+        """``seconds`` and ``baseline_seconds``: both decoders' times over the ``compared`` batches (``images``)."""
         if self._compares():
-            return {"speedup": baseline_seconds / seconds, "baseline_latency_s_per_image": baseline_seconds / self.num_images,
-                    "speedup_baseline": f"{self.baseline.name}, interleaved in this run on the same prompts and seeds"}
+            return {"speedup": baseline_seconds / seconds, "baseline_latency_s_per_image": baseline_seconds / images,
+                    "compared_latency_s_per_image": seconds / images,
+                    "speedup_baseline": f"{self.baseline.name}, interleaved in this run on {compared} of {batches} "
+                                        "batches (same prompts and seeds)"}
         if self.baseline is not None:
             return {"speedup": 1.0, "speedup_baseline": "this run is the baseline"}
         return {}
@@ -127,7 +132,8 @@ class GenerationJob:
             self._decode(batches[0])
             if self._compares():
                 self._decode(batches[0], self.baseline)
-        baseline_seconds = 0.0
+        baseline_seconds = compared_seconds = 0.0
+        compared = compared_images = 0
         if bundle.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(bundle.device)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -135,11 +141,14 @@ class GenerationJob:
         tokens_per_image = bundle.gpt.config.num_image_tokens
         bar = tqdm(batches, desc=f"{self.decoder.name} x{self.num_images}", unit="batch", disable=not self.progress)
         for number, indices in enumerate(bar):
-            if self._compares() and number % 2:  # alternate which goes first, so drift hits both alike
+            timed = self._compares() and number % self.baseline_every == 0
+            if timed and compared % 2:  # alternate which goes first, so drift hits both alike
                 baseline_seconds += self._decode(indices, self.baseline)[1]
             result, seconds = self._decode(indices)
-            if self._compares() and not number % 2:
+            if timed and not compared % 2:
                 baseline_seconds += self._decode(indices, self.baseline)[1]
+            if timed:
+                compared, compared_images, compared_seconds = compared + 1, compared_images + len(indices), compared_seconds + seconds
             pixels = bundle.decode_images(result.codes).cpu().numpy()  # (B, H, W, 3)
             samples.append(result.per_sample)
             for position, (index, image) in enumerate(zip(indices, pixels)):
@@ -176,7 +185,7 @@ class GenerationJob:
             "latency_s_median": statistics.median(latencies),
             "tokens_per_s": tokens_per_image * len(latencies) / total,
             "peak_memory_mb": peak_memory_mb(bundle.device),
-            **self._speedup(total, baseline_seconds),
+            **self._speedup(compared_seconds, baseline_seconds, compared_images, compared, len(batches)),
             **acceptance_summary(samples),
             "decode_stats": stats,
             "per_image": per_image,

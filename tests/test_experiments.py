@@ -1,15 +1,35 @@
 """Experiments and run-end metrics, end to end through run.py (subprocesses on the shipped world)."""
 
+import importlib
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from test_run import REPO
 
 EXPERIMENTS = sorted(p.stem for p in (REPO / "experiments" / "experiment").glob("*.yaml"))
+METRICS = sorted(p.stem for p in (REPO / "conf" / "metrics").glob("*.yaml"))
+
+
+def coco_captions_file(folder: Path, count: int = 3) -> Path:
+    """A small MS-COCO caption file: two captions for each of ``count`` images."""
+    captions = ["a sneaker", "a white sneaker seen from the side", "a dress", "a long summer dress with thin straps",
+                "a bag", "a leather bag with a handle"]
+    path = folder / "captions_val2017.json"
+    path.write_text(json.dumps({"annotations": [
+        {"image_id": i // 2, "id": i, "caption": c} for i, c in enumerate(captions[: 2 * count])]}))
+    return path
+
+
+def smoke_overrides(experiment: str, folder: Path) -> list[str]:
+    """What an experiment needs to run on the embedded world (checkpoints and data it names are not here)."""
+    if experiment == "paper_table_llamagen_coco":
+        return ["model=fashion_t2i", f"prompts.path={coco_captions_file(folder)}", "draft=chain"]
+    return []
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
@@ -17,7 +37,7 @@ def test_every_experiment_smoke_runs_and_writes_its_table(tmp_path, experiment):
     sweep = tmp_path / "sweep"
     proc = subprocess.run(
         [sys.executable, str(REPO / "run.py"), "-m", f"+experiment={experiment}", "num_images=1", "warmup=0",
-         "metrics=none", "wandb.mode=disabled", f"hydra.sweep.dir={sweep}"],
+         "metrics=none", "wandb.mode=disabled", f"hydra.sweep.dir={sweep}", *smoke_overrides(experiment, tmp_path)],
         cwd=tmp_path, capture_output=True, text=True, timeout=600,  # another working directory on purpose
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -38,3 +58,54 @@ def test_world_metrics_land_in_the_record(tmp_path):
     assert metrics["fid"] > 0 and metrics["fid_reference"] == "fashion_mnist_test_32"
     assert 0.0 <= metrics["prompt_accuracy"] <= 1.0
     assert any(Path(tmp_path / "fid").glob("fashion_mnist_test_32_64*"))
+
+
+# Values the metrics configs leave mandatory (???); constructors do no I/O, so any path instantiates.
+METRIC_VALUES = {
+    "fid_folder": ["metrics.fid.reference_name=ref", "metrics.fid.reference.path=ref_dir"],
+    "clip": ["metrics.clip.pretrained=clip.pt"],
+    "coco2017": ["metrics.fid.reference.path=ref_dir", "metrics.clip.pretrained=clip.pt"],
+}
+
+
+@pytest.mark.parametrize("metrics", METRICS)
+def test_every_metrics_config_instantiates(metrics):
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    importlib.import_module("lantern")  # registers the lantern_root resolver the config uses
+
+    with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):
+        cfg = compose("config", overrides=[f"metrics={metrics}", *METRIC_VALUES.get(metrics, [])])
+    built = instantiate(cfg.metrics)
+    assert all(callable(metric) for metric in built.values())
+    expected = {"none": set(), "fid_folder": {"fid"}, "clip": {"clip"}, "coco2017": {"fid", "clip"}}
+    if metrics in expected:
+        assert set(built) == expected[metrics]
+
+
+def test_fid_reference_folder_is_centre_cropped_and_refuses_to_overwrite(tmp_path):
+    from PIL import Image
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    from fid_reference import centre_square
+
+    wide = np.zeros((40, 60, 3), dtype=np.uint8)
+    wide[:, 10:50] = 255  # the centred 40x40 square is all white, the side strips black
+    assert np.asarray(centre_square(Image.fromarray(wide), 16)).min() == 255
+    source = tmp_path / "val2017"
+    source.mkdir()
+    for i in range(3):
+        Image.fromarray(wide).save(source / f"{i:012d}.jpg")
+    out = tmp_path / "ref"
+    command = [sys.executable, str(REPO / "scripts" / "fid_reference.py"), "--images", str(source), "--out", str(out),
+               "--size", "16", "--no-progress"]
+    first = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    assert sorted(p.name for p in out.iterdir()) == [f"{i:012d}.png" for i in range(3)]
+    assert Image.open(out / "000000000000.png").size == (16, 16)
+    again = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and again.stderr.strip().splitlines()[-1].startswith("error: output folder")
+    missing = [*command[:2], "--images", str(tmp_path / "none"), "--out", str(tmp_path / "x")]
+    empty = subprocess.run(missing, capture_output=True, text=True, timeout=120)
+    assert empty.returncode == 2 and "image folder not found" in empty.stderr and not (tmp_path / "x").exists()

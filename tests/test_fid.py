@@ -87,6 +87,22 @@ def test_real_images_are_far_from_noise(real_features, noise_features):
     assert score > 100
 
 
+def test_optimised_network_matches_the_plain_file(extractor, real_images, real_features):
+    """Freezing (batch norms folded, oneDNN kernels, channels-last) keeps the features of the file's network."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        plain = torch.jit.load(str(inception_path()), map_location="cpu").eval()
+    pixels = torch.from_numpy(np.stack([clean_resize(im) for im in real_images[:4]])).permute(0, 3, 1, 2)
+    with torch.no_grad():
+        expected = plain((pixels - 128) / 128).reshape(-1, FEATURE_DIM).numpy()  # (4, 2048)
+    np.testing.assert_allclose(real_features[:4], expected, rtol=1e-3, atol=1e-4)
+    # COUNT=24 at batch 16 pads the last batch of 8 to 16; batch 8 has no padding.
+    np.testing.assert_allclose(extractor.features(real_images[16:], batch_size=8, progress=False), real_features[16:],
+                               rtol=1e-3, atol=1e-4)
+
+
 def test_folder_features_match_arrays_and_cleanfid(extractor, real_images, real_features, tmp_path):
     from cleanfid import fid as cleanfid_fid
 

@@ -48,6 +48,7 @@ def test_images_do_not_change_with_batch_size(tmp_path):
     ("model.bundle.gpt.model_type=x2i", "model_type"),
     ("model.bundle.gpt.image_size=30", "image_size 30"),
     ("dtype=int8", "dtype='int8'"),
+    ("speedup_every=0", "speedup_every=0"),
 ])
 def test_bad_input_is_one_line_nonzero_and_writes_nothing(tmp_path, override, message):
     proc, out = run(tmp_path, override)
@@ -88,7 +89,18 @@ def test_speculative_run_records_acceptance(tmp_path):
     assert all(row["steps"] >= 1 for row in metrics["per_image"])
     assert metrics["speedup"] > 0 and "interleaved" in metrics["speedup_baseline"]
     assert metrics["speedup"] == pytest.approx(metrics["baseline_latency_s_per_image"] / metrics["latency_s_per_image"])
+    assert metrics["compared_latency_s_per_image"] == pytest.approx(metrics["latency_s_per_image"])
     assert list((out / "wandb").glob("offline-run-*/*.wandb")), "W&B logs offline by default"
+
+
+def test_speedup_on_every_other_batch_compares_the_same_batches(tmp_path):
+    proc, out = run(tmp_path, "decoding=eagle", "num_images=3", "batch_size=1", "warmup=0", "speedup_every=2")
+    assert proc.returncode == 0, proc.stderr
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert "on 2 of 3 batches" in metrics["speedup_baseline"]
+    rows = metrics["per_image"]
+    assert metrics["compared_latency_s_per_image"] == pytest.approx((rows[0]["latency_s"] + rows[2]["latency_s"]) / 2)
+    assert metrics["speedup"] == pytest.approx(metrics["baseline_latency_s_per_image"] / metrics["compared_latency_s_per_image"])
 
 
 def test_missing_checkpoint_and_text_encoder_are_named(tmp_path):

