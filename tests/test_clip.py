@@ -52,3 +52,21 @@ def test_missing_weights_and_bad_settings_are_refused(tiny_clip, tmp_path):
         CLIPScore("w.pt", convention="x100")
     with pytest.raises(ConfigError, match="needs text prompts"):
         CLIPScore("w.pt").score(images, [3])
+
+
+def test_config_file_must_be_named_after_the_model(tiny_clip, tmp_path):
+    config, weights = tiny_clip
+    renamed = tmp_path / "clip_config.json"
+    renamed.write_text(open(config).read())
+    with pytest.raises(ConfigError, match="registers .* as model 'clip_config', not 'lantern-tiny-clip'"):
+        CLIPScore(weights, "lantern-tiny-clip", model_config=str(renamed)).score(np.zeros((1, 32, 32, 3), np.uint8), ["a"])
+
+
+def test_the_loaded_model_is_kept_between_scores(tiny_clip):
+    config, weights = tiny_clip
+    metric = CLIPScore(weights, "lantern-tiny-clip", "lantern", config)
+    assert metric._loaded is None  # constructing does no I/O
+    images = np.zeros((2, 32, 32, 3), np.uint8)
+    first = metric.score(images, ["a shirt", "a bag"])
+    loaded = metric.load()
+    assert metric.score(images, ["a shirt", "a bag"]) == first and metric.load() is loaded

@@ -7,13 +7,16 @@
 
 Weights are never downloaded: ``pretrained`` is a local open_clip weights file or ``local-dir:FOLDER``.
 ``model_config`` optionally registers an open_clip architecture from a JSON file first (for small CLIPs
-trained by this project).
+trained by this project, such as the embedded world's ``lantern-fashion-clip.json``). open_clip names a
+registered architecture after the file's stem, so the file must be called ``<model>.json``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -24,12 +27,29 @@ from lantern.errors import ConfigError
 CONVENTIONS = {"lantern": ("A photo depicts ", 1.0, False), "torchmetrics": ("", 100.0, True)}
 
 
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Hide open_clip's INFO lines (it logs through the root logger, which Hydra sets to INFO)."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(max(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+
+
 def _load(model: str, pretrained: str, model_config: str | None, device: str):
     import open_clip
 
     if model_config is not None:
         if not os.path.isfile(model_config):
             raise ConfigError(f"CLIP model config not found: {model_config!r}")
+        if Path(model_config).stem != model:
+            raise ConfigError(
+                f"open_clip registers {model_config!r} as model {Path(model_config).stem!r}, not {model!r}; "
+                f"set the model name to the file's stem or name the file {model}.json"
+            )
         open_clip.add_model_config(model_config)
     if model not in open_clip.list_models():
         raise ConfigError(f"unknown open_clip model {model!r} (register its JSON with metrics.clip.model_config=FILE)")
@@ -39,24 +59,40 @@ def _load(model: str, pretrained: str, model_config: str | None, device: str):
             f"CLIP weights not found: {pretrained!r}; give a local open_clip weights file or local-dir:FOLDER "
             "(named tags such as 'openai' download, which does not work offline)"
         )
-    clip, _, preprocess = open_clip.create_model_and_transforms(model, pretrained=pretrained, device=device)
-    return clip.eval(), preprocess, open_clip.get_tokenizer(model)
+    with _quiet():
+        clip, _, preprocess = open_clip.create_model_and_transforms(model, pretrained=pretrained, device=device)
+        tokenizer = open_clip.get_tokenizer(model)
+    return clip.eval(), preprocess, tokenizer
 
 
 @torch.no_grad()
+def encode_images(clip, preprocess, images: np.ndarray, batch_size: int = 64, device: str = "cpu") -> torch.Tensor:
+    """Unit-norm float32 embeddings (N, E) on the CPU of uint8 (N, H, W, 3) images, through ``preprocess``."""
+    from PIL import Image
+
+    embeddings = []
+    for start in range(0, len(images), batch_size):
+        pixels = torch.stack([preprocess(Image.fromarray(im)) for im in images[start : start + batch_size]])  # (b, 3, S, S)
+        embeddings.append(torch.nn.functional.normalize(clip.encode_image(pixels.to(device)).float(), dim=-1).cpu())
+    return torch.cat(embeddings)  # (N, E)
+
+
+@torch.no_grad()
+def encode_texts(clip, tokenizer, captions: Sequence[str], batch_size: int = 64, device: str = "cpu") -> torch.Tensor:
+    """Unit-norm float32 embeddings (N, E) on the CPU of ``captions``, tokenized by ``tokenizer``."""
+    embeddings = []
+    for start in range(0, len(captions), batch_size):
+        tokens = tokenizer(list(captions[start : start + batch_size])).to(device)  # (b, context_length)
+        embeddings.append(torch.nn.functional.normalize(clip.encode_text(tokens).float(), dim=-1).cpu())
+    return torch.cat(embeddings)  # (N, E)
+
+
 def clip_cosines(clip, preprocess, tokenizer, images: np.ndarray, captions: Sequence[str], batch_size: int = 64,
                  device: str = "cpu") -> np.ndarray:
     """Cosine similarity (N,) of each uint8 (N, H, W, 3) image with its caption."""
-    from PIL import Image
-
-    cosines = []
-    for start in range(0, len(images), batch_size):
-        pixels = torch.stack([preprocess(Image.fromarray(im)) for im in images[start : start + batch_size]]).to(device)
-        tokens = tokenizer(list(captions[start : start + batch_size])).to(device)
-        image_emb = torch.nn.functional.normalize(clip.encode_image(pixels).float(), dim=-1)  # (b, E)
-        text_emb = torch.nn.functional.normalize(clip.encode_text(tokens).float(), dim=-1)  # (b, E)
-        cosines.append((image_emb * text_emb).sum(-1).cpu().numpy())
-    return np.concatenate(cosines)
+    image_emb = encode_images(clip, preprocess, images, batch_size, device)  # (N, E)
+    text_emb = encode_texts(clip, tokenizer, captions, batch_size, device)  # (N, E)
+    return (image_emb * text_emb).sum(-1).numpy()
 
 
 class CLIPScore:
@@ -70,13 +106,20 @@ class CLIPScore:
             raise ConfigError(f"CLIP convention={convention!r} must be one of {', '.join(CONVENTIONS)}")
         self.pretrained, self.model, self.convention = pretrained, model, convention
         self.model_config, self.batch_size, self.device = model_config, batch_size, device
+        self._loaded = None
+
+    def load(self):
+        """``(model, preprocess, tokenizer)``, loaded on first use and kept for later calls."""
+        if self._loaded is None:
+            self._loaded = _load(self.model, self.pretrained, self.model_config, self.device)
+        return self._loaded
 
     def score(self, images: np.ndarray, captions: Sequence[str]) -> float:
         """Mean score of uint8 (N, H, W, 3) images against their captions."""
         if any(not isinstance(c, str) for c in captions):
             raise ConfigError("CLIP score needs text prompts; this prompt set holds class ids")
         prefix, scale, clamp = CONVENTIONS[self.convention]
-        clip, preprocess, tokenizer = _load(self.model, self.pretrained, self.model_config, self.device)
+        clip, preprocess, tokenizer = self.load()
         cosines = clip_cosines(clip, preprocess, tokenizer, images, [prefix + c for c in captions], self.batch_size, self.device)
         if clamp:
             cosines = np.maximum(cosines, 0.0)
