@@ -10,11 +10,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from lantern.baselines import read_baseline_run, recorded_speedup
 from lantern.bundle import ModelBundle
 from lantern.errors import ConfigError
 from lantern.images import image_name, labelled_grid, save_png
 from lantern.prompts import PromptSet
-from lantern.records import environment, write_json_atomic
+from lantern.records import device_name, environment, write_json_atomic
 from lantern.rng import keys_tensor
 
 
@@ -67,13 +68,15 @@ class GenerationJob:
     text encoding to the last token (VQ decoding excluded), with device synchronisation, after
     ``warmup`` untimed batches. With a ``baseline`` decoder (plain AR) of another kind, every
     ``baseline_every``-th batch is also decoded by the baseline, interleaved and alternating which goes
-    first, and ``speedup`` is the ratio of the two decode times over those same batches.
+    first, and ``speedup`` is the ratio of the two decode times over those same batches. With
+    ``baseline_run`` (a finished run's folder) it is the ratio to that run's recorded latency, checked
+    first to share this run's setting and machine (:mod:`lantern.baselines`).
     """
 
     def __init__(
         self, bundle: ModelBundle, decoder, prompts: PromptSet, num_images: int, batch_size: int, seed: int,
         warmup: int = 1, save_grid: bool = True, progress: bool = True, baseline=None, baseline_every: int = 1,
-        metrics=None, tracker=None,
+        baseline_run: str | None = None, metrics=None, tracker=None,
     ):
         for name, value, low in (("num_images", num_images, 1), ("batch_size", batch_size, 1), ("warmup", warmup, 0),
                                  ("speedup_every", baseline_every, 1)):
@@ -89,7 +92,10 @@ class GenerationJob:
         self.bundle, self.decoder, self.prompts = bundle, decoder, prompts
         self.num_images, self.batch_size, self.seed = num_images, batch_size, seed
         self.warmup, self.save_grid, self.progress = warmup, save_grid, progress
-        self.baseline, self.baseline_every = baseline, baseline_every
+        if baseline is not None and baseline_run is not None:
+            raise ConfigError("speedup_baseline and speedup_baseline_run are both set; set speedup_baseline=null "
+                              "to compare with the recorded run")
+        self.baseline, self.baseline_every, self.baseline_run = baseline, baseline_every, baseline_run
         self.metrics = dict(metrics or {})  # name -> callable(run_dir, prompts, labels) -> dict
         self.tracker = tracker  # e.g. lantern.tracking.WandbLogger: gets the finished record
         self.items = prompts.for_images(num_images)
@@ -107,6 +113,13 @@ class GenerationJob:
         result = decoder.generate(bundle.gpt, condition, keys)
         synchronize(bundle.device)
         return result, time.perf_counter() - start
+
+    def _setting(self) -> dict:
+        """What makes two runs' latencies comparable (besides the machine)."""
+        sampling = self.decoder.sampling
+        return {"model": self.bundle.name, "prompts": self.prompts.name, "num_images": self.num_images,
+                "batch_size": self.batch_size, "seed": self.seed, "temperature": sampling.temperature,
+                "top_k": sampling.top_k, "top_p": sampling.top_p, "cfg_scale": sampling.cfg_scale}
 
     def _compares(self) -> bool:
         """Whether the baseline is timed beside the decoder (not when the decoder is the baseline itself)."""
@@ -127,6 +140,10 @@ class GenerationJob:
         """Write ``000000.png`` ..., ``grid.png`` and ``metrics.json`` into ``out_dir``; return the metrics."""
         out_dir = Path(out_dir)
         bundle = self.bundle
+        recorded = None
+        if self.baseline_run is not None:  # checked before anything is generated or written
+            recorded = read_baseline_run(self.baseline_run, self._setting(), {
+                "device": str(bundle.device), "device_name": device_name(bundle.device)})
         batches = [list(range(s, min(s + self.batch_size, self.num_images))) for s in range(0, self.num_images, self.batch_size)]
         for _ in range(self.warmup):
             self._decode(batches[0])
@@ -185,7 +202,8 @@ class GenerationJob:
             "latency_s_median": statistics.median(latencies),
             "tokens_per_s": tokens_per_image * len(latencies) / total,
             "peak_memory_mb": peak_memory_mb(bundle.device),
-            **self._speedup(compared_seconds, baseline_seconds, compared_images, compared, len(batches)),
+            **(self._speedup(compared_seconds, baseline_seconds, compared_images, compared, len(batches)) if recorded is None
+               else recorded_speedup(recorded, self.baseline_run, total / len(latencies))),
             **acceptance_summary(samples),
             "decode_stats": stats,
             "per_image": per_image,

@@ -3,7 +3,8 @@
 Rows: AR, exact speculative decoding (per draft structure), LANTERN at each (k, delta), LANTERN++ at
 each (k, lambda). Columns: tau, latency, speed-up, FID, CLIP score. A record's own ``speedup`` is used
 when it has one; otherwise it is computed against the AR record of the same setting (model, prompts,
-images, seed and sampling) found among the records, and the table says which baseline it used.
+images, batch size, seed and sampling) and machine found among the records, and the table says which
+baseline it used.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ import math
 from collections.abc import Iterable
 from pathlib import Path
 
+from lantern.baselines import MACHINE_KEYS, SETTING_KEYS
 from lantern.errors import ConfigError
 from lantern.records import write_json_atomic
 
 RECORD_NAME = "metrics.json"
-SETTING_KEYS = ("model", "prompts", "num_images", "seed", "temperature", "top_k", "top_p", "cfg_scale")
 FAMILY_ORDER = {"ar": 0, "eagle": 1, "lantern": 2, "lantern_pp": 3}
 COLUMNS = ("method", "tau", "latency_ms", "speedup", "fid", "clip_score", "baseline")
 
@@ -56,7 +57,8 @@ def method_label(record: dict) -> str:
 
 
 def _setting(record: dict) -> tuple:
-    return tuple(record.get(key) for key in SETTING_KEYS)
+    machine = record.get("environment") or {}
+    return tuple(record.get(key) for key in SETTING_KEYS) + tuple(machine.get(key) for key in MACHINE_KEYS)
 
 
 def table_rows(records: list[dict]) -> list[dict]:

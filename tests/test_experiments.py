@@ -109,3 +109,36 @@ def test_fid_reference_folder_is_centre_cropped_and_refuses_to_overwrite(tmp_pat
     missing = [*command[:2], "--images", str(tmp_path / "none"), "--out", str(tmp_path / "x")]
     empty = subprocess.run(missing, capture_output=True, text=True, timeout=120)
     assert empty.returncode == 2 and "image folder not found" in empty.stderr and not (tmp_path / "x").exists()
+
+
+def test_the_coco_experiment_measures_fid_and_clip_on_the_world(tmp_path):
+    """The LlamaGen COCO experiment's metrics run end to end, with the world's images, captions and CLIP."""
+    from PIL import Image
+
+    from lantern.evaluation import fashion_test_images
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    from fid_reference import make_reference
+
+    source = tmp_path / "val2017"
+    source.mkdir()
+    for i, image in enumerate(fashion_test_images(8)):
+        Image.fromarray(image).save(source / f"{i:012d}.png")
+    make_reference(source, tmp_path / "ref", size=32, progress=False)
+    world = REPO / "worlds" / "fashion_mnist"
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "run.py", "+experiment=paper_table_llamagen_coco", "+experiment/mode=lantern_0.1",
+         *smoke_overrides("paper_table_llamagen_coco", tmp_path), "num_images=3", "batch_size=3", "warmup=0",
+         f"metrics.fid.reference.path={tmp_path / 'ref'}", f"metrics.fid.cache_dir={tmp_path / 'fid'}",
+         f"metrics.clip.pretrained={world / 'clip.safetensors'}", f"metrics.clip.model_config={world / 'lantern-fashion-clip.json'}",
+         "metrics.clip.model=lantern-fashion-clip", "wandb.mode=disabled", f"hydra.run.dir={out}"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["prompts"] == "coco2017_longest" and metrics["decoding"] == "lantern" and metrics["delta"] == 0.1
+    assert metrics["fid"] > 0 and metrics["fid_reference"] == "coco2017_val_256"
+    assert -1.0 <= metrics["clip_score"] <= 1.0 and metrics["clip_convention"] == "lantern"
+    assert [row["prompt"] for row in metrics["per_image"]] == [
+        "a white sneaker seen from the side", "a long summer dress with thin straps", "a leather bag with a handle"]

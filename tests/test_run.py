@@ -103,6 +103,27 @@ def test_speedup_on_every_other_batch_compares_the_same_batches(tmp_path):
     assert metrics["speedup"] == pytest.approx(metrics["baseline_latency_s_per_image"] / metrics["compared_latency_s_per_image"])
 
 
+def test_speedup_against_a_named_baseline_run(tmp_path):
+    ar, ar_out = run(tmp_path, "num_images=3", "warmup=0", name="ar")
+    assert ar.returncode == 0, ar.stderr
+    proc, out = run(tmp_path, "decoding=eagle", "num_images=3", "warmup=0", "speedup_baseline=null",
+                    f"speedup_baseline_run={ar_out}", name="eagle")
+    assert proc.returncode == 0, proc.stderr
+    ar_metrics = json.loads((ar_out / "metrics.json").read_text())
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["speedup"] == pytest.approx(ar_metrics["latency_s_per_image"] / metrics["latency_s_per_image"])
+    assert f"run {ar_out}" in metrics["speedup_baseline"] and "same setting and machine" in metrics["speedup_baseline"]
+    other, other_out = run(tmp_path, "decoding=eagle", "num_images=4", "warmup=0", "speedup_baseline=null",
+                           f"speedup_baseline_run={ar_out}", name="other")
+    assert other.returncode == 2 and not other_out.exists()
+    assert other.stderr.strip().splitlines()[-1] == (
+        f"error: speedup_baseline_run='{ar_out}' has num_images=3, this run num_images=4")
+    both, both_out = run(tmp_path, "decoding=eagle", "num_images=3", f"speedup_baseline_run={ar_out}", name="both")
+    assert both.returncode == 2 and "both set" in both.stderr and not both_out.exists()
+    absent, _ = run(tmp_path, "decoding=eagle", "speedup_baseline=null", f"speedup_baseline_run={tmp_path}", name="absent")
+    assert absent.returncode == 2 and "no metrics.json there" in absent.stderr
+
+
 def test_missing_checkpoint_and_text_encoder_are_named(tmp_path):
     proc, out = run(tmp_path, "model=llamagen_c2i_b_256")
     assert proc.returncode != 0 and "model.gpt_ckpt is required" in proc.stderr and not out.exists()

@@ -12,7 +12,8 @@ from lantern.errors import ConfigError
 from lantern.tables import load_records, table_rows, to_csv, to_latex, to_markdown, write_tables
 from test_run import REPO
 
-SETTING = {"model": "m", "prompts": "p", "num_images": 4, "seed": 0, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "cfg_scale": 3.0}
+SETTING = {"model": "m", "prompts": "p", "num_images": 4, "batch_size": 2, "seed": 0, "temperature": 1.0, "top_k": 0,
+           "top_p": 1.0, "cfg_scale": 3.0, "environment": {"device": "cpu", "device_name": "cpu A (2 cores)"}}
 
 
 def record(tmp_path, name, **fields):
@@ -44,8 +45,10 @@ def test_rows_follow_the_paper_order_and_speedup_comes_from_the_matching_ar_run(
 def test_no_speedup_without_a_matching_baseline(tmp_path):
     record(tmp_path, "a", decoding="eagle", draft="chain", latency_s_per_image=0.2)
     record(tmp_path, "b", decoding="ar", latency_s_per_image=0.1, **{"seed": 1})
+    record(tmp_path, "c", decoding="ar", latency_s_per_image=0.1, batch_size=4)
+    record(tmp_path, "d", decoding="ar", latency_s_per_image=0.1, environment={"device": "cpu", "device_name": "cpu B"})
     rows = table_rows(load_records([tmp_path]))
-    assert rows[1]["speedup"] is None
+    assert rows[-1]["method"] == "EAGLE exact (chain)" and rows[-1]["speedup"] is None
 
 
 def test_missing_or_empty_runs_are_refused(tmp_path):
