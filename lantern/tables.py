@@ -186,11 +186,18 @@ except ImportError:  # pragma: no cover - hydra is a dependency
 
 
 class SweepTable(Callback):
-    """Hydra callback: at the end of a multirun, write the sweep's table into its folder."""
+    """Hydra callback: at the end of a multirun, write the sweep's table into its folder and hand it to
+    the runs' tracker (``job.tracker``, W&B by default)."""
 
     def on_multirun_end(self, config, **kwargs) -> None:
+        from hydra.utils import instantiate
+
         sweep = Path(config.hydra.sweep.dir)
         if not any(sweep.rglob(RECORD_NAME)):
             return
-        paths = write_tables(load_records([sweep]), sweep)
+        records = load_records([sweep])
+        paths = write_tables(records, sweep)
         print(f"sweep table: {paths['md']}")
+        tracker = config.get("job", {}).get("tracker")
+        if tracker is not None:
+            instantiate(tracker).log_table(sweep, table_rows(records), paths["png"])

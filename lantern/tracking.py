@@ -1,4 +1,5 @@
-"""Weights & Biases logging of a finished run: the record's scalars, the resolved config and the grid.
+"""Weights & Biases logging of a finished run (the record's scalars, the resolved config and the grid) and
+of a finished sweep's table (a W&B table and the Pareto plot).
 
 ``mode="offline"`` (the default) writes the run under ``<run dir>/wandb`` with no account or network
 (`wandb sync` uploads it later); ``online`` logs live; ``disabled`` does nothing. The logger is handed
@@ -44,5 +45,24 @@ class WandbLogger:
             if grid.is_file():
                 summary["grid"] = wandb.Image(str(grid))
             run.log(summary)
+        finally:
+            run.finish()
+
+    def log_table(self, out_dir: Path, rows: list[dict], plot: Path | None = None) -> None:
+        """Log a sweep's table ``rows`` (and its Pareto ``plot``) as one W&B run under ``out_dir``."""
+        if self.mode == "disabled" or not rows:
+            return
+        import wandb
+
+        columns = list(rows[0])
+        run = wandb.init(
+            project=self.project, group=self.group, name=f"table-{Path(out_dir).name}", dir=str(out_dir),
+            mode=self.mode, job_type="table", reinit="create_new",
+        )
+        try:
+            logged = {"table": wandb.Table(columns=columns, data=[[row.get(c) for c in columns] for row in rows])}
+            if plot is not None and Path(plot).is_file():
+                logged["pareto"] = wandb.Image(str(plot))
+            run.log(logged)
         finally:
             run.finish()

@@ -14,6 +14,16 @@ def test_offline_logging_writes_a_local_run(tmp_path, monkeypatch):
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
 
 
+def test_a_sweep_table_is_logged_offline(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    rows = [{"method": "AR", "tau": 1.0, "speedup": 1.0, "fid": None}, {"method": "LANTERN", "tau": 2.0, "speedup": 1.5, "fid": 3.0}]
+    WandbLogger(mode="offline", project="lantern-test").log_table(tmp_path, rows)
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
+    WandbLogger(mode="disabled").log_table(tmp_path / "off", rows)
+    assert not (tmp_path / "off").exists()
+
+
 def test_disabled_logs_nothing_and_bad_modes_are_refused(tmp_path):
     WandbLogger(mode="disabled").log_run(tmp_path, {"decoding": "ar"})
     assert not (tmp_path / "wandb").exists()
