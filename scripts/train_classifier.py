@@ -36,7 +36,7 @@ from lantern.metrics.classifier import (
     training_batch,
 )
 from lantern.records import environment, write_json_atomic
-from lantern.training.loop import DEFAULT_RESUME_IGNORE, EpochBatches, Trainer, warmup_cosine
+from lantern.training.loop import DEFAULT_RESUME_IGNORE, EpochBatches, Trainer, training_summary, warmup_cosine
 
 REPORT_NAME = "classifier_report.json"
 RESUME_IGNORE = (*DEFAULT_RESUME_IGNORE, "epochs", "eval_batch_size", "device")
@@ -160,14 +160,8 @@ def train_classifier(args: argparse.Namespace) -> dict:
             "per_class_accuracy": per_class,
             "eval_s": eval_s,
         },
-        "training": {
-            "train_images": int(len(train_images)),
-            "steps": summary["steps"],
-            "epochs": summary["steps"] / steps_per_epoch,
-            "resumed_from": summary["resumed_from"],
-            "wall_s_this_run": summary["wall_s"],
-            "last_logs": summary["logs"],
-        },
+        "training": training_summary(
+            summary, train_images=int(len(train_images)), epochs=summary["steps"] / steps_per_epoch),
         "config": config,
         "environment": environment(device),
     }

@@ -48,7 +48,7 @@ from lantern.training.clip import (
     tokenize_captions,
     zero_shot_scores,
 )
-from lantern.training.loop import DEFAULT_RESUME_IGNORE, EpochBatches, Trainer, warmup_cosine
+from lantern.training.loop import DEFAULT_RESUME_IGNORE, EpochBatches, Trainer, training_summary, warmup_cosine
 
 REPORT_NAME = "clip_report.json"
 RESUME_IGNORE = (*DEFAULT_RESUME_IGNORE, "test_root", "eval_batch_size", "eval_limit", "score_images")
@@ -217,15 +217,8 @@ def train_clip(args: argparse.Namespace) -> dict:
         "input": "uint8 (N, 32, 32, 3) through open_clip's preprocess (x / 255, OpenAI mean/std; 32x32 unchanged)",
         "test_split": str(Path(args.test_root)) if args.test_root else "shipped (data/fashion_mnist)",
         "test": test,
-        "training": {
-            "train_images": int(len(train_images)),
-            "steps": summary["steps"],
-            "epochs": summary["steps"] / steps_per_epoch,
-            "resumed_from": summary["resumed_from"],
-            "wall_s_this_run": summary["wall_s"],
-            "train_wall_s_total": summary["train_wall_s"],
-            "last_logs": summary["logs"],
-        },
+        "training": training_summary(
+            summary, train_images=int(len(train_images)), epochs=summary["steps"] / steps_per_epoch),
         "config": config,
         "environment": environment(device),
     }

@@ -41,7 +41,7 @@ from lantern.sampling import SamplingConfig
 from lantern.speculative.drafter import Drafter, DrafterConfig, drafter_metadata, load_drafter
 from lantern.training.drafter import DrafterObjective, evaluate_drafter, generate_codes
 from lantern.training.fashion import caption_table, tokenize
-from lantern.training.loop import DEFAULT_RESUME_IGNORE, EpochBatches, Trainer, warmup_cosine
+from lantern.training.loop import DEFAULT_RESUME_IGNORE, EpochBatches, Trainer, training_summary, warmup_cosine
 from lantern.world import DEFAULT_WORLD, load_world
 
 WEIGHTS_NAME = "drafter.safetensors"
@@ -160,15 +160,9 @@ def train_drafter(cfg: DictConfig) -> dict:
                  **({"generation": config["generation"]} if cfg.data == "self" else {"data_root": cfg.data_root})},
         "held_out": {"split": str(cfg.test_root) if cfg.test_root else "shipped test split (data/fashion_mnist)",
                      "images": len(test), **held_out},
-        "training": {
-            "steps": summary["steps"],
-            "resumed_from": summary["resumed_from"],
-            "wall_s_this_run": summary["wall_s"],
-            "train_wall_s_total": summary["train_wall_s"],
-            "steps_per_s_this_run": train_steps / summary["wall_s"] if summary["wall_s"] > 0 else None,
-            "sequences_seen": summary["steps"] * cfg.batch_size,
-            "last_logs": summary["logs"],
-        },
+        "training": training_summary(
+            summary, steps_per_s_this_run=train_steps / summary["wall_s"] if summary["wall_s"] > 0 else None,
+            sequences_seen=summary["steps"] * cfg.batch_size),
         "wall_s_this_run": time.perf_counter() - started,
         "config": config,
         "environment": environment(device),

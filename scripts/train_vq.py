@@ -28,7 +28,7 @@ from lantern.errors import ConfigError
 from lantern.images import save_png
 from lantern.models.vq import VQModel, to_uint8, vq_config
 from lantern.records import environment, write_json_atomic
-from lantern.training.loop import EpochBatches, Trainer, warmup_cosine
+from lantern.training.loop import EpochBatches, Trainer, training_summary, warmup_cosine
 from lantern.training.vq import VQObjective, evaluate_vq, image_batch
 
 WEIGHTS_NAME = "vq.safetensors"
@@ -144,14 +144,7 @@ def train_vq(cfg: DictConfig) -> dict:
         "vq_config": {k: list(v) if isinstance(v, tuple) else v for k, v in vq_cfg.__dict__.items()},
         "test_split": str(Path(cfg.test_root)) if cfg.test_root else "shipped (data/fashion_mnist)",
         "test": metrics,
-        "training": {
-            "steps": summary["steps"],
-            "resumed_from": summary["resumed_from"],
-            "wall_s_this_run": summary["wall_s"],
-            "train_wall_s_total": summary["train_wall_s"],
-            "images_seen": summary["steps"] * cfg.batch_size,
-            "last_logs": summary["logs"],
-        },
+        "training": training_summary(summary, images_seen=summary["steps"] * cfg.batch_size),
         "config": config,
         "environment": environment(device),
     }

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,8 +24,7 @@ from lantern.metrics.classifier import (
     training_batch,
 )
 from lantern.training.loop import EpochBatches, Trainer
-
-REPO = Path(__file__).resolve().parents[1]
+from script_helpers import fashion_root, load_script
 
 
 @pytest.fixture(scope="module")
@@ -153,20 +150,8 @@ def test_training_reduces_the_loss(test_split, tmp_path):
     assert eval_loss() < 0.7 * before
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("train_classifier_script", REPO / "scripts" / "train_classifier.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _write_idx(path: Path, array: np.ndarray) -> None:
-    header = bytes([0, 0, 0x08, array.ndim]) + np.asarray(array.shape, dtype=">u4").tobytes()
-    path.write_bytes(header + array.astype(np.uint8).tobytes())
-
-
 def test_script_without_data_prints_one_line(tmp_path, capsys):
-    script = _load_script()
+    script = load_script("train_classifier")
     with pytest.raises(SystemExit) as exit_info:
         script.main(["--data-root", str(tmp_path / "nowhere"), "--out-dir", str(tmp_path / "out")])
     assert exit_info.value.code == 2
@@ -177,16 +162,11 @@ def test_script_without_data_prints_one_line(tmp_path, capsys):
 
 def test_script_trains_exports_and_resumes(test_split, tmp_path, capsys):
     images, labels = test_split
-    root = tmp_path / "data"
-    root.mkdir()
-    _write_idx(root / "train-images-idx3-ubyte", images[:128])
-    _write_idx(root / "train-labels-idx1-ubyte", labels[:128])
-    _write_idx(root / "t10k-images-idx3-ubyte", images[-50:])
-    _write_idx(root / "t10k-labels-idx1-ubyte", labels[-50:])
+    root = fashion_root(tmp_path / "data", images, labels, train=128, test=50)
     out = tmp_path / "out"
     argv = ["--data-root", str(root), "--test-root", str(root), "--out-dir", str(out), "--steps", "3",
             "--batch-size", "32", "--width", "4", "--no-progress", "--log-every", "1", "--ckpt-every", "1"]
-    script = _load_script()
+    script = load_script("train_classifier")
     assert script.main(argv) == 0
     report = json.loads((out / "classifier_report.json").read_text())
     assert 0.0 <= report["test"]["accuracy"] <= 1.0 and report["test"]["images"] == 50

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,8 +25,8 @@ from lantern.training.clip import (
     zero_shot_scores,
 )
 from lantern.world import DEFAULT_WORLD, verify_world, world_file
+from script_helpers import fashion_root, load_script
 
-REPO = Path(__file__).resolve().parents[1]
 TINY_ARGS = ["--embed-dim", "16", "--vision-width", "32", "--vision-layers", "1", "--vision-head-width", "16",
              "--text-width", "16", "--text-heads", "2", "--text-layers", "1"]
 
@@ -96,31 +94,14 @@ def test_zero_shot_scores_on_a_hand_made_case():
     assert scores["matched_cosine"] == pytest.approx(float(cos[torch.arange(4), torch.as_tensor(labels)].mean()))
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("train_clip_script", REPO / "scripts" / "train_clip.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _write_idx(path: Path, array: np.ndarray) -> None:
-    header = bytes([0, 0, 0x08, array.ndim]) + np.asarray(array.shape, dtype=">u4").tobytes()
-    path.write_bytes(header + array.astype(np.uint8).tobytes())
-
-
 def test_script_trains_exports_resumes_and_the_file_loads_through_clipscore(test_split, tmp_path, capsys):
     images, labels = test_split
-    root = tmp_path / "data"
-    root.mkdir()
-    _write_idx(root / "train-images-idx3-ubyte", images[:128])
-    _write_idx(root / "train-labels-idx1-ubyte", labels[:128])
-    _write_idx(root / "t10k-images-idx3-ubyte", images[-40:])
-    _write_idx(root / "t10k-labels-idx1-ubyte", labels[-40:])
+    root = fashion_root(tmp_path / "data", images, labels, train=128, test=40)
     out = tmp_path / "out"
     argv = ["--data-root", str(root), "--test-root", str(root), "--out-dir", str(out), "--steps", "2",
             "--batch-size", "32", "--no-progress", "--log-every", "1", "--ckpt-every", "1", "--score-images", "10",
             *TINY_ARGS]
-    script = _load_script()
+    script = load_script("train_clip")
     assert script.main(argv) == 0
     report = json.loads((out / "clip_report.json").read_text())
     assert report["training"]["steps"] == 2 and report["training"]["resumed_from"] is None
@@ -153,7 +134,7 @@ def test_script_trains_exports_resumes_and_the_file_loads_through_clipscore(test
     (["--data-root", "NOWHERE"], "Fashion-MNIST train split not found"),
 ])
 def test_bad_arguments_print_one_line_and_exit_2(argv, message, tmp_path, capsys):
-    script = _load_script()
+    script = load_script("train_clip")
     argv = [a.replace("NOWHERE", str(tmp_path / "nowhere")) for a in argv]
     with pytest.raises(SystemExit) as exit_info:
         script.main([*argv, "--out-dir", str(tmp_path / "out")])

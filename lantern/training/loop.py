@@ -108,6 +108,18 @@ class EpochBatches:
             yield self.load(order[b * self.batch_size : (b + 1) * self.batch_size])
 
 
+def training_summary(summary: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
+    """The ``training`` block of a training report from :meth:`Trainer.fit`'s ``summary``, plus ``extra``."""
+    return {
+        "steps": summary["steps"],
+        "resumed_from": summary["resumed_from"],
+        "wall_s_this_run": summary["wall_s"],
+        "train_wall_s_total": summary["train_wall_s"],
+        **extra,
+        "last_logs": summary["logs"],
+    }
+
+
 def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
     """Call ``write(tmp_path)`` on a temporary file beside ``path``, then rename it over ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
