@@ -15,7 +15,7 @@ from lantern.bundle import ModelBundle
 from lantern.errors import ConfigError
 from lantern.images import image_name, labelled_grid, save_png
 from lantern.prompts import PromptSet
-from lantern.records import device_name, environment, write_json_atomic
+from lantern.records import environment, write_json_atomic
 from lantern.rng import keys_tensor
 
 
@@ -115,11 +115,11 @@ class GenerationJob:
         return result, time.perf_counter() - start
 
     def _setting(self) -> dict:
-        """What makes two runs' latencies comparable (besides the machine)."""
+        """The record's setting entries: what makes two runs' latencies comparable (besides the machine)."""
         sampling = self.decoder.sampling
         return {"model": self.bundle.name, "prompts": self.prompts.name, "num_images": self.num_images,
-                "batch_size": self.batch_size, "seed": self.seed, "temperature": sampling.temperature,
-                "top_k": sampling.top_k, "top_p": sampling.top_p, "cfg_scale": sampling.cfg_scale}
+                "batch_size": self.batch_size, "seed": self.seed,
+                **{key: getattr(sampling, key) for key in ("temperature", "top_k", "top_p", "cfg_scale")}}
 
     def _compares(self) -> bool:
         """Whether the baseline is timed beside the decoder (not when the decoder is the baseline itself)."""
@@ -142,8 +142,7 @@ class GenerationJob:
         bundle = self.bundle
         recorded = None
         if self.baseline_run is not None:  # checked before anything is generated or written
-            recorded = read_baseline_run(self.baseline_run, self._setting(), {
-                "device": str(bundle.device), "device_name": device_name(bundle.device)})
+            recorded = read_baseline_run(self.baseline_run, self._setting(), environment(bundle.device))
         batches = [list(range(s, min(s + self.batch_size, self.num_images))) for s in range(0, self.num_images, self.batch_size)]
         for _ in range(self.warmup):
             self._decode(batches[0])
@@ -191,12 +190,8 @@ class GenerationJob:
             "decoding": self.decoder.name,
             **RECORD_DEFAULTS,
             **self.decoder.describe(),
-            "model": bundle.name,
-            "prompts": self.prompts.name,
-            "num_images": self.num_images,
-            "batch_size": self.batch_size,
-            "seed": self.seed,
-            **{k: getattr(self.decoder.sampling, k) for k in ("temperature", "top_k", "top_p", "cfg_scale", "cfg_interval")},
+            **self._setting(),
+            "cfg_interval": self.decoder.sampling.cfg_interval,
             "tokens_per_image": tokens_per_image,
             "latency_s_per_image": total / len(latencies),
             "latency_s_median": statistics.median(latencies),

@@ -8,7 +8,7 @@ import os
 import platform
 import subprocess
 import sys
-import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -63,20 +63,32 @@ def environment(device: torch.device) -> dict:
     }
 
 
-def write_json_atomic(path: str | os.PathLike, payload: dict) -> None:
-    """Write ``payload`` as JSON to ``path`` via a temporary file and rename: never half-written."""
+def write_atomic(path: str | os.PathLike, write: Callable[[str], None]) -> None:
+    """Call ``write(tmp_path)`` on a temporary file beside ``path``, then rename it over ``path``.
+
+    Readers see the old file or the whole new one, never a half-written one.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = str(path.with_name(f".{path.name}.{os.getpid()}.tmp"))  # same folder, so the rename is atomic
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(payload, handle, indent=2, sort_keys=False, default=str)
-            handle.write("\n")
+        write(tmp)
+        os.chmod(tmp, 0o644)  # some writers create 0600 files; outputs are meant to be shared
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically (:func:`write_atomic`)."""
+    write_atomic(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def write_json_atomic(path: str | os.PathLike, payload: dict) -> None:
+    """Write ``payload`` as JSON to ``path`` atomically (:func:`write_atomic`)."""
+    write_text_atomic(path, json.dumps(payload, indent=2, sort_keys=False, default=str) + "\n")
 
 
 def sha256_file(path: str | os.PathLike) -> str:

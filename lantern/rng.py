@@ -17,7 +17,7 @@ _GOLDEN = 0x9E3779B9
 # Stream ids: one per purpose, so numbers for different uses never coincide.
 SAMPLE = 1
 ACCEPT = 2
-RESIDUAL = 3
+# 3: unused since the residual draw became part of LEVEL; not reassigned, so old streams never recur.
 DRAFT = 4
 LEVEL = 5  # the per-level target draw of a tree walk
 

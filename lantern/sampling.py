@@ -121,13 +121,6 @@ def verification_probabilities(logits: torch.Tensor, config: SamplingConfig) -> 
     return probabilities(logits, config)
 
 
-def draw(probs: torch.Tensor, config: SamplingConfig, keys: torch.Tensor, step, stream: int) -> torch.Tensor:
-    """One token per row of ``probs`` (B, V): the argmax when greedy, else a counter-based draw on ``stream``."""
-    if config.greedy:
-        return probs.argmax(-1)
-    return sample(probs, keys, step, stream)
-
-
 def exponentials(keys: torch.Tensor, step, stream: int, draws: int, vocab: int) -> torch.Tensor:
     """Exp(1) variables (B, draws, V) for ``draws`` independent draws, made in one pass."""
     return -torch.log(rng.uniform(keys, step, stream, draws * vocab)).view(keys.shape[0], draws, vocab)
@@ -145,7 +138,7 @@ def sample(probs: torch.Tensor, keys: torch.Tensor, step, stream: int = rng.SAMP
 
     Exponential race: ``argmax(p / E)`` with ``E ~ Exp(1)`` is distributed as ``p``. No host sync.
     """
-    exponential = -torch.log(rng.uniform(keys, step, stream, probs.shape[-1]))  # (B, V)
+    exponential = exponentials(keys, step, stream, 1, probs.shape[-1])[:, 0]  # (B, V)
     return (probs / exponential).argmax(-1)
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from lantern.baselines import MACHINE_KEYS, SETTING_KEYS
 from lantern.errors import ConfigError
-from lantern.records import write_json_atomic
+from lantern.records import write_json_atomic, write_text_atomic
 
 RECORD_NAME = "metrics.json"
 FAMILY_ORDER = {"ar": 0, "eagle": 1, "lantern": 2, "lantern_pp": 3}
@@ -168,11 +168,8 @@ def write_tables(records: list[dict], out_dir: str | Path, stem: str = "table") 
     rows = table_rows(records)
     paths = {}
     for suffix, text in (("md", to_markdown(rows)), ("csv", to_csv(rows)), ("tex", to_latex(rows))):
-        path = out / f"{stem}.{suffix}"
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
-        paths[suffix] = path
+        paths[suffix] = out / f"{stem}.{suffix}"
+        write_text_atomic(paths[suffix], text)
     write_json_atomic(out / f"{stem}.json", {"rows": rows, "runs": [r["run_dir"] for r in records]})
     paths["json"] = out / f"{stem}.json"
     paths["png"] = pareto_plot(rows, out / f"{stem}_pareto.png")

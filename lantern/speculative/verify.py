@@ -6,8 +6,9 @@ At every level a token ``y`` is drawn from the current node's target distributio
 when greedy); deterministic and greedy rules accept the sibling that ``y`` selects and, when none
 does, emit ``y`` itself, which is exactly the sequential test in one step. Rules without such a form
 (sampled candidates) try siblings in order and leave a residual to draw from. An accepted child
-becomes the current node; after the last accepted node of a full path the next token is drawn there. Everything is vectorised over rows; the loop runs over depth only
-(rules loop over siblings where no closed form exists), and nothing synchronises with the device.
+becomes the current node; after the last accepted node of a full path the next token is drawn
+there. Everything is vectorised over rows; the loop runs over depth only (rules loop over siblings
+where no closed form exists), and nothing synchronises with the device.
 """
 
 from __future__ import annotations

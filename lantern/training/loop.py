@@ -30,6 +30,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from lantern.errors import CheckpointError, ConfigError
+from lantern.records import write_atomic, write_text_atomic
 
 CHECKPOINT_NAME = "checkpoint.pt"
 CONFIG_NAME = "config.yaml"
@@ -118,20 +119,6 @@ def training_summary(summary: Mapping[str, Any], **extra: Any) -> dict[str, Any]
         **extra,
         "last_logs": summary["logs"],
     }
-
-
-def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
-    """Call ``write(tmp_path)`` on a temporary file beside ``path``, then rename it over ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = str(path.with_name(f".{path.name}.{os.getpid()}.tmp"))  # same folder, so the rename is atomic
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o644)  # some writers create 0600 files; outputs are meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -278,7 +265,7 @@ class Trainer:
         }
         if self._stateful_step_fn():
             state["step_fn"] = self.step_fn.state_dict()
-        _atomic_write(self.checkpoint_path, lambda tmp: torch.save(state, tmp))
+        write_atomic(self.checkpoint_path, lambda tmp: torch.save(state, tmp))
         return self.checkpoint_path
 
     def load_checkpoint(self) -> bool:
@@ -339,7 +326,7 @@ class Trainer:
         from omegaconf import OmegaConf
 
         text = OmegaConf.to_yaml(OmegaConf.create(self.config))
-        _atomic_write(self.out_dir / CONFIG_NAME, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+        write_text_atomic(self.out_dir / CONFIG_NAME, text)
 
     def export(self) -> Path:
         """Write the model's weights (contiguous, optionally cast) to ``export_path`` as safetensors."""
@@ -355,7 +342,7 @@ class Trainer:
         metadata["step"] = str(self.step)
         if self.config is not None:
             metadata["config"] = json.dumps(self.config, default=str)
-        _atomic_write(self.export_path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+        write_atomic(self.export_path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
         return self.export_path
 
     def _next_batch(self, iterator: Iterator[Any] | None) -> tuple[Any, Iterator[Any]]:
