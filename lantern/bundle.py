@@ -119,9 +119,11 @@ def random_vq(vq: Mapping, init_seed: int = 0) -> VQModel:
 
 
 def random_neighbours(
-    vq: Mapping, init_seed: int = 0, k_max: int = 1000, normalize: bool = True, cache_dir: str = "outputs/neighbours"
-) -> torch.Tensor:
-    """The codebook neighbour table of :func:`random_bundle`'s tokenizer (for smoke runs of LANTERN)."""
-    from lantern.speculative.neighbours import load_or_build_table
+    vq: Mapping, init_seed: int = 0, k_max: int = 1024, normalize: bool | None = None, cache_dir: str = "outputs/neighbours",
+    path: str | None = None,
+):
+    """The codebook neighbours of :func:`random_bundle`'s tokenizer (for smoke runs of LANTERN)."""
+    from lantern.speculative.neighbours import CodebookNeighbours
 
-    return load_or_build_table(random_vq(vq, init_seed).raw_codebook().detach(), k_max, normalize, cache_dir)
+    return CodebookNeighbours(k_max=k_max, normalize=normalize, cache_dir=cache_dir, path=path,
+                              codebook=random_vq(vq, init_seed).raw_codebook().detach())

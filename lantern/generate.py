@@ -35,8 +35,9 @@ def peak_memory_mb(device: torch.device) -> float:
 # Keys every record carries, so tables can line runs up whatever produced them (None: not applicable or
 # not measured in this run).
 RECORD_DEFAULTS = {
-    "acceptance": None, "draft": None, "k": None, "delta": None, "lambda": None,
-    "mean_accepted_length": 1.0, "speedup": None, "fid": None, "clip_score": None,
+    "acceptance": None, "draft": None, "k": None, "delta": None, "lambda": None, "semantics": None,
+    "mean_accepted_length": 1.0, "tv_realised_mean": None, "tv_realised_max": None, "speedup": None, "fid": None,
+    "clip_score": None,
 }
 
 
@@ -45,8 +46,11 @@ def acceptance_summary(samples: list[dict[str, torch.Tensor]]) -> dict:
 
     ``mean_accepted_length`` is tau: tokens produced after the first one divided by target steps,
     over all images (1.0 for plain AR). A speculative decoder adds ``acceptance_histogram`` (steps
-    that accepted 0, 1, ... draft tokens) and ``tv_mean`` / ``tv_max``: the total-variation mass
-    moved per accepted draft token (0 for exact rules).
+    that accepted 0, 1, ... draft tokens); ``tv_realised_mean`` / ``tv_realised_max``: the total
+    variation between the target and the law each token was actually drawn from, over the tokens
+    where it was measured (``tv_realised_coverage`` of them; 0 for exact rules); and
+    ``merged_mass_mean`` / ``merged_mass_max``: the mass a relaxation moved onto each accepted draft
+    token (what older records called ``tv_mean`` / ``tv_max``).
     """
     if not samples or any("steps" not in s for s in samples):
         return {}
@@ -56,8 +60,12 @@ def acceptance_summary(samples: list[dict[str, torch.Tensor]]) -> dict:
     if all("histogram" in s for s in samples):
         summary["acceptance_histogram"] = [int(v) for v in sum(s["histogram"].sum(0) for s in samples)]
         drafts = sum(int(s["accepted_drafts"].sum()) for s in samples)
-        summary["tv_mean"] = sum(float(s["tv_sum"].sum()) for s in samples) / max(1, drafts)
-        summary["tv_max"] = max(float(s["tv_max"].max()) for s in samples)
+        measured = sum(int(s["tv_measured"].sum()) for s in samples)
+        summary["tv_realised_mean"] = (sum(float(s["tv_realised_sum"].sum()) for s in samples) / measured) if measured else None
+        summary["tv_realised_max"] = max(float(s["tv_realised_max"].max()) for s in samples) if measured else None
+        summary["tv_realised_coverage"] = measured / max(1, tokens)
+        summary["merged_mass_mean"] = sum(float(s["merged_sum"].sum()) for s in samples) / max(1, drafts)
+        summary["merged_mass_max"] = max(float(s["merged_max"].max()) for s in samples)
     return summary
 
 

@@ -16,7 +16,8 @@ class DecodeResult:
     """Image token codes (B, N) in raster order, per-batch counters (e.g. target forwards, phase times)
     and per-sample CPU tensors with a leading batch dimension: ``steps`` (target steps after the
     first token) and ``tokens`` (tokens they produced), plus decoder-specific ones (a speculative
-    decoder adds ``histogram`` (B, D+1), ``tv_sum``, ``tv_max`` and ``accepted_drafts``).
+    decoder adds ``histogram`` (B, D+1), ``tv_realised_sum``, ``tv_realised_max``, ``tv_measured``,
+    ``merged_sum``, ``merged_max`` and ``accepted_drafts``).
     """
 
     codes: torch.Tensor

@@ -25,6 +25,7 @@ import torch
 
 from lantern.conditioning import Condition
 from lantern.decoding.base import DecodeResult, guided_inputs
+from lantern.errors import ConfigError
 from lantern.models.gpt import Transformer, prefix_causal_mask
 from lantern.sampling import SamplingConfig, guided_logits, guided_logits_at, next_token, verification_probabilities
 from lantern.speculative.acceptance import AcceptanceRule
@@ -137,11 +138,18 @@ class SpeculativeDecoder:
     """
 
     def __init__(self, sampling: SamplingConfig, drafter: Drafter, draft, acceptance: AcceptanceRule, name: str = "speculative"):
+        if sampling.greedy and draft.candidates == "sampled":
+            raise ConfigError(
+                "draft.candidates=sampled with temperature=0 is not supported: greedy decoding drafts the drafter's "
+                "top-ranked candidates; use draft.candidates=deterministic, or temperature>0 for sampled drafts"
+            )
         self.sampling = sampling
         self.drafter = drafter
         self.draft = draft
         self.mode = "greedy" if sampling.greedy else draft.candidates
         self.rule = acceptance.for_candidates(self.mode)
+        self.rule.check_draft(draft)
+        self.tv_audit_every = getattr(self.rule, "tv_audit_every", 1)
         self.name = name
 
     def describe(self) -> dict:
@@ -186,7 +194,8 @@ class SpeculativeDecoder:
         # Per-step logs, summarised once at the end: accepted drafts (-1 for a finished row) and the
         # mass moved onto each accepted level. A row takes at most num_tokens - 1 steps.
         accepted_log = torch.full((batch, num_tokens), -1, dtype=torch.long, device=device)
-        tv_log = torch.zeros(batch, num_tokens, depth, device=device)
+        tv_log = torch.zeros(batch, num_tokens, depth + 1, dtype=torch.float64, device=device)  # realised TV per emitted token
+        merged_log = torch.zeros(batch, num_tokens, depth, dtype=torch.float64, device=device)
         step_index = 0
         target_forwards, drafter_forwards = 1, 1
         span = torch.arange(depth + 1, device=device)
@@ -227,7 +236,7 @@ class SpeculativeDecoder:
             clock.add("target", started, clock.now())
 
             started = clock.now()
-            walk = walk_tree(draft, p, self.rule, sampling, keys, decided)
+            walk = walk_tree(draft, p, self.rule, sampling, keys, decided, audit=step_index % self.tv_audit_every == 0)
             accepted = walk.accepted
             advance = torch.where(active, accepted + 1, torch.zeros_like(accepted))
             path_nodes = torch.cat([torch.zeros(batch, 1, dtype=torch.long, device=device), walk.path], dim=1)  # (B, D+1)
@@ -254,7 +263,8 @@ class SpeculativeDecoder:
             clock.add("drafter", started, clock.now())
 
             accepted_log[:, step_index] = torch.where(active, accepted, -1)
-            tv_log[:, step_index] = walk.tv
+            tv_log[:, step_index] = walk.tv.double()
+            merged_log[:, step_index] = walk.merged.double()
             step_index += 1
             decided = decided + advance
             length = length + advance
@@ -263,9 +273,15 @@ class SpeculativeDecoder:
         steps = ran.sum(1)
         histogram = torch.zeros(batch, depth + 2, dtype=torch.long, device=device)
         histogram.scatter_add_(1, torch.where(ran, accepted_log, depth + 1), torch.ones_like(accepted_log))
-        levels = (span[None, None, :-1] < accepted_log[:, :, None]).to(tv_log.dtype)  # (B, S, D) accepted levels
-        moved = (tv_log * levels).double()
-        tv_sum, tv_max, relaxed = moved.sum((1, 2)), moved.amax((1, 2)), levels.sum((1, 2)).long()
+        # Emitted tokens of each step: entries 0..accepted (a row's last step may overrun the image; its
+        # extra tokens are cut from the codes and not counted here either).
+        emitted = (span[None, None, :] <= accepted_log[:, :, None])  # (B, S, D+1)
+        produced = torch.cumsum(emitted.sum(2), dim=1) - emitted.sum(2)  # (B, S) tokens before each step
+        emitted &= (produced[:, :, None] + span[None, None, :]) < num_tokens - 1
+        measured = emitted & ~torch.isnan(tv_log)
+        realised = torch.where(measured, tv_log, 0.0)
+        levels = (span[None, None, :-1] < accepted_log[:, :, None])  # (B, S, D) accepted draft tokens
+        moved = torch.where(levels, merged_log, 0.0)
         histogram = histogram[:, : depth + 1]
         timing = clock.totals()
         stats = {
@@ -279,8 +295,11 @@ class SpeculativeDecoder:
             "steps": steps.cpu(),
             "tokens": torch.full((batch,), num_tokens - 1, dtype=torch.long),
             "histogram": histogram.cpu(),
-            "tv_sum": tv_sum.cpu(),
-            "tv_max": tv_max.cpu(),
-            "accepted_drafts": relaxed.cpu(),
+            "tv_realised_sum": realised.sum((1, 2)).cpu(),
+            "tv_realised_max": realised.amax((1, 2)).cpu(),
+            "tv_measured": measured.sum((1, 2)).cpu(),
+            "merged_sum": moved.sum((1, 2)).cpu(),
+            "merged_max": moved.amax((1, 2)).cpu(),
+            "accepted_drafts": levels.sum((1, 2)).cpu(),
         }
         return DecodeResult(codes[:, :num_tokens], stats, per_sample)

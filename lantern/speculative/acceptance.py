@@ -1,21 +1,25 @@
-"""Acceptance rules for speculative decoding, vectorised over rows of candidate positions.
+"""Acceptance rules for speculative decoding: a relaxation composed with an exact candidate test.
 
-Every rule sees a batch of R rows. Row r holds the target distribution ``p[r]`` (after CFG,
-temperature, top-k and top-p), the candidate token ``x[r]``, the drafter distribution ``q[r]`` that
-proposed it (only needed by sampled candidates) and a uniform ``u[r]`` in (0, 1). A rule returns a
-:class:`Verdict` (accept or not, the relaxed target probability ``p~(x)`` the test used, and the
-total-variation mass moved) and offers ``residual(p, q, x)``: the distribution to draw from when
-the candidate is rejected. Rules know nothing about drafters or trees:
+Every rule sees a batch of R rows, one tree node each: the target distribution ``p[r]`` (after CFG,
+temperature, top-k and top-p), the node's candidate tokens ``x[r]`` in the order they are to be
+tried, the drafter distribution ``q[r]`` they came from and uniforms ``u[r]``. The exact candidate
+tests are lossless for the law they are given:
 
-* sampled candidates (``x ~ q``): accept iff ``u < min(1, p~(x) / q(x))``;
-* deterministic candidates (EAGLE-2 top-k children, siblings tried in order): accept iff
-  ``u < p~(x)``; on rejection the residual becomes the ``p`` of the next sibling, and of the final
-  resample when every sibling fails;
-* greedy: accept iff ``x`` is the argmax of the row (after relaxation for greedy LANTERN).
+* sampled candidates (``x ~ q`` without replacement): accept iff ``u < min(1, p(x) / q(x))``; after a
+  rejection ``p <- norm(max(0, p - q))`` and ``x`` leaves ``q`` (recursive rejection sampling);
+* deterministic candidates (EAGLE-2 top-k children): accept with probability ``p(x)``; after a
+  rejection ``p(x) <- 0``, renormalised; in closed form: draw ``y ~ p``, accept the sibling equal to
+  ``y``, else emit ``y``;
+* greedy: accept iff ``x`` is the argmax.
 
-The exact rules have ``p~(x) = p(x)``. LANTERN moves the target mass of a prefix ``n_1..n_m`` of
-``x``'s nearest codebook neighbours onto ``x`` (``S_m <= delta``; LANTERN++: ``S_m <= (lam - 1) p(x)``).
-No rule loops over rows or the vocabulary in Python or synchronises with the device.
+A relaxed rule (:class:`RelaxedRule`, built by :func:`lantern` and :func:`lantern_pp`) first turns ``p``
+into a relaxed law ``p'`` fixed before anything random happens at the node
+(:mod:`lantern.speculative.relaxation`), then runs the exact test against ``p'``. So the emitted
+token's law is ``p'`` and its realised total variation ``TV(p, p')`` is known in closed form and
+bounded by construction, for every draft structure and candidate kind (``semantics=bounded``).
+``semantics=reference`` reproduces the authors' released code instead
+(:mod:`lantern.speculative.reference`). No rule loops over rows or the vocabulary in Python or
+synchronises with the device.
 """
 
 from __future__ import annotations
@@ -27,9 +31,11 @@ from dataclasses import dataclass
 import torch
 
 from lantern.errors import ConfigError
+from lantern.sampling import SamplingConfig, race
+from lantern.speculative.relaxation import NeighbourRelaxation, NeighbourTable, Relaxed, check_delta, check_lambda, identity
 
 CANDIDATES = ("sampled", "deterministic", "greedy")
-RESIDUALS = ("consistent", "reference")
+SEMANTICS = ("bounded", "reference")
 
 
 @dataclass(frozen=True)
@@ -72,9 +78,30 @@ def _sampled_test(p_tilde: torch.Tensor, qx: torch.Tensor, u: torch.Tensor) -> t
 
 
 class AcceptanceRule:
-    """Common interface: ``verify(p, x, q, u) -> Verdict`` and ``residual(p, q, x) -> (R, V)``."""
+    """An exact candidate test: ``verify(p, x, q, u) -> Verdict``, ``residual(p, q, x) -> (R, V)`` and
+    the sibling loop ``try_siblings``; :meth:`level` runs it at a tree node (no relaxation here)."""
 
     candidates: str = "sampled"
+    longest_path: bool = False  # True: the walk picks the longest accepted root-to-leaf path (reference greedy)
+
+    def relax(self, p, tokens, valid, q) -> Relaxed:
+        """The law the node samples from: ``p`` itself for exact rules."""
+        return identity(p, tokens)
+
+    def level(self, p, tokens, valid, q, u, noise, sampling: SamplingConfig, audit: bool = True) -> "LevelOutcome":
+        """Test the candidates ``tokens`` (R, K) of one node against target ``p`` (R, V).
+
+        ``noise`` (R, V) are the exponentials of the node's target draw (None when greedy); ``audit``
+        whether to measure the realised TV where that is costly (unused by rules with a closed form).
+        """
+        relaxed = self.relax(p, tokens, valid, q)
+        drawn = race(relaxed.target, noise, sampling)  # (R,) y ~ p' (the argmax when greedy)
+        outcome = self.try_siblings(relaxed.target, tokens, valid, q, u, drawn)
+        merged = relaxed.gain.gather(1, outcome.chosen.clamp_min(0)[:, None])[:, 0] if relaxed.gain.shape[1] else relaxed.tv * 0
+        return LevelOutcome(
+            chosen=outcome.chosen, target=outcome.target, proposal=outcome.proposal, emitted=outcome.emitted,
+            tv=relaxed.tv, merged=torch.where(outcome.chosen >= 0, merged, torch.zeros_like(merged)),
+        )
 
     def verify(self, p: torch.Tensor, x: torch.Tensor, q: torch.Tensor | None, u: torch.Tensor | None) -> Verdict:
         """Test candidates ``x`` (R,) against target ``p`` (R, V), drafter ``q`` (R, V), uniforms ``u`` (R,)."""
@@ -101,7 +128,7 @@ class AcceptanceRule:
         chosen = torch.full((rows,), -1, dtype=torch.long, device=p.device)
         tv = torch.zeros(rows, dtype=p.dtype, device=p.device)
         for slot in range(x.shape[1]):
-            token = x[:, slot]
+            token = x[:, slot].clamp_min(0)  # -1 (no candidate) rows are not trying
             trying = valid[:, slot] & (chosen < 0)  # (R,)
             verdict, residual = self._step(p, token, q, u[:, slot])
             accept = trying & verdict.accept
@@ -119,13 +146,40 @@ class AcceptanceRule:
 
     def for_candidates(self, kind: str) -> "AcceptanceRule":
         """The same rule for candidates of ``kind`` (sampled, deterministic or greedy)."""
-        if kind not in CANDIDATES:
-            raise ConfigError(f"candidates={kind!r} must be one of {', '.join(CANDIDATES)}")
-        return self if kind == self.candidates else _EXACT[kind]()
+        return self if _check_kind(kind) == self.candidates else _EXACT[kind]()
+
+    def check_draft(self, draft) -> None:
+        """Refuse a draft structure this rule cannot verify (every structure is fine for exact rules)."""
 
     def describe(self) -> dict:
         """Settings recorded with results: the rule family and its parameters."""
         return {"acceptance": "exact" if self.candidates != "greedy" else "greedy", "candidates": self.candidates}
+
+
+def _check_kind(kind: str) -> str:
+    if kind not in CANDIDATES:
+        raise ConfigError(f"candidates={kind!r} must be one of {', '.join(CANDIDATES)}")
+    return kind
+
+
+@dataclass(frozen=True)
+class LevelOutcome:
+    """The outcome at one tree node, per row.
+
+    ``chosen`` (R,) the slot of the accepted candidate (-1 if none); ``target`` (R, V) the law to
+    draw the node's token from when none is accepted and ``emitted`` is None; ``proposal`` (R, V) the
+    drafter distribution after the rejections; ``emitted`` (R,) the token when no candidate is
+    accepted, or None; ``tv`` (R,) the realised total variation between the target and the law of
+    the token emitted at this node (NaN where not measured); ``merged`` (R,) the mass the relaxation
+    moved onto the accepted candidate (0 for exact rules).
+    """
+
+    chosen: torch.Tensor
+    target: torch.Tensor
+    proposal: torch.Tensor
+    emitted: torch.Tensor | None
+    tv: torch.Tensor
+    merged: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -230,212 +284,107 @@ class Greedy(AcceptanceRule):
         return SiblingOutcome(chosen=chosen, tv=torch.zeros_like(p[:, 0]), target=p, proposal=q, emitted=y)
 
 
-class _Relaxed(AcceptanceRule):
-    """Shared machinery of LANTERN and LANTERN++: the proximity set A(x) and the relaxed test."""
-
-    def __init__(self, k: int, neighbours: torch.Tensor, residual: str, candidates: str):
-        if neighbours.ndim != 2 or neighbours.dtype.is_floating_point or neighbours.dtype == torch.bool:
-            raise ConfigError(f"neighbours must be a (V, k_max) integer table, got {neighbours.dtype} of shape {tuple(neighbours.shape)}")
-        num_codes, k_max = neighbours.shape
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= k_max:
-            raise ConfigError(
-                f"k={k!r} must be an integer in [1, {k_max}] (the neighbour table has k_max={k_max} columns; "
-                "a larger table: model.neighbours.k_max=...)"
-            )
-        if k >= num_codes:
-            raise ConfigError(f"k={k!r} must be < the codebook size V={num_codes}")
-        if residual not in RESIDUALS:
-            raise ConfigError(f"residual={residual!r} must be one of {', '.join(RESIDUALS)}")
-        if candidates not in CANDIDATES:
-            raise ConfigError(f"candidates={candidates!r} must be one of {', '.join(CANDIDATES)}")
-        self.k = k
-        self.num_codes = num_codes
-        self.residual_mode = residual
-        self.candidates = candidates
-        self._table = neighbours[:, :k].to(torch.int64).contiguous()  # (V, k)
-
-    def _bound(self, px: torch.Tensor) -> torch.Tensor:
-        """The largest mass that may be merged into each candidate: (R,)."""
-        raise NotImplementedError
-
-    def for_candidates(self, kind: str) -> "_Relaxed":
-        """The same relaxation (k, bound, residual, table) for candidates of ``kind``."""
-        if kind not in CANDIDATES:
-            raise ConfigError(f"candidates={kind!r} must be one of {', '.join(CANDIDATES)}")
-        rule = copy.copy(self)
-        rule.candidates = kind
-        return rule
-
-    def _table_on(self, device: torch.device) -> torch.Tensor:
-        if self._table.device != device:
-            self._table = self._table.to(device)
-        return self._table
-
-    def _check(self, p: torch.Tensor) -> None:
-        if p.shape[-1] != self.num_codes:
-            raise ConfigError(
-                f"neighbour table has {self.num_codes} rows but the target distribution has {p.shape[-1]} codes: "
-                "it was built for another codebook"
-            )
-
-    def relax(self, p: torch.Tensor, x: torch.Tensor):
-        """``(p_tilde, tv, m, neighbours, merged)`` for candidates ``x`` under target ``p``.
-
-        ``neighbours`` (R, k) are x's first k neighbours in distance order; ``merged`` (R, k) bool marks
-        the prefix n_1..n_m whose cumulative target mass S_j stays within the bound; ``tv`` = S_m.
-        """
-        self._check(p)
-        x = x.long()
-        nb = self._table_on(p.device)[x]  # (R, k)
-        px = _at(p, x)  # (R,)
-        cum = p.gather(1, nb).cumsum(dim=1)  # (R, k)
-        within = (cum <= self._bound(px).unsqueeze(1)).to(torch.int64)  # (R, k)
-        merged = within.cumprod(dim=1).bool()  # (R, k) a prefix by construction
-        m = merged.sum(dim=1)  # (R,)
-        last = cum.gather(1, (m - 1).clamp_min(0).unsqueeze(1)).squeeze(1)  # (R,)
-        tv = torch.where(m > 0, last, torch.zeros_like(last))  # (R,)
-        return px + tv, tv, m, nb, merged
-
-    def merged_mask(self, p: torch.Tensor, x: torch.Tensor, relaxed=None) -> torch.Tensor:
-        """A(x) = {x, n_1..n_m} as an (R, V) bool mask (``relaxed``: a precomputed :meth:`relax`)."""
-        _, _, _, nb, merged = relaxed if relaxed is not None else self.relax(p, x)
-        mask = torch.zeros(p.shape, dtype=torch.bool, device=p.device)  # (R, V)
-        mask.scatter_(1, nb, merged)
-        return mask.scatter_(1, x.long().unsqueeze(1), True)
-
-    def verify(self, p, x, q=None, u=None, relaxed=None) -> Verdict:
-        """The relaxed test for this rule's kind of candidates (see the module docstring)."""
-        p_tilde, tv, m, _, _ = relaxed if relaxed is not None else self.relax(p, x)
-        if self.candidates == "sampled":
-            accept = _sampled_test(p_tilde, _at(q, x), u)
-        elif self.candidates == "deterministic":
-            accept = u < p_tilde
-        else:
-            row = p.scatter(1, x.long().unsqueeze(1), p_tilde.unsqueeze(1))  # (R, V)
-            accept = row.argmax(dim=-1) == x
-        return Verdict(accept=accept, p_tilde=p_tilde, tv=tv, size=m)
-
-    def _step(self, p, x, q, u) -> tuple[Verdict, torch.Tensor]:
-        """Verdict and residual from one :meth:`relax`."""
-        relaxed = self.relax(p, x)
-        return self.verify(p, x, q, u, relaxed), self.residual(p, q, x, relaxed)
-
-    def try_siblings(self, p, x, valid, q, u, y) -> SiblingOutcome:
-        """All siblings at once against the same ``p``; the first that passes wins.
-
-        Deterministic candidates: with ``y ~ p``, sibling s passes iff ``y`` lies in its proximity set
-        ``A(x_s)``; when none does, ``y`` is the next token. For one candidate this is exactly the
-        relaxed test with the consistent residual (``x`` with probability ``p~(x)``, otherwise a draw
-        from ``p`` with A(x) removed); with siblings, each A(x_s) is computed on ``p`` itself.
-        Greedy candidates: sibling s passes iff it is the argmax of its relaxed row; otherwise the
-        argmax ``y`` is next. Sampled candidates are tried in order (the generic loop).
-        """
-        if self.candidates == "sampled" or self.residual_mode == "reference":
-            return super().try_siblings(p, x, valid, q, u, y)
-        rows, count = x.shape
-        flat_x = x.reshape(-1)  # (R*K,)
-        flat_p = p[:, None].expand(-1, count, -1).reshape(rows * count, -1)  # (R*K, V)
-        relaxed = self.relax(flat_p, flat_x)
-        _, tv, _, neighbours, merged = relaxed
-        if self.candidates == "greedy":
-            passes = self.verify(flat_p, flat_x, relaxed=relaxed).accept.view(rows, count)
-        else:
-            drawn = y.repeat_interleave(count)  # (R*K,)
-            passes = ((flat_x == drawn) | ((neighbours == drawn[:, None]) & merged).any(dim=1)).view(rows, count)
-        chosen = _first(valid & passes)
-        moved = tv.view(rows, count).gather(1, chosen.clamp_min(0)[:, None])[:, 0]
-        return SiblingOutcome(
-            chosen=chosen, tv=torch.where(chosen >= 0, moved, 0.0).to(p.dtype), target=p, proposal=q, emitted=y,
-        )
-
-    def residual(self, p, q, x, relaxed=None) -> torch.Tensor:
-        """The distribution to resample from after a relaxed rejection.
-
-        ``consistent``: zero exactly A(x) in ``p``; ``reference``: zero x and all k neighbours (as the
-        reference code does). Deterministic candidates then renormalise; greedy takes the argmax of
-        that ``p'``; sampled candidates take ``norm(max(0, p' - q))`` where, in consistent mode, ``p'``
-        is the relaxed target (A(x)'s mass moved onto x, so ``p'(x) = p~(x)``). Rows left with no mass
-        fall back to ``p``.
-        """
-        if self.residual_mode == "consistent":
-            relaxed = relaxed if relaxed is not None else self.relax(p, x)
-            zeroed = self.merged_mask(p, x, relaxed)  # (R, V)
-            if self.candidates == "sampled":
-                p_tilde = relaxed[0]  # (R,)
-                target = p.masked_fill(zeroed, 0.0).scatter(1, x.long().unsqueeze(1), p_tilde.unsqueeze(1))  # (R, V)
-                return _normalised((target - q).clamp_min(0), _normalised(target, p))  # (R, V)
-        else:
-            self._check(p)
-            zeroed = torch.zeros(p.shape, dtype=torch.bool, device=p.device)  # (R, V)
-            zeroed.scatter_(1, self._table_on(p.device)[x.long()], True)
-            zeroed.scatter_(1, x.long().unsqueeze(1), True)
-        kept = p.masked_fill(zeroed, 0.0)  # (R, V)
-        if self.candidates == "sampled":
-            return _normalised((kept - q).clamp_min(0), _normalised(kept, p))  # (R, V)
-        if self.candidates == "greedy":
-            fallback = kept.sum(dim=-1, keepdim=True) <= 0  # (R, 1)
-            return _one_hot_argmax(torch.where(fallback, p, kept))  # (R, V)
-        return _normalised(kept, p)  # (R, V)
 
 
-class Lantern(_Relaxed):
-    """LANTERN (k, delta): merge the longest prefix of x's k nearest neighbours with mass <= delta.
+class RelaxedRule(AcceptanceRule):
+    """A relaxation composed with an exact candidate test (``semantics=bounded``).
 
-    ``p~(x) = p(x) + S_m``, with ``S_m <= delta`` the realised total variation per token. ``candidates``
-    selects the sampled, deterministic or greedy test; ``residual`` the consistent or reference
-    resampling distribution.
+    The relaxation fixes ``p'`` at each node before the node's draws; the exact test is lossless for
+    ``p'``, so every emitted token is distributed as ``p'``, with ``TV(p, p') <= delta`` (LANTERN) or
+    ``p'(x) <= lambda p(x)`` at every receiving token (LANTERN++).
     """
 
-    def __init__(
-        self,
-        k: int,
-        delta: float,
-        neighbours: torch.Tensor,
-        residual: str = "consistent",
-        candidates: str = "deterministic",
-    ):
-        if isinstance(delta, bool) or not isinstance(delta, (int, float)) or math.isnan(delta) or not 0 <= delta <= 1:
-            raise ConfigError(f"delta={delta!r} must be a number in [0, 1]")
-        super().__init__(k, neighbours, residual, candidates)
-        self.delta = float(delta)
+    def __init__(self, relaxation: NeighbourRelaxation, test: AcceptanceRule, settings: dict):
+        self.relaxation, self.test, self.settings = relaxation, test, settings
+        self.candidates = test.candidates
 
-    def _bound(self, px: torch.Tensor) -> torch.Tensor:
-        return torch.full_like(px, self.delta)
+    def relax(self, p, tokens, valid, q) -> Relaxed:
+        """``p'`` from ``p``, the neighbour table and the node's candidates (or ``q`` when sampled)."""
+        return self.relaxation.relax(p, tokens, valid, q, self.candidates)
 
-    def describe(self) -> dict:
-        """Settings recorded with results."""
-        return {"acceptance": "lantern", "candidates": self.candidates, "k": self.k, "delta": self.delta, "residual": self.residual_mode}
+    def try_siblings(self, p, x, valid, q, u, y) -> SiblingOutcome:
+        """The exact test's sibling loop, on whatever law it is handed."""
+        return self.test.try_siblings(p, x, valid, q, u, y)
 
+    def verify(self, p, x, q=None, u=None) -> Verdict:
+        """The exact test of one candidate per row against ``p'`` (relaxed for that candidate alone)."""
+        relaxed = self.relax(p, x[:, None], torch.ones_like(x[:, None], dtype=torch.bool), q)
+        verdict = self.test.verify(relaxed.target, x, q, u)
+        return Verdict(accept=verdict.accept, p_tilde=verdict.p_tilde, tv=relaxed.tv, size=verdict.size)
 
-class LanternPP(_Relaxed):
-    """LANTERN++ (k, lam): as :class:`Lantern` with the bound ``S_j <= (lam - 1) p(x)``, so ``p~(x) <= lam p(x)``."""
+    def residual(self, p, q, x) -> torch.Tensor:
+        """The exact test's residual of ``p'`` after rejecting ``x`` alone."""
+        relaxed = self.relax(p, x[:, None], torch.ones_like(x[:, None], dtype=torch.bool), q)
+        return self.test.residual(relaxed.target, q, x)
 
-    def __init__(
-        self,
-        k: int,
-        lam: float,
-        neighbours: torch.Tensor,
-        residual: str = "consistent",
-        candidates: str = "deterministic",
-    ):
-        if isinstance(lam, bool) or not isinstance(lam, (int, float)) or math.isnan(lam) or not lam >= 1 or math.isinf(lam):
-            raise ConfigError(f"lambda={lam!r} must be a finite number >= 1")
-        super().__init__(k, neighbours, residual, candidates)
-        self.lam = float(lam)
-
-    def _bound(self, px: torch.Tensor) -> torch.Tensor:
-        return (self.lam - 1.0) * px
+    def for_candidates(self, kind: str) -> "RelaxedRule":
+        """The same relaxation with the exact test for candidates of ``kind``."""
+        return self if _check_kind(kind) == self.candidates else RelaxedRule(self.relaxation, _EXACT[kind](), self.settings)
 
     def describe(self) -> dict:
         """Settings recorded with results."""
-        return {"acceptance": "lantern_pp", "candidates": self.candidates, "k": self.k, "lambda": self.lam, "residual": self.residual_mode}
+        return {**self.settings, "candidates": self.candidates, "semantics": "bounded",
+                "neighbours_normalized": self.relaxation.table.normalize}
 
 
-class GreedyLantern(Lantern):
-    """Greedy LANTERN: ``p(x)`` is replaced by ``p~(x)`` in the row and ``x`` is accepted iff it is then the argmax."""
+def _table(neighbours, semantics: str) -> NeighbourTable:
+    """The neighbour table, built in the distance space the semantics implies unless one was asked for."""
+    from lantern.speculative.neighbours import CodebookNeighbours  # keeps relaxation free of checkpoint code
 
-    def __init__(self, k: int, delta: float, neighbours: torch.Tensor, residual: str = "consistent"):
-        super().__init__(k, delta, neighbours, residual=residual, candidates="greedy")
+    if isinstance(neighbours, CodebookNeighbours):
+        return neighbours.table(default_normalize=semantics == "bounded")
+    if isinstance(neighbours, NeighbourTable):
+        return neighbours
+    return NeighbourTable(neighbours)
+
+
+def _check_semantics(semantics: str) -> str:
+    if semantics not in SEMANTICS:
+        raise ConfigError(f"semantics={semantics!r} must be one of {', '.join(SEMANTICS)}")
+    return semantics
+
+
+def _check_audit(tv_audit_every) -> int:
+    if isinstance(tv_audit_every, bool) or not isinstance(tv_audit_every, int) or tv_audit_every < 1:
+        raise ConfigError(f"tv_audit_every={tv_audit_every!r} must be an integer >= 1")
+    return tv_audit_every
+
+
+def lantern(
+    k: int, delta: float, neighbours, semantics: str = "bounded", candidates: str = "deterministic", tv_audit_every: int = 1,
+) -> AcceptanceRule:
+    """LANTERN (k, delta).
+
+    ``bounded`` (default): a relaxation with ``TV(p, p') <= delta`` per token for every structure and
+    candidate kind, then the exact test. ``reference``: the authors' released behaviour
+    (:class:`~lantern.speculative.reference.LanternReference`); its realised TV is measured, every
+    ``tv_audit_every``-th step where that needs a sum over the vocabulary.
+    """
+    delta = check_delta(delta)
+    semantics, kind, every = _check_semantics(semantics), _check_kind(candidates), _check_audit(tv_audit_every)
+    table = _table(neighbours, semantics)
+    settings = {"acceptance": "lantern", "k": k, "delta": delta}
+    if semantics == "reference":
+        from lantern.speculative.reference import LanternReference
+
+        return LanternReference(k, table, settings, delta=delta, candidates=kind, tv_audit_every=every)
+    return RelaxedRule(NeighbourRelaxation(k, table, delta=delta), _EXACT[kind](), settings)
+
+
+def lantern_pp(
+    k: int, lam: float, neighbours, semantics: str = "bounded", candidates: str = "deterministic", tv_audit_every: int = 1,
+) -> AcceptanceRule:
+    """LANTERN++ (k, lambda): as :func:`lantern` with the cap ``p'(x) <= lambda p(x)`` at each receiving
+    token instead of a shared TV budget (its realised TV is recorded, not bounded by a delta)."""
+    lam = check_lambda(lam)
+    semantics, kind, every = _check_semantics(semantics), _check_kind(candidates), _check_audit(tv_audit_every)
+    table = _table(neighbours, semantics)
+    settings = {"acceptance": "lantern_pp", "k": k, "lambda": lam}
+    if semantics == "reference":
+        from lantern.speculative.reference import LanternReference
+
+        return LanternReference(k, table, settings, lam=lam, candidates=kind, tv_audit_every=every)
+    return RelaxedRule(NeighbourRelaxation(k, table, lam=lam), _EXACT[kind](), settings)
 
 
 _EXACT = {"sampled": ExactSampled, "deterministic": ExactDeterministic, "greedy": Greedy}

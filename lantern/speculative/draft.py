@@ -35,16 +35,26 @@ class Draft:
     """One draft tree per row. Node 0 is the root: the pending token the target has not seen yet.
 
     ``tokens`` (B, N+1) long; ``parents`` (B, N+1) long (-1 at the root); ``depth`` (B, N+1) long;
-    ``children`` (B, N+1, K) long node indices in the order they are to be tried (-1 = none);
-    ``q`` (B, N+1, V) the drafter distribution each node's children were chosen from (zero rows for
-    nodes without children); ``ancestors`` (B, N+1, N+1) bool, ``ancestors[b, i, j]`` iff node j is
-    node i or one of its ancestors; ``max_depth`` a host bound on ``depth``. Nodes are in topological order (a parent precedes its children),
-    so the node at depth d has index >= d.
+    ``candidates`` (B, N+1, K) long: the tokens each node's level tests, in the order they are to be
+    tried (-1 = none); ``children`` (B, N+1, K) long: the tree node holding each candidate, or -1
+    when the candidate is not in the tree (a sampled draw the tree dropped: it can still be accepted,
+    as the step's last token, but nothing below it was verified); ``q`` (B, N+1, V) the drafter
+    distribution each node's candidates were chosen from (zero rows for nodes without candidates);
+    ``ancestors`` (B, N+1, N+1) bool, ``ancestors[b, i, j]`` iff node j is node i or one of its
+    ancestors; ``max_depth`` a host bound on ``depth``. Nodes are in topological order (a parent
+    precedes its children), so the node at depth d has index >= d.
+
+    Why sampled candidates keep dropped draws: recursive rejection sampling is lossless only if the
+    candidates tested at a node are the drafter's draws without replacement, in draw order. A tree
+    that keeps some draws by their values (EAGLE-2's reranking by cumulative log q, or a static tree
+    with a rank gap) would test a value-selected subset, whose law is not the one the rule assumes.
+    Testing every draw and stopping after a dropped one keeps the law exact.
     """
 
     tokens: torch.Tensor
     parents: torch.Tensor
     depth: torch.Tensor
+    candidates: torch.Tensor
     children: torch.Tensor
     q: torch.Tensor
     ancestors: torch.Tensor
@@ -86,35 +96,39 @@ def choose_children(q: torch.Tensor, count: int, mode: str, keys: torch.Tensor, 
     return tokens, torch.log(q.gather(-1, tokens))
 
 
-def finish_draft(tokens, parents, depth, q, max_children: int, max_depth: int, drop_impossible: bool) -> Draft:
+def finish_draft(tokens, parents, depth, q, draws, slots, max_depth: int, mode: str) -> Draft:
     """Assemble a :class:`Draft` from per-node ``tokens``, ``parents``, ``depth`` (B, N+1) and ``q``.
 
+    ``draws`` (B, N+1, K): the tokens drawn (or ranked) at each node, in order, -1 where none;
+    ``slots`` (B, N+1): the slot of each node in its parent's ``draws`` (ignored at the root).
     ``max_depth`` (a host integer, so nothing synchronises) bounds the depth of every node.
 
-    Children lists keep node order (which is rank order among siblings). With ``drop_impossible``
-    (sampled candidates) children whose ``q`` under their parent is zero are left out.
+    Deterministic and greedy candidates are the node's children only (any subset of the ranks is
+    exact for these rules). Sampled candidates are every draw whose drafter probability is positive
+    (see :class:`Draft`); a draw of probability 0 only comes after the drafter's support is used up,
+    so dropping it leaves a prefix of the draw order.
     """
     batch, count = tokens.shape
+    width = draws.shape[2]
     device = tokens.device
     index = torch.arange(count, device=device)
-    child_parent = parents[:, 1:]  # (B, N)
-    same = child_parent[:, :, None] == child_parent[:, None, :]  # (B, N, N)
-    earlier = index[1:, None] > index[None, 1:]  # (N, N) strictly earlier siblings
-    rank = (same & earlier).sum(-1)  # (B, N)
-    keep = torch.ones_like(rank, dtype=torch.bool)
-    if drop_impossible:
-        parent_q = q.gather(1, child_parent[:, :, None].expand(-1, -1, q.shape[-1]))  # (B, N, V)
-        keep = parent_q.gather(2, tokens[:, 1:, None]).squeeze(2) > 0  # (B, N)
-        rank = ((same & earlier) & keep[:, None, :]).sum(-1)
-    children = torch.full((batch, count * max_children + 1), -1, dtype=torch.long, device=device)
-    flat = torch.where(keep, child_parent * max_children + rank, count * max_children)  # (B, N); dropped -> spill slot
+    child_parent = parents[:, 1:].clamp_min(0)  # (B, N)
+    flat = child_parent * width + slots[:, 1:]  # (B, N) the slot each child occupies
+    children = torch.full((batch, count * width), -1, dtype=torch.long, device=device)
     children.scatter_(1, flat, index[1:].expand(batch, -1))
-    children = children[:, :-1].view(batch, count, max_children)
+    children = children.view(batch, count, width)  # (B, N+1, K)
+    if mode == "sampled":
+        possible = (draws >= 0) & (q.gather(2, draws.clamp_min(0)) > 0)  # (B, N+1, K)
+        candidates = torch.where(possible, draws, -1)
+        children = torch.where(possible, children, -1)
+    else:
+        candidates = torch.where(children >= 0, draws, -1)
     ancestors = torch.eye(count, dtype=torch.bool, device=device).expand(batch, count, count).clone()
     safe_parents = parents.clamp_min(0)  # root points at itself
     for _ in range(max_depth):
         ancestors = ancestors | ancestors.gather(1, safe_parents[:, :, None].expand(-1, -1, count))
-    return Draft(tokens=tokens, parents=parents, depth=depth, children=children, q=q, ancestors=ancestors, max_depth=max_depth)
+    return Draft(tokens=tokens, parents=parents, depth=depth, candidates=candidates, children=children, q=q,
+                 ancestors=ancestors, max_depth=max_depth)
 
 
 def _check_mode(candidates: str) -> str:
@@ -157,7 +171,6 @@ class StaticTree:
         self._depth = [0] + [len(p) for p in self.paths]
         has_children = {node_of[p[:-1]] for p in self.paths}
         self.depth = max(self._depth)
-        self.max_children = max(sum(1 for p in self.paths if p[:-1] == q) for q in [()] + self.paths)
         self.nodes = len(self.paths)
         # Per level, on the host once: the nodes, their parents, where each node's token sits in the
         # parents' top-ranked choices, and which nodes are fed to the drafter under which entry.
@@ -174,6 +187,7 @@ class StaticTree:
             for i in fed:
                 entry[i] = len(entry)
             self._levels.append((nodes, parents, width, pick, fed, fed_parents))
+        self.max_width = max(level[2] for level in self._levels)  # draws per node: the largest rank + 1
         self._constants: dict[torch.device, list] = {}
 
     def _on(self, device: torch.device) -> list:
@@ -183,7 +197,7 @@ class StaticTree:
             self._constants[device] = [
                 (as_tensor(nodes), as_tensor(parents), width, as_tensor(pick), as_tensor(fed), as_tensor(fed_parents))
                 for nodes, parents, width, pick, fed, fed_parents in self._levels
-            ] + [(as_tensor(self._parent), as_tensor(self._depth))]
+            ] + [(as_tensor(self._parent), as_tensor(self._depth), as_tensor(self._rank))]
         return self._constants[device]
 
     def describe(self) -> dict:
@@ -195,19 +209,21 @@ class StaticTree:
         batch, device = root_token.shape[0], root_token.device
         count = self.nodes + 1
         vocab = expander.root_q.shape[-1]
-        *levels, (all_parents, all_depth) = self._on(device)
+        *levels, (all_parents, all_depth, all_rank) = self._on(device)
         tokens = torch.zeros(batch, count, dtype=torch.long, device=device)
         tokens[:, 0] = root_token
         q = torch.zeros(batch, count, vocab, dtype=expander.root_q.dtype, device=device)
         q[:, 0] = expander.root_q
+        draws = torch.full((batch, count, self.max_width), -1, dtype=torch.long, device=device)  # (B, N+1, K)
         for level, (nodes, parents, width, pick, fed, fed_parents) in enumerate(levels, start=1):
             chosen, _ = choose_children(q[:, parents], width, mode, keys, step * 64 + level)  # (B, P, width)
+            draws[:, parents, :width] = chosen
             tokens[:, nodes] = chosen.flatten(1)[:, pick]
             if fed.numel():
                 q[:, fed] = expander.expand(tokens[:, fed], fed_parents.expand(batch, -1))
         parents = all_parents.expand(batch, -1)
         depth = all_depth.expand(batch, -1)
-        return finish_draft(tokens, parents, depth, q, self.max_children, self.depth, mode == "sampled")
+        return finish_draft(tokens, parents, depth, q, draws, all_rank.expand(batch, -1), self.depth, mode)
 
 
 def chain(depth: int, candidates: str = "deterministic") -> StaticTree:
@@ -267,7 +283,6 @@ class DynamicTree:
             raise ConfigError(f"dynamic tree nodes={nodes} exceeds the {total} candidates of depth {depth} and top_k {top_k}")
         self.depth, self.top_k, self.nodes = depth, top_k, nodes
         self.candidates = _check_mode(candidates)
-        self.max_children = top_k
 
     def describe(self) -> dict:
         """Settings recorded with results."""
@@ -285,7 +300,7 @@ class DynamicTree:
         frontier = torch.arange(k, device=device).expand(batch, k)  # candidate indices (B, k)
         frontier_scores = logq[:, 0]
         frontier_entries = torch.zeros(batch, k, dtype=torch.long, device=device)  # root
-        fed_q, fed_cands = [], []
+        fed_q, fed_cands, fed_draws = [], [], []
         offset = k
         for level in range(2, self.depth + 1):
             new_q = expander.expand(cand_tokens[-1].gather(1, frontier - (offset - cand_tokens[-1].shape[1])), frontier_entries)  # (B, k, V)
@@ -293,6 +308,7 @@ class DynamicTree:
             fed_q.append(new_q)
             fed_cands.append(frontier)
             tok, logq = choose_children(new_q, k, mode, keys, step * 64 + level)  # (B, k, k)
+            fed_draws.append(tok)
             scores = (frontier_scores[:, :, None] + logq).flatten(1)  # (B, k*k)
             cand_tokens.append(tok.flatten(1))
             cand_scores.append(scores)
@@ -317,19 +333,25 @@ class DynamicTree:
         ])
         q = torch.zeros(batch, count, vocab, dtype=root_q.dtype, device=device)
         q[:, 0] = root_q
+        draws = torch.full((batch, count, k), -1, dtype=torch.long, device=device)  # (B, N+1, k)
+        draws[:, 0] = cand_tokens[0]
         if fed_q:
             fed_nodes = node_of.gather(1, torch.cat(fed_cands, dim=1))  # (B, F); 0 when not kept
-            fed = torch.cat(fed_q, dim=1)  # (B, F, V)
             kept = fed_nodes > 0
+            target = torch.where(kept, fed_nodes, torch.full_like(fed_nodes, count))  # dropped -> spill row
             spill = torch.zeros(batch, count + 1, vocab, dtype=q.dtype, device=device)
             spill[:, :count] = q
-            target = torch.where(kept, fed_nodes, torch.full_like(fed_nodes, count))
-            spill.scatter_(1, target[:, :, None].expand(-1, -1, vocab), fed)
+            spill.scatter_(1, target[:, :, None].expand(-1, -1, vocab), torch.cat(fed_q, dim=1))
             q = spill[:, :count]
+            spill = torch.full((batch, count + 1, k), -1, dtype=torch.long, device=device)
+            spill[:, :count] = draws
+            spill.scatter_(1, target[:, :, None].expand(-1, -1, k), torch.cat(fed_draws, dim=1))
+            draws = spill[:, :count]
         root = torch.full((batch, 1), -1, dtype=torch.long, device=device)
+        slots = torch.cat([torch.zeros(batch, 1, dtype=torch.long, device=device), chosen % k], dim=1)  # rank under the parent
         return finish_draft(
             torch.cat([root_token[:, None], tokens_all.gather(1, chosen)], dim=1),
             torch.cat([root, parents], dim=1),
             torch.cat([torch.zeros(batch, 1, dtype=torch.long, device=device), levels[chosen]], dim=1),
-            q, self.max_children, self.depth, mode == "sampled",
+            q, draws, slots, self.depth, mode,
         )

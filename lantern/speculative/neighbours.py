@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from lantern.checkpoint import read_state_dict
 from lantern.errors import CheckpointError, ConfigError
+from lantern.speculative.relaxation import NeighbourTable
 
 CODEBOOK_KEY = "quantize.embedding.weight"
 
@@ -172,17 +173,87 @@ def check_table(table: torch.Tensor, codebook: torch.Tensor) -> None:
         )
 
 
-def checkpoint_neighbours(
-    vq_ckpt: str | os.PathLike, k_max: int = 1000, normalize: bool = True, cache_dir: str | os.PathLike = "outputs/neighbours"
-) -> torch.Tensor:
-    """The (V, k_max) neighbour table of the codebook stored in a VQ checkpoint (LlamaGen layout).
-
-    Built once and cached in ``cache_dir`` keyed by the codebook's hash (see :func:`load_or_build_table`).
-    """
+def _codebook_from(vq_ckpt: str | os.PathLike) -> torch.Tensor:
     state = read_state_dict(vq_ckpt)
     if CODEBOOK_KEY not in state:
         raise CheckpointError(f"{os.fspath(vq_ckpt)!r} has no {CODEBOOK_KEY!r}: is it a VQ tokenizer checkpoint?")
-    codebook = state[CODEBOOK_KEY].float()  # (V, D)
-    table = load_or_build_table(codebook, k_max, normalize, cache_dir)
-    check_table(table, codebook)
-    return table
+    return state[CODEBOOK_KEY].float()  # (V, D)
+
+
+def read_table_file(path: str | os.PathLike, codebook: torch.Tensor, normalize: bool, k_max: int) -> torch.Tensor:
+    """A prebuilt table file (the cache's format) checked against the codebook and the requested distance space."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"model.neighbours.path={os.fspath(path)!r} is not a file")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001 - any unreadable file gets the same one-line answer
+        raise ConfigError(f"model.neighbours.path={os.fspath(path)!r} is not a neighbour table file ({type(error).__name__})") from None
+    if not isinstance(payload, dict) or not isinstance(payload.get("table"), torch.Tensor) or "normalize" not in payload:
+        raise ConfigError(f"model.neighbours.path={os.fspath(path)!r} is not a neighbour table file (no table/normalize entries)")
+    if bool(payload["normalize"]) != normalize:
+        built = "l2-normalised" if payload["normalize"] else "raw"
+        wanted = "l2-normalised" if normalize else "raw"
+        raise ConfigError(
+            f"neighbour table {os.fspath(path)!r} was built on {built} codebook rows but {wanted} rows were requested "
+            f"(model.neighbours.normalize={str(normalize).lower()}); set model.neighbours.normalize="
+            f"{str(bool(payload['normalize'])).lower()} or use a table built in the requested space"
+        )
+    if payload.get("hash") != codebook_hash(codebook, normalize):
+        raise ConfigError(f"neighbour table {os.fspath(path)!r} was built for another codebook (its hash differs)")
+    table = payload["table"]
+    if table.ndim != 2 or table.shape[1] < k_max:
+        raise ConfigError(f"neighbour table {os.fspath(path)!r} has shape {tuple(table.shape)}; k_max={k_max} columns are needed")
+    return table[:, :k_max].to(torch.int64)
+
+
+class CodebookNeighbours:
+    """The neighbour table of a tokenizer's codebook, built when a rule asks for it.
+
+    ``normalize``: True (l2-normalised rows), False (raw rows) or None: what the acceptance semantics
+    implies (bounded: normalised, the space the tokenizer quantises in; reference: raw, as the authors'
+    code). The table is cached in ``cache_dir`` keyed by the codebook's hash, or read from ``path`` (a
+    file in the cache's format), which must have been built in the requested space.
+    """
+
+    def __init__(self, vq_ckpt: str | os.PathLike | None = None, k_max: int = 1024, normalize: bool | None = None,
+                 cache_dir: str | os.PathLike = "outputs/neighbours", path: str | os.PathLike | None = None,
+                 codebook: torch.Tensor | None = None):
+        if (vq_ckpt is None) == (codebook is None):
+            raise ConfigError("neighbours need exactly one of vq_ckpt (a tokenizer checkpoint) or codebook")
+        if normalize is not None and not isinstance(normalize, bool):
+            raise ConfigError(f"model.neighbours.normalize={normalize!r} must be true, false or null (as the semantics implies)")
+        if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 1:
+            raise ConfigError(f"model.neighbours.k_max={k_max!r} must be an integer >= 1")
+        self.vq_ckpt, self.k_max, self.normalize, self.cache_dir, self.path = vq_ckpt, k_max, normalize, cache_dir, path
+        self._codebook = codebook
+        self._tables: dict[bool, NeighbourTable] = {}
+
+    def codebook(self) -> torch.Tensor:
+        if self._codebook is None:
+            self._codebook = _codebook_from(self.vq_ckpt)
+        return self._codebook
+
+    def table(self, default_normalize: bool = True) -> NeighbourTable:
+        """The (V, k_max) table in the requested distance space (``default_normalize`` when ``normalize`` is None)."""
+        normalize = self.normalize if self.normalize is not None else default_normalize
+        if normalize not in self._tables:
+            codebook = self.codebook()
+            k_max = min(self.k_max, codebook.shape[0] - 1)  # a small codebook has fewer other codes
+            if self.path is not None:
+                indices = read_table_file(self.path, codebook, normalize, k_max)
+            else:
+                indices = load_or_build_table(codebook, k_max, normalize, self.cache_dir)
+            check_table(indices, codebook)
+            self._tables[normalize] = NeighbourTable(indices, normalize)
+        return self._tables[normalize]
+
+
+def checkpoint_neighbours(
+    vq_ckpt: str | os.PathLike, k_max: int = 1024, normalize: bool = True, cache_dir: str | os.PathLike = "outputs/neighbours"
+) -> torch.Tensor:
+    """The (V, k_max) neighbour table of the codebook stored in a VQ checkpoint (LlamaGen layout; at most V-1 columns).
+
+    Built once and cached in ``cache_dir`` keyed by the codebook's hash (see :func:`load_or_build_table`).
+    """
+    return CodebookNeighbours(vq_ckpt, k_max, normalize, cache_dir).table(normalize).indices
