@@ -8,14 +8,10 @@ from scipy.stats import chi2
 
 from lantern.errors import ConfigError
 from lantern.speculative import neighbours as nbm
-from lantern.speculative.acceptance import (
-    ExactDeterministic,
-    ExactSampled,
-    Greedy,
-    GreedyLantern,
-    Lantern,
-    LanternPP,
-)
+from lantern.sampling import SamplingConfig
+from lantern.speculative.acceptance import ExactDeterministic, ExactSampled, Greedy, lantern, lantern_pp
+from lantern.speculative.draft import finish_draft
+from lantern.speculative.relaxation import NeighbourRelaxation
 from lantern.speculative.neighbours import (
     check_table,
     codebook_hash,
@@ -131,7 +127,7 @@ def test_check_table_rejects_other_codebook():
     with pytest.raises(ConfigError, match="another codebook"):
         check_table(neighbour_table(_codebook(v=16), 5), cb)
     with pytest.raises(ConfigError, match="24"):
-        Lantern(3, 0.1, neighbour_table(cb, 5)).verify(_dists(v=16), torch.zeros(64, dtype=torch.long), None, torch.rand(64))
+        lantern(3, 0.1, neighbour_table(cb, 5)).verify(_dists(v=16), torch.zeros(64, dtype=torch.long), None, torch.rand(64))
 
 
 # ----------------------------------------------------------------------------- relaxation properties
@@ -148,125 +144,107 @@ def _setup(seed=0, rows=64):
     return table, p, q, x, u
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_zero_relaxation_equals_exact(seed):
-    table, p, q, x, u = _setup(seed)
-    exact_s, exact_d = ExactSampled(), ExactDeterministic()
-    for rule_s, rule_d in [
-        (Lantern(8, 0.0, table, candidates="sampled"), Lantern(8, 0.0, table)),
-        (LanternPP(8, 1.0, table, candidates="sampled"), LanternPP(8, 1.0, table)),
-    ]:
-        vs, vd = rule_s.verify(p, x, q, u), rule_d.verify(p, x, q, u)
-        assert torch.equal(vs.accept, exact_s.verify(p, x, q, u).accept)
-        assert torch.equal(vd.accept, exact_d.verify(p, x, q, u).accept)
-        assert torch.equal(vd.p_tilde, p.gather(1, x[:, None]).squeeze(1))
-        assert (vd.tv == 0).all()
-        assert torch.allclose(rule_s.residual(p, q, x), exact_s.residual(p, q, x))
-        # merged zero-mass neighbours change nothing in the deterministic residual either
-        assert torch.allclose(rule_d.residual(p, q, x), exact_d.residual(p, q, x))
-    assert torch.equal(GreedyLantern(8, 0.0, table).verify(p, x).accept, Greedy().verify(p, x).accept)
+def _siblings(p, count, seed):
+    """``count`` distinct candidate tokens per row (R, count), in a random order."""
+    g = _gen(seed)
+    return torch.stack([torch.randperm(p.shape[1], generator=g)[:count] for _ in range(p.shape[0])])
+
+
+def _tv(a, b):
+    return 0.5 * (a - b).abs().sum(-1)
+
+
+# ----------------------------------------------------------------------------- bounded relaxation
+
+
+@pytest.mark.parametrize("kind", ["deterministic", "sampled"])
+def test_zero_relaxation_leaves_the_target_unchanged(kind):
+    table, p, q, x, u = _setup(0)
+    tokens = _siblings(p, 4, 3)
+    valid = torch.ones_like(tokens, dtype=torch.bool)
+    for relaxation in (NeighbourRelaxation(8, table, delta=0.0), NeighbourRelaxation(8, table, lam=1.0)):
+        relaxed = relaxation.relax(p, tokens, valid, q, kind)
+        assert torch.equal(relaxed.target, p) and (relaxed.tv == 0).all()
 
 
 @pytest.mark.parametrize("delta", [0.05, 0.2, 0.5, 1.0])
-def test_lantern_set_is_maximal_prefix_within_delta(delta):
-    table, p, q, x, u = _setup(1, rows=128)
+def test_one_candidate_takes_lanterns_maximal_prefix(delta):
+    """With one candidate the bounded relaxation is LANTERN's A(x): the longest distance-ordered prefix
+    of x's k neighbours with mass <= delta moves onto x; TV(p, p') = S_m exactly."""
+    table, p, q, x, _ = _setup(1, rows=128)
     k = 10
-    rule = Lantern(k, delta, table)
-    v = rule.verify(p, x, q, u)
-    assert (v.tv <= delta).all()
-    mask = rule.merged_mask(p, x)
+    relaxed = NeighbourRelaxation(k, table, delta=delta).merge(p, x[:, None], torch.ones(128, 1, dtype=torch.bool))
+    assert (relaxed.tv <= delta).all()
     for r in range(p.shape[0]):
-        m = int(v.size[r])
         nb = table[x[r], :k]
-        expect = torch.zeros(V, dtype=torch.bool)
-        expect[x[r]] = True
-        expect[nb[:m]] = True
-        assert torch.equal(mask[r], expect)
         cum = p[r, nb].cumsum(0)
-        assert m == k or cum[m] > delta  # maximal prefix, by distance, not by probability
-        assert math.isclose(float(v.tv[r]), float(cum[m - 1]) if m else 0.0)
-        assert math.isclose(float(v.p_tilde[r]), float(p[r, expect].sum()), rel_tol=1e-12, abs_tol=1e-15)
+        m = int((cum <= delta).sum())
+        assert m == k or cum[m] > delta  # maximal, by distance, not by probability
+        expect = p[r].clone()
+        expect[nb[:m]] = 0.0
+        expect[x[r]] = p[r, x[r]] + (cum[m - 1] if m else 0.0)
+        assert torch.allclose(relaxed.target[r], expect, atol=1e-12)
+        assert math.isclose(float(relaxed.tv[r]), float(_tv(relaxed.target[r], p[r])), abs_tol=1e-12)
+
+
+def test_siblings_share_one_budget():
+    p = torch.tensor([[0.05, 0.30, 0.10, 0.20, 0.15, 0.12, 0.08]], dtype=torch.float64)  # (1, V)
+    table = torch.tensor([[(i + s) % 7 for s in range(1, 7)] for i in range(7)])  # neighbours i+1, i+2, ...
+    tokens, valid = torch.tensor([[2, 4]]), torch.ones(1, 2, dtype=torch.bool)
+    relaxed = NeighbourRelaxation(3, table, delta=0.3).merge(p, tokens, valid)
+    # sibling 2 takes 3 (0.20); 4 is a sibling (skipped, kept); 5 would make 0.32 > 0.3: stop.
+    # sibling 4 has 0.10 left: 5 (0.12) does not fit.
+    assert relaxed.gain.tolist() == [[pytest.approx(0.2), 0.0]]
+    assert relaxed.target[0].tolist() == pytest.approx([0.05, 0.30, 0.30, 0.0, 0.15, 0.12, 0.08])
+    alone = NeighbourRelaxation(3, table, delta=0.3).merge(p, tokens[:, 1:], valid[:, 1:])
+    assert alone.gain.tolist() == [[pytest.approx(0.25)]]  # alone, 5, 6 and 0 fit the whole budget (0.25 <= 0.3)
+
+
+@pytest.mark.parametrize("count", [1, 3, 10])
+@pytest.mark.parametrize("delta", [0.05, 0.2, 0.4])
+def test_merge_over_siblings_stays_within_delta(count, delta):
+    table, p, q, _, _ = _setup(3, rows=64)
+    tokens = _siblings(p, count, 5)
+    relaxed = NeighbourRelaxation(20, table, delta=delta).merge(p, tokens, torch.ones_like(tokens, dtype=torch.bool))
+    assert (relaxed.tv <= delta + 1e-12).all() and (relaxed.tv > 0).any()
+    assert torch.allclose(relaxed.tv, _tv(relaxed.target, p), atol=1e-12)
+    assert torch.allclose(relaxed.target.sum(-1), torch.ones(64, dtype=p.dtype)) and (relaxed.target >= 0).all()
+    gained = relaxed.target.gather(1, tokens) - p.gather(1, tokens)
+    assert torch.allclose(gained, relaxed.gain, atol=1e-12)  # the moved mass lands on the siblings
 
 
 @pytest.mark.parametrize("lam", [1.5, 3.0, 10.0])
-def test_lantern_pp_bound(lam):
-    table, p, q, x, u = _setup(2, rows=128)
-    v = LanternPP(10, lam, table).verify(p, x, q, u)
-    px = p.gather(1, x[:, None]).squeeze(1)
-    assert (v.p_tilde <= lam * px * (1 + 1e-12)).all()
-    assert (v.tv <= (lam - 1) * px).all()
-    assert (v.size > 0).any()
+@pytest.mark.parametrize("kind", ["deterministic", "sampled"])
+def test_lantern_pp_caps_every_receiver(lam, kind):
+    table, p, q, _, _ = _setup(2, rows=128)
+    tokens = _siblings(p, 3, 6)
+    relaxed = NeighbourRelaxation(10, table, lam=lam).relax(p, tokens, torch.ones_like(tokens, dtype=torch.bool), q, kind)
+    assert (relaxed.target <= torch.maximum(p, lam * p) * (1 + 1e-9) + 1e-15).all()
+    assert (relaxed.tv > 0).any()
 
 
-def test_greedy_lantern_accepts_relaxed_argmax():
-    table = neighbour_table(_codebook(), V - 1)
-    x = torch.tensor([0])
-    nb = table[0]
-    p = torch.zeros(1, V, dtype=torch.float64)
-    p[0, 0], p[0, nb[0]], p[0, nb[1]], p[0, nb[5]] = 0.3, 0.1, 0.05, 0.55
-    assert not Greedy().verify(p, x).accept.item()
-    assert not GreedyLantern(3, 0.2, table).verify(p, x).accept.item()  # 0.3 + 0.15 < 0.55
-    p[0, nb[5]] = 0.4
-    p[0, nb[10]] = 0.15
-    assert GreedyLantern(2, 0.2, table).verify(p, x).accept.item()
-    assert not GreedyLantern(2, 0.09, table).verify(p, x).accept.item()
-    res = GreedyLantern(2, 0.09, table).residual(p, None, x)
-    assert res[0, nb[5]] == 1.0
+@pytest.mark.parametrize("delta", [0.05, 0.2, 0.4, 1.0])
+def test_transport_moves_surplus_to_nearby_deficits_within_delta(delta):
+    table, p, q, _, _ = _setup(4, rows=64)
+    k = 6
+    relaxed = NeighbourRelaxation(k, table, delta=delta).transport(p, q, torch.ones(64, dtype=torch.bool))
+    target = relaxed.target
+    assert (relaxed.tv <= delta + 1e-12).all() and (relaxed.tv > 0).all()
+    assert torch.allclose(relaxed.tv, _tv(target, p), atol=1e-12)
+    assert torch.allclose(target.sum(-1), torch.ones(64, dtype=p.dtype))
+    assert (target <= torch.maximum(p, q) + 1e-12).all() and (target >= torch.minimum(p, q) - 1e-12).all()
+    # every unit moved raises the one-candidate acceptance sum(min(p', q)) by one unit
+    gain = torch.minimum(target, q).sum(-1) - torch.minimum(p, q).sum(-1)
+    assert torch.allclose(gain, relaxed.tv, atol=1e-12)
+    # mass only moves from a token to one of its k nearest codes
+    for r in range(8):
+        givers = torch.nonzero(target[r] < p[r] - 1e-15).flatten().tolist()
+        takers = set(torch.nonzero(target[r] > p[r] + 1e-15).flatten().tolist())
+        for y in givers:
+            assert takers & set(table[y, :k].tolist())
 
 
-# ----------------------------------------------------------------------------- output distributions
-
-
-def _lantern_step_law(rule, p, x):
-    """Exact output law of one deterministic step: accept w.p. p~(x), else draw the residual."""
-    v = rule.verify(p, x, None, torch.zeros_like(x, dtype=p.dtype))
-    res = rule.residual(p, None, x)  # (R, V)
-    out = (1 - v.p_tilde)[:, None] * res
-    return out.scatter_add(1, x[:, None], v.p_tilde[:, None]), v
-
-
-@pytest.mark.parametrize("delta", [0.0, 0.1, 0.4])
-def test_lantern_step_moves_merged_mass_onto_x_analytic(delta):
-    table = neighbour_table(_codebook(), V - 1)
-    p = _dists(rows=V, seed=4).repeat(3, 1)  # (3V, V)
-    x = torch.arange(V).repeat(3)
-    rule = Lantern(12, delta, table)
-    law, v = _lantern_step_law(rule, p, x)
-    mask = rule.merged_mask(p, x)
-    expect = p.masked_fill(mask, 0.0).scatter_add(1, x[:, None], v.p_tilde[:, None])
-    assert torch.allclose(law, expect, atol=1e-12)
-    assert torch.allclose(law.sum(-1), torch.ones(3 * V, dtype=p.dtype))
-    tv = 0.5 * (law - p).abs().sum(-1)
-    assert torch.allclose(tv, v.tv, atol=1e-12)
-    assert (tv <= delta + 1e-12).all()
-    if delta > 0:
-        assert (v.size > 0).any()
-
-
-def test_lantern_step_monte_carlo():
-    table = neighbour_table(_codebook(), V - 1)
-    g = _gen(7)
-    base = torch.softmax(torch.randn(V, generator=g, dtype=torch.float64), -1)
-    x0 = 2
-    base[table[x0, :3]] = torch.tensor([0.06, 0.05, 0.3], dtype=torch.float64)
-    base = base / base.sum()
-    rule = Lantern(10, 0.2, table)
-    n = 40000
-    p = base.expand(n, V)
-    x = torch.full((n,), x0)
-    u = torch.rand(n, generator=g, dtype=torch.float64)
-    v = rule.verify(p, x, None, u)
-    assert int(v.size[0]) >= 1
-    resid = rule.residual(p[:1], None, x[:1]).expand(n, V)
-    draws = torch.multinomial(resid, 1, replacement=True, generator=g).squeeze(1)
-    out = torch.where(v.accept, x, draws)
-    counts = torch.bincount(out, minlength=V).double()
-    target = base.masked_fill(rule.merged_mask(p[:1], x[:1])[0], 0.0)
-    target[x0] = v.p_tilde[0]
-    stat, dof = _chi2_stat(counts, target, n)
-    assert stat < chi2.ppf(0.999, dof)
-    stat_p, _ = _chi2_stat(counts, base.masked_fill(target == 0, 0.0) / base.masked_fill(target == 0, 0.0).sum(), n)
-    assert stat_p > chi2.ppf(0.999, dof)  # visibly not p itself
+# ----------------------------------------------------------------------------- exact tests
 
 
 def _sampled_run(residual_fn, p, q, n, g):
@@ -308,19 +286,65 @@ def test_exact_deterministic_siblings_preserve_p():
     assert torch.allclose(law, p, atol=1e-12)
 
 
-def test_residual_fallbacks_and_reference_mode():
-    table = neighbour_table(_codebook(), V - 1)
+def test_residual_fallbacks():
     p = torch.zeros(1, V, dtype=torch.float64)
     p[0, 5] = 1.0
     x = torch.tensor([5])
     assert torch.equal(ExactSampled().residual(p, p, x), p)
     assert torch.equal(ExactDeterministic().residual(p, None, x), p)
-    p = _dists(rows=8, seed=9)
-    x = torch.arange(8)
-    ref = Lantern(4, 0.05, table, residual="reference").residual(p, None, x)
-    for r in range(8):
-        assert (ref[r, table[r, :4]] == 0).all() and ref[r, r] == 0
-    assert torch.allclose(ref.sum(-1), torch.ones(8, dtype=p.dtype))
+
+
+# ----------------------------------------------------------------------------- the authors' semantics
+
+
+def test_reference_rejection_zeroes_k_plus_one_neighbours_only_after_a_merge():
+    """Hand-computed: nearest_latents[x, :k+1] is zeroed only when at least one neighbour was merged."""
+    p = torch.tensor([[0.05, 0.30, 0.10, 0.20, 0.15, 0.12, 0.08]], dtype=torch.float64)
+    table = torch.tensor([[(i + s) % 7 for s in range(1, 7)] for i in range(7)])
+    noise = torch.ones(1, 7, dtype=torch.float64)
+    sampling = SamplingConfig()
+    # x = 2, k = 2, delta = 0.25: neighbour 3 (0.20) merges, 4 would make 0.35; p~ = 0.30.
+    # Rejected: x and the k+1 = 3 nearest (3, 4, 5) are zeroed: [0.05, 0.30, 0, 0, 0, 0, 0.08] / 0.43.
+    rule = lantern(2, 0.25, table, semantics="reference")
+    out = rule.level(p, torch.tensor([[2]]), torch.ones(1, 1, dtype=torch.bool), p, None, noise, sampling)
+    residual = torch.tensor([0.05, 0.30, 0, 0, 0, 0, 0.08], dtype=torch.float64) / 0.43
+    assert torch.allclose(out.target[0], residual)
+    law = 0.30 * torch.eye(7, dtype=torch.float64)[2] + 0.70 * residual
+    assert float(out.tv[0]) == pytest.approx(float(_tv(law, p[0])))
+    # delta = 0.1: nothing merges, only x is zeroed.
+    rule = lantern(2, 0.1, table, semantics="reference")
+    out = rule.level(p, torch.tensor([[2]]), torch.ones(1, 1, dtype=torch.bool), p, None, noise, sampling)
+    assert torch.allclose(out.target[0], p[0].index_fill(0, torch.tensor([2]), 0.0) / 0.90)
+    assert float(out.tv[0]) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_reference_greedy_takes_the_longest_accepted_path():
+    """Node 1 (token 0) fails the relaxed argmax test, node 2 (token 3) passes, and so does its child
+    node 4: the reference keeps the path 2 -> 4 although node 1 was tried first; the next token is the
+    unmodified argmax at node 4."""
+    vocab = 7
+    table = torch.tensor([[(i + s) % vocab for s in range(1, vocab)] for i in range(vocab)])
+    tokens = torch.tensor([[6, 0, 3, 5, 4]])  # node 0 is the root
+    parents = torch.tensor([[-1, 0, 0, 1, 2]])
+    depth = torch.tensor([[0, 1, 1, 2, 2]])
+    draws = torch.full((1, 5, 2), -1)
+    draws[0, 0] = torch.tensor([0, 3])
+    draws[0, 1, 0], draws[0, 2, 0] = 5, 4
+    slots = torch.tensor([[0, 0, 1, 0, 0]])
+    q = torch.zeros(1, 5, vocab)
+    draft = finish_draft(tokens, parents, depth, q, draws, slots, 2, "greedy")
+    p = torch.zeros(1, 5, vocab)
+    p[0, 0] = torch.tensor([0.10, 0.05, 0.30, 0.25, 0.20, 0.05, 0.05])  # root: argmax 2; 3 + neighbour 4 = 0.45
+    p[0, 1] = torch.tensor([0.2, 0.1, 0.1, 0.1, 0.1, 0.3, 0.1])  # below node 1 (never reached)
+    p[0, 2] = torch.tensor([0.1, 0.1, 0.1, 0.1, 0.4, 0.1, 0.1])  # below node 2: argmax 4 = node 4's token
+    p[0, 4] = torch.tensor([0.1, 0.6, 0.1, 0.05, 0.05, 0.05, 0.05])  # below node 4: argmax 1
+    rule = lantern(1, 0.2, table, semantics="reference").for_candidates("greedy")
+    path, next_token, tv, merged = rule.select_path(draft, p)
+    assert path.tolist() == [[2, 4]] and int(next_token) == 1
+    assert merged[0].tolist() == pytest.approx([0.20, 0.10])  # the prefixes merged at nodes 2 and 4 (neighbours 4, 5)
+    # The bounded walk tries node 1 first, on the relaxed root law, and stops where the first-sibling rule stops.
+    bounded = lantern(1, 0.2, table).for_candidates("greedy")
+    assert not bounded.longest_path
 
 
 # ----------------------------------------------------------------------------- validation
@@ -328,34 +352,25 @@ def test_residual_fallbacks_and_reference_mode():
 
 def test_bad_parameters_raise_config_error():
     table = neighbour_table(_codebook(), 8)
-    for delta in (-0.1, 1.5, float("nan")):
+    for delta in (-0.1, 1.5, float("nan"), float("inf")):
         with pytest.raises(ConfigError, match=f"delta={delta}"):
-            Lantern(4, delta, table)
+            lantern(4, delta, table)
     for k in (0, 9, -1):
         with pytest.raises(ConfigError, match=f"k={k}"):
-            Lantern(k, 0.1, table)
+            lantern(k, 0.1, table)
     with pytest.raises(ConfigError, match="k=3"):
-        Lantern(3, 0.1, torch.tensor([[1, 2, 0], [0, 2, 1], [0, 1, 2]]))  # k must be < V
+        lantern(3, 0.1, torch.tensor([[1, 2, 0], [0, 2, 1], [0, 1, 2]]))  # k must be < V
     for lam in (0.5, float("nan"), float("inf")):
         with pytest.raises(ConfigError, match=f"lambda={lam}"):
-            LanternPP(4, lam, table)
-    with pytest.raises(ConfigError, match="residual='both'"):
-        Lantern(4, 0.1, table, residual="both")
+            lantern_pp(4, lam, table)
+    with pytest.raises(ConfigError, match="semantics='paper'"):
+        lantern(4, 0.1, table, semantics="paper")
+    for every in (0, -2, 1.5):
+        with pytest.raises(ConfigError, match=f"tv_audit_every={every}"):
+            lantern(4, 0.1, table, tv_audit_every=every)
     with pytest.raises(ConfigError, match="candidates='tree'"):
-        LanternPP(4, 2.0, table, candidates="tree")
+        lantern_pp(4, 2.0, table, candidates="tree")
     with pytest.raises(ConfigError, match="integer table"):
-        Lantern(4, 0.1, table.float())
-
-
-def test_relaxed_sibling_test_maps_each_draw_onto_the_first_proximity_set_holding_it():
-    p = torch.tensor([[0.05, 0.30, 0.10, 0.20, 0.15, 0.12, 0.08]])  # (1, V)
-    table = torch.tensor([[(i + s) % 7 for s in range(1, 7)] for i in range(7)])  # neighbours i+1, i+2, ...
-    rule = Lantern(3, 0.3, table, candidates="deterministic")
-    x = torch.tensor([[2, 4]])  # siblings in order
-    sets = [set(torch.nonzero(rule.merged_mask(p, x[:, s])[0]).flatten().tolist()) for s in range(2)]
-    assert sets[0] == {2, 3} and sets[1] == {4, 5, 6, 0}  # S stops before exceeding delta=0.3
-    for y in range(7):
-        outcome = rule.try_siblings(p, x, torch.ones_like(x, dtype=torch.bool), None, None, torch.tensor([y]))
-        expected = 0 if y in sets[0] else 1 if y in sets[1] else -1
-        assert int(outcome.chosen) == expected and int(outcome.emitted) == y
-        assert float(outcome.tv) == pytest.approx([0.2, 0.25, 0.0][expected])
+        lantern(4, 0.1, table.float())
+    with pytest.raises(ConfigError, match="k\\+1=9 neighbours"):
+        lantern(8, 0.1, table, semantics="reference")  # the authors' slice needs k+1 columns
