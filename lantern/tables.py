@@ -1,7 +1,8 @@
 """Result tables from run records: the paper's layout, as markdown, CSV and LaTeX, plus a Pareto plot.
 
-Rows: AR, exact speculative decoding (per draft structure), LANTERN at each (k, delta), LANTERN++ at
-each (k, lambda). Columns: tau, latency, speed-up, FID, CLIP score. A record's own ``speedup`` is used
+Rows: AR, exact speculative decoding (per draft structure and candidate kind), LANTERN at each (k, delta),
+LANTERN++ at each (k, lambda), under either semantics. Columns: tau, latency, speed-up, FID, CLIP score,
+and the relaxation's promise (delta) beside the realised total variation the tokens were drawn with. A record's own ``speedup`` is used
 when it has one; otherwise it is computed against the AR record of the same setting (model, prompts,
 images, batch size, seed and sampling) and machine found among the records, and the table says which
 baseline it used.
@@ -20,7 +21,7 @@ from lantern.records import write_json_atomic, write_text_atomic
 
 RECORD_NAME = "metrics.json"
 FAMILY_ORDER = {"ar": 0, "eagle": 1, "lantern": 2, "lantern_pp": 3}
-COLUMNS = ("method", "tau", "latency_ms", "speedup", "fid", "clip_score", "baseline")
+COLUMNS = ("method", "tau", "latency_ms", "speedup", "fid", "clip_score", "delta", "tv_realised", "tv_realised_max", "baseline")
 
 
 def load_records(paths: Iterable[str | Path]) -> list[dict]:
@@ -44,9 +45,14 @@ def load_records(paths: Iterable[str | Path]) -> list[dict]:
 
 
 def method_label(record: dict) -> str:
-    """``AR``, ``EAGLE exact (chain)``, ``LANTERN k=1000 d=0.1``, ``LANTERN++ k=10 l=3`` ..."""
+    """``AR``, ``EAGLE exact (chain)``, ``LANTERN k=1000 d=0.1 (dynamic_tree, sampled, reference)`` ..."""
     decoding = record.get("decoding")
-    draft = f" ({record['draft']})" if record.get("draft") else ""
+    details = [record["draft"]] if record.get("draft") else []
+    if record.get("candidates") == "sampled":
+        details.append("sampled")
+    if record.get("semantics") == "reference":
+        details.append("reference")
+    draft = f" ({', '.join(details)})" if details else ""
     if decoding == "ar":
         return "AR"
     if decoding == "lantern":
@@ -83,9 +89,13 @@ def table_rows(records: list[dict]) -> list[dict]:
             "speedup": speedup,
             "fid": record.get("fid"),
             "clip_score": record.get("clip_score"),
+            "delta": record.get("delta"),
+            "tv_realised": record.get("tv_realised_mean", 0.0 if record.get("decoding") == "ar" else None),
+            "tv_realised_max": record.get("tv_realised_max", 0.0 if record.get("decoding") == "ar" else None),
             "baseline": baseline,
-            "_order": (FAMILY_ORDER.get(record.get("decoding"), 9), record.get("draft") or "", record.get("k") or 0,
-                       record.get("delta") or 0, record.get("lambda") or 0, record["run_dir"]),
+            "_order": (FAMILY_ORDER.get(record.get("decoding"), 9), record.get("semantics") or "", record.get("draft") or "",
+                       record.get("candidates") or "", record.get("k") or 0, record.get("delta") or 0,
+                       record.get("lambda") or 0, record["run_dir"]),
         })
     rows.sort(key=lambda row: row["_order"])
     for row in rows:
@@ -99,24 +109,31 @@ def _fmt(value, digits: int = 2) -> str:
     return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
+def _tv_cell(row: dict) -> str:
+    if row["tv_realised"] is None:
+        return "-"
+    return f"{row['tv_realised']:.3f} / {_fmt(row['tv_realised_max'], 3)}"
+
+
 def to_markdown(rows: list[dict]) -> str:
     """The table as markdown (speed-up with an x, missing values as -)."""
-    lines = ["| method | tau | latency ms/image | speed-up | FID | CLIP |", "|---|---|---|---|---|---|"]
+    lines = ["| method | tau | latency ms/image | speed-up | FID | CLIP | delta | realised TV mean / max |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         speedup = "-" if r["speedup"] is None else f"{r['speedup']:.2f}x"
         lines.append(f"| {r['method']} | {_fmt(r['tau'])} | {_fmt(r['latency_ms'], 1)} | {speedup} | "
-                     f"{_fmt(r['fid'])} | {_fmt(r['clip_score'], 4)} |")
+                     f"{_fmt(r['fid'])} | {_fmt(r['clip_score'], 4)} | {_fmt(r['delta'])} | {_tv_cell(r)} |")
     return "\n".join(lines) + "\n"
 
 
 def to_latex(rows: list[dict]) -> str:
     """The table as a LaTeX tabular."""
-    lines = [r"\begin{tabular}{lrrrrr}", r"\toprule",
-             r"Method & $\tau$ & Latency (ms) & Speed-up & FID & CLIP \\", r"\midrule"]
+    lines = [r"\begin{tabular}{lrrrrrrr}", r"\toprule",
+             r"Method & $\tau$ & Latency (ms) & Speed-up & FID & CLIP & $\delta$ & TV (mean / max) \\", r"\midrule"]
     for r in rows:
         speedup = "-" if r["speedup"] is None else f"{r['speedup']:.2f}$\\times$"
         lines.append(f"{r['method'].replace('_', chr(92) + '_')} & {_fmt(r['tau'])} & {_fmt(r['latency_ms'], 1)} & "
-                     f"{speedup} & {_fmt(r['fid'])} & {_fmt(r['clip_score'], 4)} \\\\")
+                     f"{speedup} & {_fmt(r['fid'])} & {_fmt(r['clip_score'], 4)} & {_fmt(r['delta'])} & {_tv_cell(r)} \\\\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"
 
@@ -142,7 +159,8 @@ def pareto_plot(rows: list[dict], path: Path) -> Path:
 
     use_fid = any(r["fid"] is not None for r in rows)
     key, label = ("fid", "FID (lower is better)") if use_fid else ("tau", "tau (mean accepted length)")
-    points = [(r["speedup"], r[key], r["method"]) for r in rows if r["speedup"] is not None and r[key] is not None]
+    points = [(r["speedup"], r[key], r["method"] + ("" if not r.get("tv_realised") else f" [TV {r['tv_realised']:.3f}]"))
+              for r in rows if r["speedup"] is not None and r[key] is not None]
     figure, axis = plt.subplots(figsize=(6, 4.5))
     for x, y, name in points:
         axis.scatter(x, y, color="tab:blue")
