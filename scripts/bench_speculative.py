@@ -34,12 +34,17 @@ EXACT_STRUCTURES = ("chain", "static_tree", "dynamic_tree")
 DELTAS = (0.05, 0.1, 0.2, 0.4)
 
 
-def modes(structures: tuple[str, ...], lantern_structures: tuple[str, ...], deltas: tuple[float, ...]) -> list[tuple[str, list[str]]]:
-    """(label, Hydra overrides) of every speculative mode in the benchmark."""
-    rows = [(f"eagle {s}", ["decoding=eagle", f"draft={s}"]) for s in structures]
-    for s in lantern_structures:
-        rows += [(f"lantern d={d} {s}", ["decoding=lantern", f"draft={s}", f"delta={d}"]) for d in deltas]
-    rows.append((f"lantern_pp l=3 k=10 {lantern_structures[0]}", ["decoding=lantern_pp", f"draft={lantern_structures[0]}"]))
+def modes(structures: tuple[str, ...], lantern_structures: tuple[str, ...], deltas: tuple[float, ...],
+          candidates: tuple[str, ...] = ("deterministic",)) -> list[tuple[str, list[str]]]:
+    """(label, Hydra overrides) of every speculative mode in the benchmark, for each candidate kind."""
+    rows = []
+    for kind in candidates:
+        tag, extra = ("", []) if kind == "deterministic" else (f" {kind}", [f"draft.candidates={kind}"])
+        rows += [(f"eagle {s}{tag}", ["decoding=eagle", f"draft={s}", *extra]) for s in structures]
+        for s in lantern_structures:
+            rows += [(f"lantern d={d} {s}{tag}", ["decoding=lantern", f"draft={s}", f"delta={d}", *extra]) for d in deltas]
+        rows.append((f"lantern_pp l=3 k=10 {lantern_structures[0]}{tag}",
+                     ["decoding=lantern_pp", f"draft={lantern_structures[0]}", *extra]))
     return rows
 
 
@@ -64,6 +69,8 @@ def bench_setting(name: str, base: list[str], rows, args) -> list[dict]:
     items = [prompts.items[i % len(prompts.items)] for i in range(args.images)]
     decoders = [("ar", instantiate(cfg.decoding))]
     for label, overrides in rows:
+        if "temperature=0" in base and "draft.candidates=sampled" in overrides:
+            continue  # greedy decoding drafts top-ranked candidates only
         decoders.append((label, instantiate(compose_config(base + overrides).decoding)))
     conditions = [bundle.conditioner.encode([item]) for item in items]
     keys = [keys_tensor(args.seed, [i], bundle.device) for i in range(args.images)]
@@ -92,7 +99,9 @@ def bench_setting(name: str, base: list[str], rows, args) -> list[dict]:
         if label != "ar":
             stats = {k: sum(r.stats[k] for r in results[label]) for k in results[label][0].stats}
             record["drafter_share"] = stats["drafter_time_s"] / max(1e-12, sum(stats[k] for k in ("drafter_time_s", "target_time_s", "verify_time_s")))
-            record["tv_max"] = max(float(r.per_sample["tv_max"].max()) for r in results[label])
+            measured = sum(int(r.per_sample["tv_measured"].sum()) for r in results[label])
+            record["tv_realised_mean"] = sum(float(r.per_sample["tv_realised_sum"].sum()) for r in results[label]) / max(1, measured)
+            record["tv_realised_max"] = max(float(r.per_sample["tv_realised_max"].max()) for r in results[label])
             record["same_tokens_as_ar"] = all(torch.equal(a.codes, b.codes) for a, b in zip(results[label], results["ar"]))
         records.append(record)
         print(f"{name:9s} {label:32s} latency {latency * 1000:7.1f} ms  tau {tau:5.2f}  speed-up {record['speedup']:5.2f}x  "
@@ -108,13 +117,14 @@ def markdown(records: list[dict], env: dict, args) -> str:
         f"{env['device_name']} ({env['num_threads']} threads), torch {env['versions']['torch']}. Batch 1, {args.images} prompts, "
         f"median of {args.runs} interleaved runs per image after a warm-up; speed-up against AR in the same run.",
         "",
-        "| setting | mode | tau | latency ms/image | speed-up | speed-up / tau | drafter share of time |",
-        "|---|---|---|---|---|---|---|",
+        "| setting | mode | tau | latency ms/image | speed-up | speed-up / tau | drafter share of time | realised TV mean / max |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
         share = f"{r['drafter_share']:.0%}" if "drafter_share" in r else ""
+        tv = f"{r['tv_realised_mean']:.3f} / {r['tv_realised_max']:.3f}" if "tv_realised_mean" in r else ""
         lines.append(f"| {r['setting']} | {r['mode']} | {r['tau']:.2f} | {r['latency_s'] * 1000:.1f} | {r['speedup']:.2f}x | "
-                     f"{r['speedup_per_tau']:.2f} | {share} |")
+                     f"{r['speedup_per_tau']:.2f} | {share} | {tv} |")
     return "\n".join(lines) + "\n"
 
 
@@ -128,6 +138,7 @@ def main() -> None:
     parser.add_argument("--structures", default=",".join(EXACT_STRUCTURES), help="draft structures for exact decoding")
     parser.add_argument("--lantern-structures", default="dynamic_tree", help="draft structures for LANTERN")
     parser.add_argument("--deltas", default=",".join(map(str, DELTAS)))
+    parser.add_argument("--candidates", default="deterministic,sampled", help="candidate kinds (sampled ones in the sampling setting only)")
     parser.add_argument("--settings", default="greedy,sampling", help="greedy and/or sampling (the model's recommended)")
     parser.add_argument("--overrides", default="", help="extra Hydra overrides for AR and every mode, comma-separated (e.g. draft.depth=3)")
     parser.add_argument("--out", default=None, help="write OUT.md and OUT.json")
@@ -137,8 +148,11 @@ def main() -> None:
         if value < 1:
             parser.error(f"{name}={value} must be >= 1")
     torch.set_num_threads(args.threads)
+    kinds = tuple(args.candidates.split(","))
+    if any(kind not in ("deterministic", "sampled") for kind in kinds):
+        parser.error(f"--candidates {args.candidates!r}: allowed deterministic, sampled")
     rows = modes(tuple(args.structures.split(",")), tuple(args.lantern_structures.split(",")),
-                 tuple(float(d) for d in args.deltas.split(",")))
+                 tuple(float(d) for d in args.deltas.split(",")), kinds)
     extra = [o for o in args.overrides.split(",") if o]
     settings = {"greedy": ["temperature=0"], "sampling": []}
     records = []

@@ -69,6 +69,12 @@ def test_bad_input_is_one_line_nonzero_and_writes_nothing(tmp_path, override, me
     (("decoding=lantern", "k=50", "model.neighbours.k_max=100", "model.neighbours.vq={preset:VQ-tiny,overrides:{codebook_size:512}}"),
      "another codebook"),
     (("decoding=eagle", "draft=chain", "draft.depth=0"), "depth=0"),
+    (("decoding=lantern", "decoding.acceptance.semantics=paper"), "semantics='paper' must be one of bounded, reference"),
+    (("decoding=lantern", "decoding.acceptance.tv_audit_every=0"), "tv_audit_every=0"),
+    (("decoding=lantern_pp", "decoding.acceptance.semantics=reference", "k=1023"), "k+1=1024"),
+    (("decoding=eagle", "draft.candidates=sampled", "temperature=0"), "draft.candidates=sampled with temperature=0"),
+    (("decoding=lantern", "decoding.acceptance.semantics=reference", "draft=dynamic_tree", "draft.candidates=sampled"),
+     "use draft=static_tree or draft=chain"),
 ])
 def test_bad_speculative_input_is_one_line_and_writes_nothing(tmp_path, overrides, message):
     proc, out = run(tmp_path, "num_images=2", *overrides)
@@ -85,7 +91,10 @@ def test_speculative_run_records_acceptance(tmp_path):
     assert metrics["decoding"] == "lantern" and metrics["delta"] == 0.3 and metrics["k"] == 1000
     assert metrics["draft"] == "chain" and metrics["mean_accepted_length"] >= 1.0
     assert sum(metrics["acceptance_histogram"]) == metrics["target_steps"]
-    assert 0.0 <= metrics["tv_max"] <= 0.3 and metrics["decode_stats"]["drafter_forwards"] > 0
+    assert 0.0 < metrics["merged_mass_max"] <= 0.3 and metrics["decode_stats"]["drafter_forwards"] > 0
+    assert metrics["semantics"] == "bounded" and metrics["neighbours_normalized"] is True
+    assert 0.0 < metrics["tv_realised_mean"] <= metrics["tv_realised_max"] <= 0.3 + 1e-6
+    assert metrics["tv_realised_coverage"] == 1.0
     assert all(row["steps"] >= 1 for row in metrics["per_image"])
     assert metrics["speedup"] > 0 and "interleaved" in metrics["speedup_baseline"]
     assert metrics["speedup"] == pytest.approx(metrics["baseline_latency_s_per_image"] / metrics["latency_s_per_image"])
@@ -144,3 +153,29 @@ def test_default_world_main_job(tmp_path):
     assert metrics["model"] == "fashion_t2i" and metrics["prompts"] == "fashion_mnist"
     assert [r["label"] for r in metrics["per_image"]] == [0, 1, 2, 3]
     assert (out / "grid.png").is_file() and (out / "000003.png").is_file()
+
+
+def test_a_neighbour_table_in_the_other_distance_space_is_refused(tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from lantern.bundle import random_vq
+    from lantern.speculative.neighbours import load_or_build_table, codebook_hash, table_path
+
+    with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):
+        cfg = compose("config", overrides=["model=tiny_random_c2i"])
+    codebook = random_vq(cfg.model.bundle.vq, cfg.model.bundle.init_seed).raw_codebook().detach()
+    load_or_build_table(codebook, 16, False, tmp_path / "tables")  # built on raw rows
+    raw = table_path(tmp_path / "tables", codebook_hash(codebook, False), 16, False)
+    proc, out = run(tmp_path, "num_images=2", "decoding=lantern", "k=8", "model.neighbours.k_max=16",
+                    f"model.neighbours.path={raw}", "model.neighbours.normalize=true")
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ") and "built on raw codebook rows but l2-normalised rows were requested" in lines[0]
+    assert not out.exists()
+    # The same file is what the authors' semantics asks for by default: it runs.
+    proc, out = run(tmp_path, "num_images=2", "warmup=0", "speedup_baseline=null", "decoding=lantern", "k=8",
+                    "model.neighbours.k_max=16", f"model.neighbours.path={raw}", "decoding.acceptance.semantics=reference",
+                    name="reference")
+    assert proc.returncode == 0, proc.stderr
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["semantics"] == "reference" and metrics["neighbours_normalized"] is False
