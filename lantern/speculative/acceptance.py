@@ -350,6 +350,17 @@ def _check_audit(tv_audit_every) -> int:
     return tv_audit_every
 
 
+def _neighbour_rule(settings: dict, neighbours, semantics: str, candidates: str, tv_audit_every: int, **bound) -> AcceptanceRule:
+    """The rule for a neighbour relaxation with ``bound`` (``delta=`` or ``lam=``) under ``semantics``."""
+    semantics, kind, every = _check_semantics(semantics), _check_kind(candidates), _check_audit(tv_audit_every)
+    table = _table(neighbours, semantics)
+    if semantics == "reference":
+        from lantern.speculative.reference import LanternReference
+
+        return LanternReference(settings["k"], table, settings, candidates=kind, tv_audit_every=every, **bound)
+    return RelaxedRule(NeighbourRelaxation(settings["k"], table, **bound), _EXACT[kind](), settings)
+
+
 def lantern(
     k: int, delta: float, neighbours, semantics: str = "bounded", candidates: str = "deterministic", tv_audit_every: int = 1,
 ) -> AcceptanceRule:
@@ -361,14 +372,8 @@ def lantern(
     ``tv_audit_every``-th step where that needs a sum over the vocabulary.
     """
     delta = check_delta(delta)
-    semantics, kind, every = _check_semantics(semantics), _check_kind(candidates), _check_audit(tv_audit_every)
-    table = _table(neighbours, semantics)
     settings = {"acceptance": "lantern", "k": k, "delta": delta}
-    if semantics == "reference":
-        from lantern.speculative.reference import LanternReference
-
-        return LanternReference(k, table, settings, delta=delta, candidates=kind, tv_audit_every=every)
-    return RelaxedRule(NeighbourRelaxation(k, table, delta=delta), _EXACT[kind](), settings)
+    return _neighbour_rule(settings, neighbours, semantics, candidates, tv_audit_every, delta=delta)
 
 
 def lantern_pp(
@@ -377,14 +382,8 @@ def lantern_pp(
     """LANTERN++ (k, lambda): as :func:`lantern` with the cap ``p'(x) <= lambda p(x)`` at each receiving
     token instead of a shared TV budget (its realised TV is recorded, not bounded by a delta)."""
     lam = check_lambda(lam)
-    semantics, kind, every = _check_semantics(semantics), _check_kind(candidates), _check_audit(tv_audit_every)
-    table = _table(neighbours, semantics)
     settings = {"acceptance": "lantern_pp", "k": k, "lambda": lam}
-    if semantics == "reference":
-        from lantern.speculative.reference import LanternReference
-
-        return LanternReference(k, table, settings, lam=lam, candidates=kind, tv_audit_every=every)
-    return RelaxedRule(NeighbourRelaxation(k, table, lam=lam), _EXACT[kind](), settings)
+    return _neighbour_rule(settings, neighbours, semantics, candidates, tv_audit_every, lam=lam)
 
 
 _EXACT = {"sampled": ExactSampled, "deterministic": ExactDeterministic, "greedy": Greedy}

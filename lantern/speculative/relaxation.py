@@ -13,8 +13,8 @@ property of the relaxation alone, whatever the draft structure or candidate kind
   whose target mass fits the budget left; the prefix's mass is moved onto the sibling. LANTERN's
   budget is ``delta`` shared by all siblings of the node; LANTERN++ caps each sibling at
   ``(lambda - 1) p(x)``. With one candidate this is exactly LANTERN's ``A(x)``, ``p~(x) = p(x) + S_m``.
-* sampled candidates (``transport``): every token ``y`` with surplus ``p(y) > q(y)`` offers it to its
-  nearest neighbour (within its k nearest) with a deficit ``q(x) > p(x)``; each receiver takes at
+* sampled candidates (``transport``): every token ``y`` with surplus ``p(y) > q(y)`` (the 256 largest)
+  offers it to its nearest neighbour (within its k nearest) with a deficit ``q(x) > p(x)``; each receiver takes at
   most its deficit (LANTERN++: at most ``(lambda - 1) p(x)``), and LANTERN scales all transfers so
   they sum to at most ``delta``. Each unit moved raises ``sum min(p', q)``, the acceptance
   probability of a sampled candidate, by one unit.
@@ -114,11 +114,12 @@ class NeighbourRelaxation:
     """LANTERN's latent proximity relaxation with a TV budget: ``delta`` (shared per node) and/or a
     per-receiver cap ``(lam - 1) p(x)``. ``delta=None`` means no shared budget (LANTERN++)."""
 
-    def __init__(self, k: int, neighbours, delta: float | None = None, lam: float | None = None):
+    def __init__(self, k: int, neighbours, delta: float | None = None, lam: float | None = None, donors: int = 256):
         self.table = as_table(neighbours, k)
         self.k = k
         self.delta = delta
         self.lam = lam
+        self.donors = donors
 
     def _cap(self, p: torch.Tensor, px: torch.Tensor) -> torch.Tensor:
         """The most a receiver with target mass ``px`` may gain: (R,) or (R, V)."""
@@ -162,24 +163,27 @@ class NeighbourRelaxation:
         """Move surplus mass ``p > q`` to the nearest deficit neighbour ``q > p``, within the budget.
 
         ``active`` (R,) marks nodes that have candidates; other rows keep ``p``. ``count``: the
-        width of the returned (all-zero) ``gain``.
+        width of the returned (all-zero) ``gain``. Only the ``donors`` largest surpluses offer mass
+        (they hold nearly all of it; scanning every token's k neighbours would cost O(V k) per row).
         """
         rows, vocab = p.shape
         table = self.table.columns(self.k, p.device)  # (V, k)
         surplus = (p - q).clamp_min(0) * active[:, None]  # (R, V)
         deficit = (q - p).clamp_min(0) * active[:, None]
+        offer, donor = surplus.topk(min(self.donors, vocab), dim=1)  # (R, M) the largest surpluses
         needy = (deficit > 0).to(torch.uint8)  # (R, V)
-        near_needy = needy[:, table]  # (R, V, k): is the j-th neighbour of y in deficit?
-        first = near_needy.argmax(dim=2)  # (R, V) the first such neighbour (0 when none)
-        found = near_needy.amax(dim=2).bool()  # (R, V)
-        receiver = table[torch.arange(vocab, device=p.device)[None, :], first]  # (R, V) where each y's offer goes
-        offer = torch.where(found, surplus, torch.zeros_like(surplus))  # (R, V)
+        near = table[donor]  # (R, M, k) each donor's nearest codes
+        near_needy = needy.gather(1, near.flatten(1)).view(near.shape)  # (R, M, k): in deficit?
+        first = near_needy.argmax(dim=2)  # (R, M) the first such neighbour (0 when none)
+        found = near_needy.amax(dim=2).bool()  # (R, M)
+        receiver = near.gather(2, first[:, :, None])[:, :, 0]  # (R, M) where each offer goes
+        offer = torch.where(found, offer, torch.zeros_like(offer))
         claimed = torch.zeros_like(p).scatter_add_(1, receiver, offer)  # (R, V) offers per receiver
         cap = torch.minimum(deficit, self._cap(p, p))  # (R, V)
         share = torch.where(claimed > 0, torch.clamp(cap / claimed.clamp_min(1e-30), max=1.0), torch.zeros_like(cap))
-        given = offer * share.gather(1, receiver)  # (R, V)
+        given = offer * share.gather(1, receiver)  # (R, M)
         if self.delta is not None:
             total = given.sum(dim=1, keepdim=True)  # (R, 1)
             given = given * torch.clamp(self.delta / total.clamp_min(1e-30), max=1.0)
-        target = (p - given).scatter_add(1, receiver, given)  # (R, V)
+        target = p.scatter_add(1, donor, -given).scatter_add(1, receiver, given).clamp_min(0)  # (R, V)
         return Relaxed(target=target, tv=given.sum(dim=1), gain=torch.zeros(rows, count, dtype=p.dtype, device=p.device))
