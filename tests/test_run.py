@@ -72,7 +72,6 @@ def test_bad_input_is_one_line_nonzero_and_writes_nothing(tmp_path, override, me
     (("decoding=lantern", "decoding.acceptance.semantics=paper"), "semantics='paper' must be one of bounded, reference"),
     (("decoding=lantern", "decoding.acceptance.tv_audit_every=0"), "tv_audit_every=0"),
     (("decoding=lantern_pp", "decoding.acceptance.semantics=reference", "k=1023"), "k+1=1024"),
-    (("decoding=eagle", "draft.candidates=sampled", "temperature=0"), "draft.candidates=sampled with temperature=0"),
     (("decoding=lantern", "decoding.acceptance.semantics=reference", "draft=dynamic_tree", "draft.candidates=sampled"),
      "use draft=static_tree or draft=chain"),
 ])

@@ -270,7 +270,7 @@ def test_at_most_one_host_synchronisation_per_verification_step(monkeypatch):
 
         monkeypatch.setattr(torch.Tensor, name, counted)
     for sampling in (SamplingConfig(temperature=0, cfg_scale=2.0), SamplingConfig(temperature=1.0, top_k=5, cfg_scale=2.0)):
-        for structure in structures() + ([] if sampling.greedy else [chain(3, "sampled"), DynamicTree(4, 3, 10, "sampled")]):
+        for structure in structures() + [chain(3, "sampled"), DynamicTree(4, 3, 10, "sampled")]:
             calls.clear()
             result = SpeculativeDecoder(sampling, drafter, structure, ExactDeterministic()).generate(model, cond, keys)
             steps = int(result.stats["target_forwards"]) - 1  # prefill is not a verification step

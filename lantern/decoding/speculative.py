@@ -25,7 +25,6 @@ import torch
 
 from lantern.conditioning import Condition
 from lantern.decoding.base import DecodeResult, guided_inputs
-from lantern.errors import ConfigError
 from lantern.models.gpt import Transformer, prefix_causal_mask
 from lantern.sampling import SamplingConfig, guided_logits, guided_logits_at, next_token, verification_probabilities
 from lantern.speculative.acceptance import AcceptanceRule
@@ -133,16 +132,13 @@ class SpeculativeDecoder:
     """Draft with ``drafter`` in the shape of ``draft``, verify with ``acceptance``.
 
     The rule is specialised to the candidates the structure produces: greedy decoding (temperature 0)
-    uses the rule's greedy form, sampling uses the structure's ``candidates`` (deterministic top-k
-    children, or children sampled without replacement). ``name`` labels the records (eagle, lantern...).
+    drafts the drafter's top-ranked children whatever ``draft.candidates`` says (sampled drafts
+    degenerate to them) and uses the rule's greedy form, recorded as ``candidates: greedy``; sampling
+    uses the structure's ``candidates`` (deterministic top-k children, or children sampled without
+    replacement). ``name`` labels the records (eagle, lantern...).
     """
 
     def __init__(self, sampling: SamplingConfig, drafter: Drafter, draft, acceptance: AcceptanceRule, name: str = "speculative"):
-        if sampling.greedy and draft.candidates == "sampled":
-            raise ConfigError(
-                "draft.candidates=sampled with temperature=0 is not supported: greedy decoding drafts the drafter's "
-                "top-ranked candidates; use draft.candidates=deterministic, or temperature>0 for sampled drafts"
-            )
         self.sampling = sampling
         self.drafter = drafter
         self.draft = draft
@@ -153,8 +149,8 @@ class SpeculativeDecoder:
         self.name = name
 
     def describe(self) -> dict:
-        """Decoder settings recorded with results."""
-        return {**self.draft.describe(), **self.rule.describe()}
+        """Decoder settings recorded with results (``candidates`` as decoded: greedy at temperature 0)."""
+        return {**self.draft.describe(), **self.rule.describe(), "candidates": self.mode}
 
     @torch.inference_mode()
     def generate(self, model: Transformer, condition: Condition, keys: torch.Tensor) -> DecodeResult:
