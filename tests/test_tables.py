@@ -35,11 +35,25 @@ def test_rows_follow_the_paper_order_and_speedup_comes_from_the_matching_ar_run(
     ]
     assert [round(r["speedup"], 3) for r in rows] == [1.0, 0.5, 1.25, 2.0, 1.0]
     assert rows[0]["fid"] == 50.0 and rows[1]["baseline"].endswith("b")
-    assert "| AR | 1.00 | 100.0 | 1.00x | 50.00 | - |" in to_markdown(rows)
+    assert "| AR | 1.00 | 100.0 | 1.00x | 50.00 | - | - | 0.000 / 0.000 |" in to_markdown(rows)
     assert list(csv.DictReader(io.StringIO(to_csv(rows))))[2]["method"] == "LANTERN k=1000 d=0.1 (chain)"
     assert r"\begin{tabular}" in to_latex(rows) and "2.00$\\times$" in to_latex(rows)
     paths = write_tables(load_records([tmp_path]), tmp_path / "out")
     assert all(p.is_file() for p in paths.values())
+
+
+def test_rows_name_candidates_and_semantics_and_show_realised_tv_beside_delta(tmp_path):
+    record(tmp_path, "a", decoding="lantern", draft="chain", candidates="sampled", semantics="bounded", k=1000, delta=0.1,
+           tv_realised_mean=0.05, tv_realised_max=0.1, latency_s_per_image=0.1)
+    record(tmp_path, "b", decoding="lantern", draft="dynamic_tree", candidates="deterministic", semantics="reference", k=1000,
+           delta=0.1, tv_realised_mean=0.75, tv_realised_max=0.99, latency_s_per_image=0.1)
+    record(tmp_path, "c", decoding="ar", latency_s_per_image=0.1)
+    rows = table_rows(load_records([tmp_path]))
+    assert [r["method"] for r in rows] == [
+        "AR", "LANTERN k=1000 d=0.1 (chain, sampled)", "LANTERN k=1000 d=0.1 (dynamic_tree, reference)"]
+    markdown = to_markdown(rows)
+    assert "| 0.10 | 0.050 / 0.100 |" in markdown and "| 0.10 | 0.750 / 0.990 |" in markdown
+    assert rows[0]["tv_realised"] == 0.0 and "0.750 / 0.990" in to_latex(rows)
 
 
 def test_no_speedup_without_a_matching_baseline(tmp_path):
@@ -68,7 +82,8 @@ def test_multirun_writes_a_table_whose_rows_match_the_records(tmp_path):
     assert proc.returncode == 0, proc.stderr
     table = json.loads((sweep / "table.json").read_text())
     records = {json.loads((sweep / d / "metrics.json").read_text())["decoding"]: d for d in ("0", "1")}
-    assert [row["method"] for row in table["rows"]] == ["AR", "LANTERN k=1000 d=0.1 (chain)"]
+    assert [row["method"] for row in table["rows"]] == ["AR", "LANTERN k=1000 d=0.1 (chain, sampled)"]
     lantern = json.loads((sweep / records["lantern"] / "metrics.json").read_text())
     assert table["rows"][1]["tau"] == lantern["mean_accepted_length"]
+    assert table["rows"][1]["tv_realised"] == lantern["tv_realised_mean"] <= table["rows"][1]["delta"] == 0.1
     assert (sweep / "table.md").is_file() and (sweep / "table_pareto.png").is_file()
