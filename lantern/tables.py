@@ -90,8 +90,8 @@ def table_rows(records: list[dict]) -> list[dict]:
             "fid": record.get("fid"),
             "clip_score": record.get("clip_score"),
             "delta": record.get("delta"),
-            "tv_realised": record.get("tv_realised_mean", 0.0 if record.get("decoding") == "ar" else None),
-            "tv_realised_max": record.get("tv_realised_max", 0.0 if record.get("decoding") == "ar" else None),
+            "tv_realised": 0.0 if record.get("decoding") == "ar" else record.get("tv_realised_mean"),  # AR samples p itself
+            "tv_realised_max": 0.0 if record.get("decoding") == "ar" else record.get("tv_realised_max"),
             "baseline": baseline,
             "_order": (FAMILY_ORDER.get(record.get("decoding"), 9), record.get("semantics") or "", record.get("draft") or "",
                        record.get("candidates") or "", record.get("k") or 0, record.get("delta") or 0,
