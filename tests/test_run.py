@@ -84,7 +84,8 @@ def test_bad_speculative_input_is_one_line_and_writes_nothing(tmp_path, override
 
 
 def test_speculative_run_records_acceptance(tmp_path):
-    proc, out = run(tmp_path, "decoding=lantern", "delta=0.3", "num_images=3", "warmup=0", wandb_off=False)
+    proc, out = run(tmp_path, "decoding=lantern", "delta=0.3", "draft.candidates=deterministic", "num_images=3", "warmup=0",
+                    wandb_off=False)
     assert proc.returncode == 0, proc.stderr
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["decoding"] == "lantern" and metrics["delta"] == 0.3 and metrics["k"] == 1000
