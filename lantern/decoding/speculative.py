@@ -145,7 +145,6 @@ class SpeculativeDecoder:
         self.mode = "greedy" if sampling.greedy else draft.candidates
         self.rule = acceptance.for_candidates(self.mode)
         self.rule.check_draft(draft)
-        self.tv_audit_every = getattr(self.rule, "tv_audit_every", 1)
         self.name = name
 
     def describe(self) -> dict:
@@ -232,7 +231,7 @@ class SpeculativeDecoder:
             clock.add("target", started, clock.now())
 
             started = clock.now()
-            walk = walk_tree(draft, p, self.rule, sampling, keys, decided, audit=step_index % self.tv_audit_every == 0)
+            walk = walk_tree(draft, p, self.rule, sampling, keys, decided, audit=step_index % self.rule.tv_audit_every == 0)
             accepted = walk.accepted
             advance = torch.where(active, accepted + 1, torch.zeros_like(accepted))
             path_nodes = torch.cat([torch.zeros(batch, 1, dtype=torch.long, device=device), walk.path], dim=1)  # (B, D+1)

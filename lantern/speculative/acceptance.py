@@ -24,8 +24,6 @@ synchronises with the device.
 
 from __future__ import annotations
 
-import copy
-import math
 from dataclasses import dataclass
 
 import torch
@@ -83,6 +81,7 @@ class AcceptanceRule:
 
     candidates: str = "sampled"
     longest_path: bool = False  # True: the walk picks the longest accepted root-to-leaf path (reference greedy)
+    tv_audit_every: int = 1  # measure costly realised TVs on every N-th step (only the reference rule has any)
 
     def relax(self, p, tokens, valid, q) -> Relaxed:
         """The law the node samples from: ``p`` itself for exact rules."""
@@ -97,7 +96,7 @@ class AcceptanceRule:
         relaxed = self.relax(p, tokens, valid, q)
         drawn = race(relaxed.target, noise, sampling)  # (R,) y ~ p' (the argmax when greedy)
         outcome = self.try_siblings(relaxed.target, tokens, valid, q, u, drawn)
-        merged = relaxed.gain.gather(1, outcome.chosen.clamp_min(0)[:, None])[:, 0] if relaxed.gain.shape[1] else relaxed.tv * 0
+        merged = relaxed.gain.gather(1, outcome.chosen.clamp_min(0)[:, None])[:, 0]  # (R,)
         return LevelOutcome(
             chosen=outcome.chosen, target=outcome.target, proposal=outcome.proposal, emitted=outcome.emitted,
             tv=relaxed.tv, merged=torch.where(outcome.chosen >= 0, merged, torch.zeros_like(merged)),
@@ -126,7 +125,6 @@ class AcceptanceRule:
         """
         rows = p.shape[0]
         chosen = torch.full((rows,), -1, dtype=torch.long, device=p.device)
-        tv = torch.zeros(rows, dtype=p.dtype, device=p.device)
         for slot in range(x.shape[1]):
             token = x[:, slot].clamp_min(0)  # -1 (no candidate) rows are not trying
             trying = valid[:, slot] & (chosen < 0)  # (R,)
@@ -134,11 +132,10 @@ class AcceptanceRule:
             accept = trying & verdict.accept
             reject = trying & ~verdict.accept
             chosen = torch.where(accept, slot, chosen)
-            tv = torch.where(accept, verdict.tv.to(p.dtype), tv)
             p = torch.where(reject[:, None], residual, p)
             if self.candidates == "sampled":
                 q = torch.where(reject[:, None], _without(q, token), q)
-        return SiblingOutcome(chosen=chosen, tv=tv, target=p, proposal=q)
+        return SiblingOutcome(chosen=chosen, target=p, proposal=q)
 
     def _step(self, p, x, q, u) -> tuple[Verdict, torch.Tensor]:
         """Verdict and residual for one candidate per row (rules may share work between the two)."""
@@ -186,14 +183,13 @@ class LevelOutcome:
 class SiblingOutcome:
     """The outcome of trying K sibling candidates of one node, per row.
 
-    ``chosen`` (R,) the slot of the accepted sibling (-1 if none); ``tv`` (R,) the mass moved onto it;
+    ``chosen`` (R,) the slot of the accepted sibling (-1 if none);
     ``target`` (R, V) the distribution after the rejections before it and ``proposal`` (R, V) the
     drafter distribution after the same rejections; ``emitted`` (R,) the token to emit when no sibling
     is accepted, or ``None`` when it is to be drawn from ``target``.
     """
 
     chosen: torch.Tensor
-    tv: torch.Tensor
     target: torch.Tensor
     proposal: torch.Tensor
     emitted: torch.Tensor | None = None
@@ -262,7 +258,7 @@ class ExactDeterministic(AcceptanceRule):
         probability ``p(x_s)`` and otherwise draws from ``p`` without the siblings, exactly as here.
         """
         chosen = _first(valid & (x == y[:, None]))
-        return SiblingOutcome(chosen=chosen, tv=torch.zeros_like(p[:, 0]), target=p, proposal=q, emitted=y)
+        return SiblingOutcome(chosen=chosen, target=p, proposal=q, emitted=y)
 
 
 class Greedy(AcceptanceRule):
@@ -281,7 +277,7 @@ class Greedy(AcceptanceRule):
     def try_siblings(self, p, x, valid, q, u, y) -> SiblingOutcome:
         """The sibling equal to the argmax ``y``, if any; else the argmax is the next token."""
         chosen = _first(valid & (x == y[:, None]))
-        return SiblingOutcome(chosen=chosen, tv=torch.zeros_like(p[:, 0]), target=p, proposal=q, emitted=y)
+        return SiblingOutcome(chosen=chosen, target=p, proposal=q, emitted=y)
 
 
 

@@ -247,13 +247,3 @@ class CodebookNeighbours:
             check_table(indices, codebook)
             self._tables[normalize] = NeighbourTable(indices, normalize)
         return self._tables[normalize]
-
-
-def checkpoint_neighbours(
-    vq_ckpt: str | os.PathLike, k_max: int = 1024, normalize: bool = True, cache_dir: str | os.PathLike = "outputs/neighbours"
-) -> torch.Tensor:
-    """The (V, k_max) neighbour table of the codebook stored in a VQ checkpoint (LlamaGen layout; at most V-1 columns).
-
-    Built once and cached in ``cache_dir`` keyed by the codebook's hash (see :func:`load_or_build_table`).
-    """
-    return CodebookNeighbours(vq_ckpt, k_max, normalize, cache_dir).table(normalize).indices

@@ -59,7 +59,7 @@ class NeighbourTable:
             raise ConfigError(f"neighbours must be a (V, k_max) integer table, got {shape}")
         self.indices = indices.to(torch.int64)
         self.normalize = normalize
-        self._on: dict[torch.device, torch.Tensor] = {}
+        self._on: dict[tuple[torch.device, int], torch.Tensor] = {}  # (device, k) -> columns
 
     @property
     def num_codes(self) -> int:
