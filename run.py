@@ -3,6 +3,7 @@
     python run.py                                  # the default world
     python run.py num_images=16 temperature=0      # common knobs at top level
     python run.py model=llamagen_t2i_xl_256 model.gpt_ckpt=... model.vq_ckpt=... model.text_encoder_path=...
+    torchrun --nproc_per_node=2 run.py hydra.run.dir=outputs/run/two   # images sharded over 2 processes
 """
 
 from pathlib import Path
@@ -12,30 +13,50 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from lantern.cli import run_or_exit
+from lantern.cli import run_hydra, run_or_exit
+from lantern.distributed import World, check_world, rank_device, world_from_env
+from lantern.rundir import claim_run_folder
 
 
-def generate(cfg: DictConfig, out_dir: Path) -> dict:
-    """Compose the configured objects and run the generation job into ``out_dir``."""
+def generate(cfg: DictConfig, out_dir: Path, world: World) -> dict | None:
+    """Claim ``out_dir``, compose the configured objects and run the generation job into it.
+
+    Returns the record (rank 0), or None on the other ranks of a torchrun job. A folder that already
+    holds a finished run of this config is returned as it is, without loading a model.
+    """
     resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
-    decoder = instantiate(cfg.decoding)
-    prompts = instantiate(cfg.prompts)
-    bundle = instantiate(cfg.model.bundle)
-    job = instantiate(cfg.job, _partial_=True)(bundle=bundle, decoder=decoder, prompts=prompts)
-    return job.run(out_dir, config=resolved)
+    check_world(world, cfg.num_images)
+    with claim_run_folder(out_dir, resolved, world) as folder:
+        if folder.claim.finished is not None:
+            print(f"already finished: {out_dir} holds a complete record of this config; nothing to do")
+            return folder.claim.finished.to_json()
+        cfg.device = rank_device(cfg.device, world)  # cuda -> cuda:LOCAL_RANK; the recorded config keeps "cuda"
+        decoder = instantiate(cfg.decoding)
+        prompts = instantiate(cfg.prompts)
+        bundle = instantiate(cfg.model.bundle)
+        job = instantiate(cfg.job, _partial_=True)(bundle=bundle, decoder=decoder, prompts=prompts)
+        return job.run(folder, config=resolved, world=world)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
-    metrics = run_or_exit(lambda: generate(cfg, out_dir), out_dir)
+    world = run_or_exit(lambda: world_from_env(cfg.device), out_dir)
+    try:
+        metrics = run_or_exit(lambda: generate(cfg, out_dir, world), out_dir)
+    finally:
+        world.close()
+    if metrics is None:
+        return
+    timing = "no image decoded by this process"
+    if metrics.get("latency_s_per_image") is not None:
+        timing = f"{metrics['latency_s_per_image'] * 1000:.1f} ms/image, {metrics['tokens_per_s']:.0f} tokens/s"
     speedup = f", {metrics['speedup']:.2f}x AR" if metrics.get("speedup") is not None else ""
     print(
         f"{metrics['num_images']} images, grid.png and metrics.json in {out_dir} "
-        f"({metrics['latency_s_per_image'] * 1000:.1f} ms/image, {metrics['tokens_per_s']:.0f} tokens/s, "
-        f"tau {metrics['mean_accepted_length']:.2f}{speedup})"
+        f"({timing}, tau {metrics['mean_accepted_length']:.2f}{speedup})"
     )
 
 
 if __name__ == "__main__":
-    main()
+    run_hydra(main)

@@ -13,10 +13,14 @@ from tqdm import tqdm
 from lantern.baselines import read_baseline_run, recorded_speedup
 from lantern.bundle import ModelBundle
 from lantern.errors import ConfigError
-from lantern.images import image_name, labelled_grid, save_png
+from lantern.distributed import World, check_world
+from lantern.evaluation import read_images
+from lantern.images import labelled_grid
 from lantern.prompts import PromptSet
-from lantern.records import environment, write_json_atomic
+from lantern.records import environment
 from lantern.rng import keys_tensor
+from lantern.run_record import RunRecord, build_record, write_record
+from lantern.rundir import ImageStore, RunFolder, claim_run_folder
 
 
 def synchronize(device: torch.device) -> None:
@@ -30,15 +34,6 @@ def peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-# Keys every record carries, so tables can line runs up whatever produced them (None: not applicable or
-# not measured in this run).
-RECORD_DEFAULTS = {
-    "acceptance": None, "draft": None, "k": None, "delta": None, "lambda": None, "semantics": None,
-    "mean_accepted_length": 1.0, "tv_realised_mean": None, "tv_realised_max": None, "speedup": None, "fid": None,
-    "clip_score": None,
-}
 
 
 def acceptance_summary(samples: list[dict[str, torch.Tensor]]) -> dict:
@@ -133,89 +128,165 @@ class GenerationJob:
         """Whether the baseline is timed beside the decoder (not when the decoder is the baseline itself)."""
         return self.baseline is not None and type(self.baseline) is not type(self.decoder)
 
-    def _speedup(self, seconds: float, baseline_seconds: float, images: int, compared: int, batches: int) -> dict:
-        """``seconds`` and ``baseline_seconds``: both decoders' times over the ``compared`` batches (``images``)."""
-        if self._compares():
-            return {"speedup": baseline_seconds / seconds, "baseline_latency_s_per_image": baseline_seconds / images,
-                    "compared_latency_s_per_image": seconds / images,
-                    "speedup_baseline": f"{self.baseline.name}, interleaved in this run on {compared} of {batches} "
-                                        "batches (same prompts and seeds)"}
-        if self.baseline is not None:
-            return {"speedup": 1.0, "speedup_baseline": "this run is the baseline"}
-        return {}
+    def _speedup(self, batches: list[dict]) -> dict:
+        """Speed-up entries from every rank's ``batches`` (dicts with ``seconds``, ``baseline_seconds``, ``images``).
 
-    def run(self, out_dir: str | Path, config: dict | None = None) -> dict:
-        """Write ``000000.png`` ..., ``grid.png`` and ``metrics.json`` into ``out_dir``; return the metrics."""
-        out_dir = Path(out_dir)
+        The ratio is of summed decode times over the batches timed beside the baseline; its spread is
+        the median and interquartile range of the per-batch ratios.
+        """
+        if not self._compares():
+            return {"speedup": 1.0, "speedup_baseline": "this run is the baseline"} if self.baseline is not None else {}
+        compared = [b for b in batches if b["baseline_seconds"] is not None]
+        if not compared:
+            return {"speedup_baseline": f"{self.baseline.name}: no batch was decoded by this process, so none was timed"}
+        seconds = sum(b["seconds"] for b in compared)
+        baseline_seconds = sum(b["baseline_seconds"] for b in compared)
+        images = sum(b["images"] for b in compared)
+        ratios = [b["baseline_seconds"] / b["seconds"] for b in compared]
+        return {"speedup": baseline_seconds / seconds, "baseline_latency_s_per_image": baseline_seconds / images,
+                "compared_latency_s_per_image": seconds / images,
+                "speedup_median": statistics.median(ratios), "speedup_iqr": quartiles(ratios),
+                "speedup_baseline": f"{self.baseline.name}, interleaved in this run on {len(compared)} of {len(batches)} "
+                                    "batches (same prompts and seeds)"}
+
+    def _decode_shard(self, store: ImageStore, indices: list[int], world: World) -> dict:
+        """Decode ``indices`` (this rank's unfinished images) in batches, saving each image as it is done.
+
+        Returns this rank's timing: per batch its indices, decode seconds and, when timed beside it,
+        the baseline's seconds; the summed decoder counters; wall seconds and peak memory.
+        """
         bundle = self.bundle
-        recorded = None
-        if self.baseline_run is not None:  # checked before anything is generated or written
-            recorded = read_baseline_run(self.baseline_run, self._setting(), environment(bundle.device))
-        batches = [list(range(s, min(s + self.batch_size, self.num_images))) for s in range(0, self.num_images, self.batch_size)]
-        for _ in range(self.warmup):
+        started = time.perf_counter()
+        batches = [indices[s:s + self.batch_size] for s in range(0, len(indices), self.batch_size)]
+        for _ in range(self.warmup if batches else 0):
             self._decode(batches[0])
             if self._compares():
                 self._decode(batches[0], self.baseline)
-        baseline_seconds = compared_seconds = 0.0
-        compared = compared_images = 0
         if bundle.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(bundle.device)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        per_image, grid_images, stats, samples = [], [], {}, []
-        tokens_per_image = bundle.gpt.config.num_image_tokens
-        bar = tqdm(batches, desc=f"{self.decoder.name} x{self.num_images}", unit="batch", disable=not self.progress)
-        for number, indices in enumerate(bar):
+        timed_batches, stats = [], {}
+        show = self.progress and world.is_main
+        bar = tqdm(batches, desc=f"{self.decoder.name} x{len(indices)}" + (f" (rank 0 of {world.size})" if world.distributed else ""),
+                   unit="batch", disable=not show)
+        for number, batch in enumerate(bar):
             timed = self._compares() and number % self.baseline_every == 0
+            compared = sum(b["baseline_seconds"] is not None for b in timed_batches)
+            baseline_seconds = None
             if timed and compared % 2:  # alternate which goes first, so drift hits both alike
-                baseline_seconds += self._decode(indices, self.baseline)[1]
-            result, seconds = self._decode(indices)
+                baseline_seconds = self._decode(batch, self.baseline)[1]
+            result, seconds = self._decode(batch)
             if timed and not compared % 2:
-                baseline_seconds += self._decode(indices, self.baseline)[1]
-            if timed:
-                compared, compared_images, compared_seconds = compared + 1, compared_images + len(indices), compared_seconds + seconds
+                baseline_seconds = self._decode(batch, self.baseline)[1]
             pixels = bundle.decode_images(result.codes).cpu().numpy()  # (B, H, W, 3)
-            samples.append(result.per_sample)
-            for position, (index, image) in enumerate(zip(indices, pixels)):
-                save_png(image, out_dir / image_name(index))
-                row = {"index": index, "prompt": self.items[index], "latency_s": seconds / len(indices)}
-                if "steps" in result.per_sample:
-                    steps = int(result.per_sample["steps"][position])
-                    row["steps"] = steps
-                    row["mean_accepted_length"] = int(result.per_sample["tokens"][position]) / max(1, steps)
-                if self.labels is not None:
-                    row["label"] = self.labels[index]
-                per_image.append(row)
-                if len(grid_images) < 64:
-                    grid_images.append(image)
+            for position, index in enumerate(batch):
+                store.save(index, pixels[position], result.codes[position],
+                           {key: value[position] for key, value in result.per_sample.items()})
+            timed_batches.append({"rank": world.rank, "indices": batch, "images": len(batch), "seconds": seconds,
+                                  "baseline_seconds": baseline_seconds})
             for key, value in result.stats.items():
                 stats[key] = stats.get(key, 0.0) + value
+        return {"rank": world.rank, "images": len(indices), "decode_s": sum(b["seconds"] for b in timed_batches),
+                "wall_s": time.perf_counter() - started, "peak_memory_mb": peak_memory_mb(bundle.device),
+                "batches": timed_batches, "stats": stats}
+
+    def run(self, out_dir: str | Path | RunFolder, config: dict | None = None, world: World | None = None) -> dict | None:
+        """Write ``000000.png`` ..., ``grid.png`` and ``metrics.json`` into ``out_dir``; return the record (rank 0).
+
+        ``out_dir`` is a folder path (claimed here: locked, checked against ``config``) or a
+        :class:`RunFolder` the caller has claimed. Images finished by an earlier process in the
+        folder are kept, not redone; each rank of ``world`` decodes its share of the rest. Other ranks
+        return None once their images are written.
+        """
+        world = world or World()
+        if not isinstance(out_dir, RunFolder):
+            with claim_run_folder(out_dir, config or {}, world) as folder:
+                if folder.claim.finished is not None:
+                    return folder.claim.finished.to_json()
+                return self.run(folder, config, world)
+        folder = out_dir
+        check_world(world, self.num_images)
+        recorded = None
+        if self.baseline_run is not None:  # checked before anything is generated or written
+            recorded = read_baseline_run(self.baseline_run, self._setting(), environment(self.bundle.device))
+        store = folder.store()
+        mine = [i for i in world.shard(list(range(self.num_images))) if not store.is_finished(i)]
+        if world.is_main:
+            folder.start()
+        world.barrier()
+        part = self._decode_shard(store, mine, world)
+        parts = world.gather(part)  # every rank's images are on disk once it reaches this
+        if not world.is_main:
+            return None
+        record = self._record(store, parts, recorded, config or {})
+        for evaluate in self.metrics.values():
+            record = build_record({**record.to_json(), **evaluate(folder.path, self.items, self.labels)})
+        write_record(record, folder.path)
+        metrics = record.to_json()
+        if self.tracker is not None:
+            self.tracker.log_run(folder.path, metrics)
+        return metrics
+
+    def _record(self, store: ImageStore, parts: list[dict], recorded: dict | None, config: dict) -> RunRecord:
+        """The run record from the images on disk and every rank's timing (:func:`lantern.run_record.build_record`)."""
+        batches = [b for part in parts for b in part["batches"]]
+        latency = {index: b["seconds"] / b["images"] for b in batches for index in b["indices"]}
+        per_image, samples = [], []
+        for index in range(self.num_images):
+            saved = store.load(index)
+            samples.append(saved["per_sample"])
+            row = {"index": index, "prompt": self.items[index], "latency_s": latency.get(index)}
+            if "steps" in saved["per_sample"]:
+                steps = int(saved["per_sample"]["steps"])
+                row["steps"] = steps
+                row["mean_accepted_length"] = int(saved["per_sample"]["tokens"]) / max(1, steps)
+            if self.labels is not None:
+                row["label"] = self.labels[index]
+            per_image.append(row)
         if self.save_grid:
-            labels = [str(self.items[i]) for i in range(len(grid_images))]
-            labelled_grid(grid_images, labels).save(out_dir / "grid.png")
-        latencies = [row["latency_s"] for row in per_image]
-        total = sum(latencies)
-        metrics = {
+            shown = min(64, self.num_images)
+            labelled_grid(list(read_images(store.folder, shown)), [str(self.items[i]) for i in range(shown)]).save(
+                store.folder / "grid.png")
+        decoded = len(latency)
+        total = sum(b["seconds"] for b in batches)
+        per_batch_latency = [b["seconds"] / b["images"] for b in batches]
+        stats = {}
+        for part in parts:
+            for key, value in part["stats"].items():
+                stats[key] = stats.get(key, 0.0) + value
+        tokens_per_image = self.bundle.gpt.config.num_image_tokens
+        fields = {
             "decoding": self.decoder.name,
-            **RECORD_DEFAULTS,
             **self.decoder.describe(),
             **self._setting(),
             "cfg_interval": self.decoder.sampling.cfg_interval,
             "tokens_per_image": tokens_per_image,
-            "latency_s_per_image": total / len(latencies),
-            "latency_s_median": statistics.median(latencies),
-            "tokens_per_s": tokens_per_image * len(latencies) / total,
-            "peak_memory_mb": peak_memory_mb(bundle.device),
-            **(self._speedup(compared_seconds, baseline_seconds, compared_images, compared, len(batches)) if recorded is None
-               else recorded_speedup(recorded, self.baseline_run, total / len(latencies))),
-            **acceptance_summary(samples),
+            "latency_s_per_image": total / decoded if decoded else None,
+            "latency_s_median": statistics.median(latency.values()) if decoded else None,
+            "latency_s_iqr": quartiles(per_batch_latency) if decoded else None,
+            "tokens_per_s": tokens_per_image * decoded / total if decoded else None,
+            "peak_memory_mb": max(part["peak_memory_mb"] for part in parts),
+            "world_size": len(parts),
+            "ranks": [{key: part[key] for key in ("rank", "images", "decode_s", "wall_s", "peak_memory_mb")} for part in parts],
+            "timing": {"images_decoded": decoded, "images_kept": self.num_images - decoded,
+                       "covers": (f"the {decoded} images decoded by the last process"
+                                  + (f"; {self.num_images - decoded} finished earlier were kept, untimed"
+                                     if decoded < self.num_images else ""))},
+            **(self._speedup(batches) if recorded is None
+               else recorded_speedup(recorded, self.baseline_run, total / decoded if decoded else None)),
+            **acceptance_summary([{key: torch.stack([s[key] for s in samples]) for key in samples[0]}] if samples[0] else []),
             "decode_stats": stats,
             "per_image": per_image,
-            "environment": environment(bundle.device),
-            "config": config or {},
+            "per_batch": [{key: b[key] for key in ("rank", "indices", "seconds", "baseline_seconds")} for b in batches],
+            "environment": environment(self.bundle.device),
+            "config": config,
         }
-        for evaluate in self.metrics.values():
-            metrics.update(evaluate(out_dir, self.items, self.labels))
-        write_json_atomic(out_dir / "metrics.json", metrics)
-        if self.tracker is not None:
-            self.tracker.log_run(out_dir, metrics)
-        return metrics
+        return build_record(fields)
+
+
+def quartiles(values) -> list[float]:
+    """[q1, q3] of ``values`` (inclusive method; one value gives [v, v])."""
+    values = list(values)
+    if len(values) == 1:
+        return [values[0], values[0]]
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return [q1, q3]

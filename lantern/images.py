@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 import os
 import textwrap
-from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
+
+from lantern.atomic import write_atomic
 
 
 def image_name(index: int) -> str:
@@ -17,11 +18,8 @@ def image_name(index: int) -> str:
 
 
 def save_png(pixels: np.ndarray, path: str | os.PathLike) -> None:
-    """Save (H, W, 3) uint8 pixels as PNG via a temporary name, so a killed run leaves no broken file."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    Image.fromarray(pixels).save(tmp, format="PNG")
-    os.replace(tmp, path)
+    """Save (H, W, 3) uint8 pixels as PNG atomically, so a killed run leaves no broken file."""
+    write_atomic(path, lambda tmp: Image.fromarray(pixels).save(tmp, format="PNG"))
 
 
 def labelled_grid(images: list[np.ndarray], labels: list[str], columns: int = 8, cell: int = 128) -> Image.Image:

@@ -1,17 +1,18 @@
-"""Provenance of every artifact and result row, and atomic writes."""
+"""Provenance of every artifact and result row (commit, machine, library versions, file hashes)."""
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import platform
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+# Atomic writes live in lantern.atomic; re-exported here for the callers that import them from records.
+from lantern.atomic import write_atomic, write_json_atomic, write_text_atomic  # noqa: F401
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,34 +62,6 @@ def environment(device: torch.device) -> dict:
         "platform": platform.platform(),
         "versions": versions,
     }
-
-
-def write_atomic(path: str | os.PathLike, write: Callable[[str], None]) -> None:
-    """Call ``write(tmp_path)`` on a temporary file beside ``path``, then rename it over ``path``.
-
-    Readers see the old file or the whole new one, never a half-written one.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = str(path.with_name(f".{path.name}.{os.getpid()}.tmp"))  # same folder, so the rename is atomic
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o644)  # some writers create 0600 files; outputs are meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` atomically (:func:`write_atomic`)."""
-    write_atomic(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-
-
-def write_json_atomic(path: str | os.PathLike, payload: dict) -> None:
-    """Write ``payload`` as JSON to ``path`` atomically (:func:`write_atomic`)."""
-    write_text_atomic(path, json.dumps(payload, indent=2, sort_keys=False, default=str) + "\n")
 
 
 def sha256_file(path: str | os.PathLike) -> str:

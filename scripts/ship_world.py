@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 from pathlib import Path
 
-from lantern.records import git_commit, write_json_atomic
+from lantern.atomic import copy_atomic, write_json_atomic
+from lantern.records import git_commit
 from lantern.world import MANIFEST_NAME, sha256_file
 
 DATA = "Fashion-MNIST (Zalando Research, MIT licence): 60k train split from the Debian package dataset-fashion-mnist"
@@ -37,7 +37,7 @@ def main() -> None:
         name, source, command = spec.split("=", 2)
         source = Path(source)
         target = world / name
-        shutil.copyfile(source, target)
+        copy_atomic(source, target)
         entry = {"sha256": sha256_file(target), "bytes": target.stat().st_size, "command": command,
                  "data": args.data, "commit": commit["commit"], "commit_dirty": commit["dirty"]}
         for extra in ["config.yaml", *sorted(p.name for p in source.parent.glob("*report.json"))]:

@@ -30,7 +30,6 @@ import inspect
 import json
 import os
 import re
-import tempfile
 import types
 import warnings
 from collections.abc import Iterator, Sequence
@@ -45,6 +44,7 @@ from PIL import Image
 from torch import nn
 from tqdm.auto import tqdm
 
+from lantern.atomic import write_atomic
 from lantern.bundle import resolve_device
 from lantern.errors import CheckpointError, ConfigError
 from lantern.records import REPO_ROOT
@@ -420,22 +420,15 @@ def load_cached_stats(path: str | os.PathLike, key: StatsKey, fingerprint: str |
 
 
 def save_stats(path: str | os.PathLike, stats: FIDStats, key: StatsKey, fingerprint: str) -> Path:
-    """Write ``stats`` with its ``key`` and ``fingerprint`` to ``path`` atomically (temp file + rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
+    """Write ``stats`` with its ``key`` and ``fingerprint`` to ``path`` atomically (:func:`lantern.atomic.write_atomic`)."""
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as handle:  # a handle, so numpy does not append .npz to the temporary name
             np.savez(
                 handle, mu=stats.mu, sigma=stats.sigma, count=np.int64(stats.count),
                 key=np.str_(json.dumps(asdict(key), sort_keys=True)), fingerprint=np.str_(fingerprint),
             )
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+
+    return write_atomic(path, write)
 
 
 def reference_stats(

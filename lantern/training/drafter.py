@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from lantern.atomic import write_atomic
 from lantern.conditioning import Condition
 from lantern.decoding.ar import ARDecoder
 from lantern.errors import ConfigError
@@ -191,9 +192,6 @@ def generate_codes(
             parts.append(result.codes.to("cpu", torch.int32).clone())  # (b, N)
             codes = torch.cat(parts)
             parts = [codes]
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_name(cache.name + ".tmp")
-            torch.save({"key": key, "codes": codes}, tmp)
-            tmp.replace(cache)
+            write_atomic(cache, lambda tmp: torch.save({"key": key, "codes": codes}, tmp))
             bar.update(len(indices))
     return parts[0][:total].long()

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from lantern.atomic import write_atomic
 from lantern.data.fashion_mnist import NUM_CLASSES, FashionMNISTImages, all_captions
 from lantern.models.vq import VQModel
 from lantern.training.vq import image_batch
@@ -36,10 +37,7 @@ def tokenize(
         images = image_batch(dataset, torch.arange(start, min(start + batch, len(dataset))))
         codes.append(vq.encode(images).flatten(1).to(torch.int16))  # (b, G*G)
     codes = torch.cat(codes)
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_name(cache.name + ".tmp")
-    torch.save({"vq_sha256": vq_hash, "codes": codes}, tmp)
-    tmp.replace(cache)
+    write_atomic(cache, lambda tmp: torch.save({"vq_sha256": vq_hash, "codes": codes}, tmp))
     return codes.long()
 
 

@@ -1,0 +1,81 @@
+"""Atomic file writes: the one mechanism every writer of the project uses.
+
+A file is written under a temporary name beside its final path, unique to the writing process and
+thread (``.<name>.<host>.<pid>.<thread>.tmp``), then renamed over the path. Readers see the old file
+or the whole new one; two processes writing the same path never share a temporary file; a killed
+writer leaves at most its own ``.tmp`` file, which :func:`remove_stale_temps` clears.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+TEMP_SUFFIX = ".tmp"
+
+
+def temp_name(path: str | os.PathLike) -> Path:
+    """The temporary name this process and thread write ``path`` under (same folder: the rename is atomic)."""
+    path = Path(path)
+    host = socket.gethostname().split(".")[0] or "host"  # pids repeat across the nodes of a cluster
+    return path.with_name(f".{path.name}.{host}.{os.getpid()}.{threading.get_ident()}{TEMP_SUFFIX}")
+
+
+def write_atomic(path: str | os.PathLike, write: Callable[[str], None], mode: int = 0o644) -> Path:
+    """Call ``write(tmp_path)`` on this process's temporary file beside ``path``, then rename it over ``path``.
+
+    The file is flushed to disk before the rename, so a crash never leaves an empty file under the
+    final name. On any failure (a full disk, an exception, Ctrl-C) the temporary file is removed and
+    ``path`` is left as it was.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_name(path)
+    try:
+        write(str(tmp))
+        with open(tmp, "rb+") as handle:  # some writers (torch.save, PIL) close without fsync
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)  # mkstemp-style writers create 0600 files; outputs are meant to be shared
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (:func:`write_atomic`)."""
+    return write_atomic(path, lambda tmp: Path(tmp).write_bytes(data))
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically (:func:`write_atomic`)."""
+    return write_atomic(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def write_json_atomic(path: str | os.PathLike, payload) -> Path:
+    """Write ``payload`` as indented JSON to ``path`` atomically (:func:`write_atomic`)."""
+    return write_text_atomic(path, json.dumps(payload, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def copy_atomic(source: str | os.PathLike, target: str | os.PathLike) -> Path:
+    """Copy ``source`` to ``target`` atomically (:func:`write_atomic`)."""
+    import shutil
+
+    return write_atomic(target, lambda tmp: shutil.copyfile(source, tmp))
+
+
+def remove_stale_temps(folder: str | os.PathLike) -> int:
+    """Remove the temporary files killed writers left directly in ``folder``; return how many.
+
+    Only safe while the caller holds the folder's lock (:mod:`lantern.runlock`): no live writer then.
+    """
+    removed = 0
+    for tmp in Path(folder).glob(f".*{TEMP_SUFFIX}"):
+        tmp.unlink(missing_ok=True)
+        removed += 1
+    return removed
