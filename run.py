@@ -14,6 +14,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from lantern.cli import run_hydra, run_or_exit
+from lantern.preflight import check_run_config
 from lantern.distributed import World, check_world, rank_device, world_from_env
 from lantern.rundir import claim_run_folder
 
@@ -24,7 +25,7 @@ def generate(cfg: DictConfig, out_dir: Path, world: World) -> dict | None:
     Returns the record (rank 0), or None on the other ranks of a torchrun job. A folder that already
     holds a finished run of this config is returned as it is, without loading a model.
     """
-    resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    resolved = check_run_config(cfg, HydraConfig.get().overrides.task)  # before anything is built or written
     check_world(world, cfg.num_images)
     with claim_run_folder(out_dir, resolved, world) as folder:
         if folder.claim.finished is not None:

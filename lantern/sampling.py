@@ -16,12 +16,30 @@ from lantern import rng
 from lantern.errors import ConfigError
 
 
+# How scales below 1 are treated. LlamaGen guides only when cfg_scale > 1 and otherwise runs the
+# conditional stream alone; ``mix`` applies ``uncond + (cond - uncond) * scale`` for every scale != 1.
+CFG_BELOW_ONE = ("conditional", "mix")
+
+
+def _real(value) -> bool:
+    """A finite real number (not a bool, not a string)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _integer(value) -> bool:
+    """An integer, or a float with an integral value (Hydra parses ``5.0`` as a float)."""
+    return _real(value) and float(value).is_integer()
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """How logits become a next-token distribution.
 
-    ``top_k = 0`` and ``top_p = 1`` switch those filters off. ``cfg_scale = 1`` drops the unconditional
-    stream. ``cfg_interval = -1`` keeps guidance on for every step; ``n >= 0`` turns it off after step ``n``.
+    ``top_k = 0`` and ``top_p = 1`` switch those filters off. Guidance, as in LlamaGen's ``generate``:
+    it runs only when ``cfg_scale > 1``; ``cfg_scale <= 1`` samples the conditional stream alone
+    (``cfg_below_one="mix"`` mixes the two streams for scales in [0, 1) instead). ``cfg_interval = -1``
+    guides every token; ``n >= 0`` guides tokens ``0 .. n + 1`` (token 0 comes from the prefill, and
+    decode step ``i`` makes token ``i + 1`` and stops guiding once ``i > n``).
     """
 
     temperature: float = 1.0
@@ -29,18 +47,27 @@ class SamplingConfig:
     top_p: float = 1.0
     cfg_scale: float = 1.0
     cfg_interval: int = -1
+    cfg_below_one: str = "conditional"
 
     def __post_init__(self):
         checks = [
-            ("temperature", self.temperature, self.temperature >= 0, "must be >= 0 (0 = greedy)"),
-            ("top_k", self.top_k, self.top_k >= 0 and float(self.top_k).is_integer(), "must be an integer >= 0 (0 = off)"),
-            ("top_p", self.top_p, 0 < self.top_p <= 1, "must be in (0, 1]"),
-            ("cfg_scale", self.cfg_scale, self.cfg_scale >= 0, "must be >= 0 (1 = no guidance)"),
-            ("cfg_interval", self.cfg_interval, self.cfg_interval >= -1, "must be >= -1 (-1 = always on)"),
+            ("temperature", self.temperature, _real(self.temperature) and self.temperature >= 0,
+             "must be a finite number >= 0 (0 = greedy)"),
+            ("top_k", self.top_k, _integer(self.top_k) and self.top_k >= 0, "must be an integer >= 0 (0 = off)"),
+            ("top_p", self.top_p, _real(self.top_p) and 0 < self.top_p <= 1, "must be a number in (0, 1] (1 = off)"),
+            ("cfg_scale", self.cfg_scale, _real(self.cfg_scale) and self.cfg_scale >= 0,
+             "must be a finite number >= 0 (guidance when > 1)"),
+            ("cfg_interval", self.cfg_interval, _integer(self.cfg_interval) and self.cfg_interval >= -1,
+             "must be an integer >= -1 (-1 = guide every token)"),
+            ("cfg_below_one", self.cfg_below_one, self.cfg_below_one in CFG_BELOW_ONE,
+             f"must be one of {', '.join(CFG_BELOW_ONE)}"),
         ]
         for name, value, ok, allowed in checks:
-            if isinstance(value, float) and math.isnan(value) or not ok:
+            if not ok:
                 raise ConfigError(f"{name}={value!r} {allowed}")
+        # Integral floats from the command line become ints (torch.topk needs an int).
+        object.__setattr__(self, "top_k", int(self.top_k))
+        object.__setattr__(self, "cfg_interval", int(self.cfg_interval))
 
     @property
     def greedy(self) -> bool:
@@ -49,10 +76,19 @@ class SamplingConfig:
     @property
     def uses_cfg(self) -> bool:
         """Whether the batch carries an unconditional half."""
-        return self.cfg_scale != 1.0
+        if self.cfg_below_one == "mix":
+            return self.cfg_scale != 1.0
+        return self.cfg_scale > 1.0
+
+    @property
+    def last_guided_token(self) -> int | None:
+        """Index of the last guided token (``None``: every token), LlamaGen's ``cfg_interval + 1``."""
+        return None if self.cfg_interval < 0 else self.cfg_interval + 1
 
     def guidance_on(self, step: int) -> bool:
-        return self.uses_cfg and (self.cfg_interval < 0 or step <= self.cfg_interval)
+        """Whether token ``step`` (0 = the token sampled from the prefill) is guided."""
+        last = self.last_guided_token
+        return self.uses_cfg and (last is None or step <= last)
 
 
 def combine_cfg(logits: torch.Tensor, scale: float) -> torch.Tensor:
@@ -62,7 +98,7 @@ def combine_cfg(logits: torch.Tensor, scale: float) -> torch.Tensor:
 
 
 def guided_logits(logits: torch.Tensor, config: SamplingConfig, step: int) -> torch.Tensor:
-    """Apply CFG as configured for ``step``: (2B, ..., V) with CFG, (B, ..., V) without -> (B, ..., V)."""
+    """Apply CFG as configured for token ``step``: (2B, ..., V) with CFG, (B, ..., V) without -> (B, ..., V)."""
     if not config.uses_cfg:
         return logits.float()
     if config.guidance_on(step):
@@ -72,15 +108,17 @@ def guided_logits(logits: torch.Tensor, config: SamplingConfig, step: int) -> to
 
 def guided_logits_at(logits: torch.Tensor, config: SamplingConfig, steps: torch.Tensor) -> torch.Tensor:
     """CFG per position: ``logits`` (2B, S, V) or (B, S, V) -> (B, S, V), with ``steps`` (B, S) the token
-    index each position predicts (for ``cfg_interval``). Tensor steps, so no host synchronisation.
+    index each position predicts (guided up to :attr:`SamplingConfig.last_guided_token`). Tensor steps,
+    so no host synchronisation.
     """
     if not config.uses_cfg:
         return logits.float()
     guided = combine_cfg(logits, config.cfg_scale)
-    if config.cfg_interval < 0:
+    last = config.last_guided_token
+    if last is None:
         return guided
     cond = logits.float().chunk(2, dim=0)[0]
-    return torch.where((steps <= config.cfg_interval)[..., None], guided, cond)
+    return torch.where((steps <= last)[..., None], guided, cond)
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from lantern.conditioning import ClassConditioner, TextConditioner
@@ -95,3 +96,46 @@ def test_bfloat16_weights_decode_with_fp32_rope_and_logits():
     assert codes.shape == (2, model.config.num_image_tokens) and 0 <= codes.min() and codes.max() < 256
     cache = model.new_cache(2)
     assert cache.k.dtype == torch.bfloat16
+
+
+def _teacher_logits(model, cond, codes):
+    """Teacher-forced [cond; uncond] logits (2B, N, V) of ``codes`` (B, N) for class prompts ``cond``."""
+    with torch.no_grad():
+        labels = torch.cat([cond.values, model.null_condition(len(cond))])
+        mask = torch.ones(2 * len(cond), 1, dtype=torch.bool)
+        return model.head(model.forward_teacher(model.embed_condition(labels), codes.repeat(2, 1), mask))
+
+
+@pytest.mark.parametrize("interval", [0, 3, 10])
+def test_cfg_interval_follows_llamagen_token_for_token(interval):
+    model = tiny()
+    cond = ClassConditioner(10).encode([1, 4, 7])
+    codes = ARDecoder(SamplingConfig(temperature=0, cfg_scale=4.0, cfg_interval=interval)).generate(
+        model, cond, keys_tensor(0, range(3))).codes
+    cond_logits, uncond_logits = _teacher_logits(model, cond, codes).chunk(2)
+    # LlamaGen: the prefill's token 0 is guided; decode step i makes token i + 1, guided until i > interval.
+    for t in range(codes.shape[1]):
+        guided = t == 0 or not (t - 1 > interval)
+        logits = uncond_logits[:, t] + (cond_logits[:, t] - uncond_logits[:, t]) * 4.0 if guided else cond_logits[:, t]
+        assert torch.equal(logits.argmax(-1), codes[:, t]), t
+    shifted = ARDecoder(SamplingConfig(temperature=0, cfg_scale=4.0, cfg_interval=interval + 1)).generate(
+        model, cond, keys_tensor(0, range(3))).codes
+    if interval < 10:  # the interval matters on this model, so the check above can fail
+        assert not torch.equal(shifted, codes)
+
+
+def test_scale_below_one_samples_the_conditional_stream_alone_unless_mix_is_asked():
+    model = tiny()
+    cond, keys = ClassConditioner(10).encode([1, 2]), keys_tensor(0, [0, 1])
+    calls = []
+    handle = model.tok_embeddings.register_forward_hook(lambda m, a, out: calls.append(out.shape[0]))
+    half = ARDecoder(SamplingConfig(temperature=1.0, cfg_scale=0.5)).generate(model, cond, keys).codes
+    handle.remove()
+    assert set(calls) == {2}  # one stream, as LlamaGen for cfg_scale <= 1
+    assert torch.equal(half, ARDecoder(SamplingConfig(temperature=1.0, cfg_scale=1.0)).generate(model, cond, keys).codes)
+    mixed = ARDecoder(SamplingConfig(temperature=0, cfg_scale=0.5, cfg_below_one="mix")).generate(model, cond, keys).codes
+    cond_logits, uncond_logits = _teacher_logits(model, cond, mixed).chunk(2)
+    assert torch.equal((uncond_logits + 0.5 * (cond_logits - uncond_logits)).argmax(-1), mixed)
+    plain = ARDecoder(SamplingConfig(temperature=0, cfg_scale=0.5)).generate(model, cond, keys).codes
+    assert torch.equal(_teacher_logits(model, cond, plain).chunk(2)[0].argmax(-1), plain)  # conditional argmax
+    assert not torch.equal(plain, mixed)

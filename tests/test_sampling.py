@@ -5,7 +5,15 @@ import torch
 
 from lantern import rng
 from lantern.errors import ConfigError
-from lantern.sampling import SamplingConfig, combine_cfg, filter_logits, guided_logits, probabilities, sample
+from lantern.sampling import (
+    SamplingConfig,
+    combine_cfg,
+    filter_logits,
+    guided_logits,
+    guided_logits_at,
+    probabilities,
+    sample,
+)
 
 
 def test_uniforms_are_a_pure_function_of_key_step_stream_index():
@@ -49,12 +57,45 @@ def test_cfg_combines_conditional_first():
     cond, uncond = torch.randn(2, 7), torch.randn(2, 7)
     out = combine_cfg(torch.cat([cond, uncond]), 3.0)
     torch.testing.assert_close(out, uncond + 3.0 * (cond - uncond))
+    # LlamaGen: token 0 (prefill) is guided, decode step i makes token i + 1 and is guided while i <= n.
     cfg = SamplingConfig(cfg_scale=3.0, cfg_interval=4)
-    torch.testing.assert_close(guided_logits(torch.cat([cond, uncond]), cfg, 4), out)
-    torch.testing.assert_close(guided_logits(torch.cat([cond, uncond]), cfg, 5), cond)  # guidance off after step 4
+    torch.testing.assert_close(guided_logits(torch.cat([cond, uncond]), cfg, 5), out)  # step i = 4
+    torch.testing.assert_close(guided_logits(torch.cat([cond, uncond]), cfg, 6), cond)  # step i = 5 > 4
     no_cfg = SamplingConfig(cfg_scale=1.0)
     assert not no_cfg.uses_cfg
     torch.testing.assert_close(guided_logits(cond, no_cfg, 0), cond)
+
+
+@pytest.mark.parametrize("interval", [0, 1, 3, 10])
+def test_cfg_interval_guides_the_tokens_llamagen_guides(interval):
+    # The reference loop: prefill token 0 guided; decode step i (token i + 1) guided until i > interval.
+    expected = [True] + [not (interval > -1 and i > interval) for i in range(20)]
+    config = SamplingConfig(cfg_scale=2.0, cfg_interval=interval)
+    assert [config.guidance_on(t) for t in range(21)] == expected
+    cond, uncond = torch.randn(1, 21, 5), torch.randn(1, 21, 5)
+    steps = torch.arange(21)[None]  # (B, S): the token index each position predicts
+    per_position = guided_logits_at(torch.cat([cond, uncond]), config, steps)
+    for t in range(21):
+        want = combine_cfg(torch.cat([cond[:, t], uncond[:, t]]), 2.0) if expected[t] else cond[:, t]
+        torch.testing.assert_close(per_position[:, t], want)
+        torch.testing.assert_close(guided_logits(torch.cat([cond[:, t], uncond[:, t]]), config, t), want)
+
+
+@pytest.mark.parametrize("scale", [0.0, 0.5, 0.99, 1.0])
+def test_scales_up_to_one_use_the_conditional_stream_alone_as_llamagen(scale):
+    config = SamplingConfig(cfg_scale=scale)
+    assert not config.uses_cfg and not config.guidance_on(0)
+    cond = torch.randn(2, 7)
+    torch.testing.assert_close(guided_logits(cond, config, 0), cond)
+
+
+def test_mixing_below_one_is_a_named_option():
+    cond, uncond = torch.randn(2, 7), torch.randn(2, 7)
+    mix = SamplingConfig(cfg_scale=0.5, cfg_below_one="mix")
+    assert mix.uses_cfg and mix.guidance_on(0)
+    torch.testing.assert_close(guided_logits(torch.cat([cond, uncond]), mix, 0), uncond + 0.5 * (cond - uncond))
+    assert not SamplingConfig(cfg_scale=1.0, cfg_below_one="mix").uses_cfg
+    assert SamplingConfig(cfg_scale=3.0, cfg_below_one="mix").uses_cfg == SamplingConfig(cfg_scale=3.0).uses_cfg
 
 
 def test_top_k_and_top_p_filters_match_a_direct_computation():
@@ -75,9 +116,17 @@ def test_greedy_is_one_hot_and_temperature_sharpens():
 
 
 @pytest.mark.parametrize("field,value", [
-    ("temperature", -0.1), ("temperature", math.nan), ("top_k", -1), ("top_p", 0.0), ("top_p", 1.01),
-    ("cfg_scale", -1.0), ("cfg_interval", -2),
+    ("temperature", -0.1), ("temperature", math.nan), ("temperature", math.inf), ("temperature", "hot"),
+    ("temperature", True), ("top_k", -1), ("top_k", 2.5), ("top_k", "abc"), ("top_k", math.inf), ("top_p", 0.0),
+    ("top_p", 1.01), ("top_p", math.nan), ("top_p", "all"), ("cfg_scale", -1.0), ("cfg_scale", math.inf),
+    ("cfg_scale", -math.inf), ("cfg_scale", math.nan), ("cfg_scale", None), ("cfg_interval", -2), ("cfg_interval", 1.5),
+    ("cfg_interval", "x"), ("cfg_below_one", "average"),
 ])
 def test_bad_sampling_values_name_the_field(field, value):
-    with pytest.raises(ConfigError, match=field):
+    with pytest.raises(ConfigError, match=f"^{field}="):
         SamplingConfig(**{field: value})
+
+
+def test_integral_floats_become_ints():
+    config = SamplingConfig(top_k=5.0, cfg_interval=3.0)
+    assert config.top_k == 5 and isinstance(config.top_k, int) and isinstance(config.cfg_interval, int)
