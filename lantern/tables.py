@@ -1,101 +1,151 @@
 """Result tables from run records: the paper's layout, as markdown, CSV and LaTeX, plus a Pareto plot.
 
 Rows: AR, exact speculative decoding (per draft structure and candidate kind), LANTERN at each (k, delta),
-LANTERN++ at each (k, lambda), under either semantics. Columns: tau, latency, speed-up, FID, CLIP score,
-and the relaxation's promise (delta) beside the realised total variation the tokens were drawn with. A record's own ``speedup`` is used
-when it has one; otherwise it is computed against the AR record of the same setting (model, prompts,
-images, batch size, seed and sampling) and machine found among the records, and the table says which
-baseline it used.
+LANTERN++ at each (k, lambda), under either semantics. Columns: tau, latency with its interquartile range
+over batches, speed-up with its interquartile range, the AR time the speed-up was measured against, FID,
+CLIP score, and the relaxation's promise (delta) beside the realised total variation. A record's own
+``speedup`` (AR interleaved in the same run) is used when it has one; otherwise it is computed against
+the AR record of the same setting (model, prompts, images, batch size, seed and sampling) and machine
+found among the records. Every row names the run it comes from; rows whose settings differ say how.
+Records are read through :class:`lantern.run_record.RunRecord`, so a malformed one is refused.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Iterable
 from pathlib import Path
 
+from lantern.atomic import write_atomic, write_json_atomic, write_text_atomic
 from lantern.baselines import MACHINE_KEYS, SETTING_KEYS
 from lantern.errors import ConfigError
-from lantern.records import write_json_atomic, write_text_atomic
+from lantern.run_record import RECORD_NAME, RunRecord, read_record
 
-RECORD_NAME = "metrics.json"
+FAILED_NAME = ".failed.json"  # beside a sweep job's images when the job raised (written by SweepTable)
 FAMILY_ORDER = {"ar": 0, "eagle": 1, "lantern": 2, "lantern_pp": 3}
-COLUMNS = ("method", "tau", "latency_ms", "speedup", "fid", "clip_score", "delta", "tv_realised", "tv_realised_max", "baseline")
+COLUMNS = ("method", "tau", "latency_ms", "latency_iqr_ms", "speedup", "speedup_iqr", "baseline_ms", "fid", "clip_score",
+           "delta", "tv_realised", "tv_realised_max", "baseline", "run")
 
 
-def load_records(paths: Iterable[str | Path]) -> list[dict]:
-    """Every ``metrics.json`` under ``paths`` (files or folders), with its folder as ``run_dir``."""
+def load_records(paths: Iterable[str | Path]) -> list[RunRecord]:
+    """Every ``metrics.json`` under ``paths`` (files or folders), validated (:func:`read_record`)."""
+    paths = list(paths)
     records = []
     for path in paths:
         path = Path(path)
         if not path.exists():
             raise ConfigError(f"runs path not found: {str(path)!r}")
         files = [path] if path.is_file() else sorted(path.rglob(RECORD_NAME))
-        for file in files:
-            try:
-                record = json.loads(file.read_text(encoding="utf-8"))
-            except (OSError, ValueError) as exc:
-                raise ConfigError(f"{str(file)!r} is not a readable run record ({exc})") from exc
-            record["run_dir"] = str(file.parent)
-            records.append(record)
+        records.extend(read_record(file) for file in files)
     if not records:
         raise ConfigError(f"no {RECORD_NAME} found under {', '.join(map(str, paths))}")
     return records
 
 
-def method_label(record: dict) -> str:
+def failed_jobs(paths: Iterable[str | Path]) -> list[dict]:
+    """Sweep jobs under ``paths`` that failed and have no record: ``{"run", "overrides", "error"}`` each."""
+    failed = []
+    for path in map(Path, paths):
+        for marker in sorted(path.rglob(FAILED_NAME)) if path.is_dir() else []:
+            if not (marker.parent / RECORD_NAME).is_file():
+                try:
+                    entry = json.loads(marker.read_text(encoding="utf-8"))
+                except (OSError, ValueError):
+                    entry = {}
+                failed.append({"run": str(marker.parent), "overrides": entry.get("overrides", []),
+                               "error": entry.get("error", "unknown")})
+    return failed
+
+
+def method_label(record: RunRecord) -> str:
     """``AR``, ``EAGLE exact (chain)``, ``LANTERN k=1000 d=0.1 (dynamic_tree, sampled, reference)`` ..."""
-    decoding = record.get("decoding")
-    details = [record["draft"]] if record.get("draft") else []
-    if record.get("candidates") == "sampled":
+    decoding = record.decoding
+    details = [record.draft] if record.draft else []
+    if record.candidates == "sampled":
         details.append("sampled")
-    if record.get("semantics") == "reference":
+    if record.semantics == "reference":
         details.append("reference")
     draft = f" ({', '.join(details)})" if details else ""
     if decoding == "ar":
         return "AR"
     if decoding == "lantern":
-        return f"LANTERN k={record.get('k')} d={record.get('delta')}{draft}"
+        return f"LANTERN k={record.k} d={record.delta}{draft}"
     if decoding == "lantern_pp":
-        return f"LANTERN++ k={record.get('k')} l={record.get('lambda')}{draft}"
+        return f"LANTERN++ k={record.k} l={record.lambda_}{draft}"
     return f"{str(decoding).upper()} exact{draft}" if decoding == "eagle" else f"{decoding}{draft}"
 
 
-def _setting(record: dict) -> tuple:
-    machine = record.get("environment") or {}
-    return tuple(record.get(key) for key in SETTING_KEYS) + tuple(machine.get(key) for key in MACHINE_KEYS)
+def _setting(record: RunRecord) -> tuple:
+    return tuple(record.get(key) for key in SETTING_KEYS) + tuple(record.environment.get(key) for key in MACHINE_KEYS)
 
 
-def table_rows(records: list[dict]) -> list[dict]:
-    """One row per record in the paper's order, with speed-up filled from a matching AR run."""
+def _setting_notes(records: list[RunRecord]) -> dict[int, str]:
+    """For each record (by id), the setting entries in which the records differ: ``[seed=1, batch_size=4]``.
+
+    Empty when all records share one setting, so rows only carry what tells them apart.
+    """
+    keys = SETTING_KEYS + tuple(f"environment.{key}" for key in MACHINE_KEYS)
+    values = {id(r): dict(zip(keys, _setting(r))) for r in records}
+    differing = [key for key in keys if len({repr(v[key]) for v in values.values()}) > 1]
+    return {ident: (" [" + ", ".join(f"{key.split('.')[-1]}={v[key]}" for key in differing) + "]") if differing else ""
+            for ident, v in values.items()}
+
+
+def _quartiles(values: list[float]) -> list[float] | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return [values[0], values[0]]
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return [q1, q3]
+
+
+def _batch_ratios(baseline: RunRecord, record: RunRecord) -> list[float]:
+    """Per-batch AR / decoder time over the batches (same indices) both runs decoded and timed."""
+    times = {tuple(b["indices"]): b["seconds"] for b in baseline.per_batch or [] if b.get("seconds")}
+    return [times[tuple(b["indices"])] / b["seconds"] for b in record.per_batch or []
+            if b.get("seconds") and tuple(b["indices"]) in times]
+
+
+def table_rows(records: list[RunRecord]) -> list[dict]:
+    """One row per record in the paper's order, with speed-up (and its spread) from the record or a matching AR run."""
     baselines = {}
     for record in records:
-        if record.get("decoding") == "ar":
+        if record.decoding == "ar" and record.latency_s_per_image:
             baselines.setdefault(_setting(record), record)
+    notes = _setting_notes(records)
     rows = []
     for record in records:
-        latency = record.get("latency_s_per_image")
-        speedup, baseline = record.get("speedup"), record.get("speedup_baseline", "same run" if record.get("speedup") else None)
-        if speedup is None and latency:
+        latency = record.latency_s_per_image
+        speedup, spread, baseline_s = record.speedup, record.speedup_iqr, record.baseline_latency_s_per_image
+        source = record.speedup_baseline
+        if speedup is None and latency and record.decoding != "ar":
             match = baselines.get(_setting(record))
-            if match is not None and match.get("latency_s_per_image"):
-                speedup = match["latency_s_per_image"] / latency
-                baseline = match["run_dir"]
+            if match is not None:
+                speedup, baseline_s, source = match.latency_s_per_image / latency, match.latency_s_per_image, match.run_dir
+                spread = _quartiles(_batch_ratios(match, record))
+        if record.decoding == "ar":
+            speedup, spread, baseline_s, source = 1.0, None, latency, f"itself ({record.run_dir})"
+        iqr = record.latency_s_iqr
         rows.append({
-            "method": method_label(record),
-            "tau": record.get("mean_accepted_length"),
+            "method": method_label(record) + notes[id(record)],
+            "tau": record.mean_accepted_length,
             "latency_ms": None if latency is None else 1000 * latency,
+            "latency_iqr_ms": None if iqr is None else [1000 * v for v in iqr],
             "speedup": speedup,
-            "fid": record.get("fid"),
-            "clip_score": record.get("clip_score"),
-            "delta": record.get("delta"),
-            "tv_realised": 0.0 if record.get("decoding") == "ar" else record.get("tv_realised_mean"),  # AR samples p itself
-            "tv_realised_max": 0.0 if record.get("decoding") == "ar" else record.get("tv_realised_max"),
-            "baseline": baseline,
-            "_order": (FAMILY_ORDER.get(record.get("decoding"), 9), record.get("semantics") or "", record.get("draft") or "",
-                       record.get("candidates") or "", record.get("k") or 0, record.get("delta") or 0,
-                       record.get("lambda") or 0, record["run_dir"]),
+            "speedup_iqr": spread,
+            "baseline_ms": None if baseline_s is None else 1000 * baseline_s,
+            "fid": record.fid,
+            "clip_score": record.clip_score,
+            "delta": record.delta,
+            "tv_realised": 0.0 if record.decoding == "ar" else record.tv_realised_mean,  # AR samples p itself
+            "tv_realised_max": 0.0 if record.decoding == "ar" else record.tv_realised_max,
+            "baseline": source,
+            "run": record.run_dir,
+            "_order": (FAMILY_ORDER.get(record.decoding, 9), record.semantics or "", record.draft or "",
+                       record.candidates or "", record.k or 0, record.delta or 0, record.lambda_ or 0, record.run_dir),
         })
     rows.sort(key=lambda row: row["_order"])
     for row in rows:
@@ -115,25 +165,65 @@ def _tv_cell(row: dict) -> str:
     return f"{row['tv_realised']:.3f} / {_fmt(row['tv_realised_max'], 3)}"
 
 
-def to_markdown(rows: list[dict]) -> str:
-    """The table as markdown (speed-up with an x, missing values as -)."""
-    lines = ["| method | tau | latency ms/image | speed-up | FID | CLIP | delta | realised TV mean / max |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        speedup = "-" if r["speedup"] is None else f"{r['speedup']:.2f}x"
-        lines.append(f"| {r['method']} | {_fmt(r['tau'])} | {_fmt(r['latency_ms'], 1)} | {speedup} | "
-                     f"{_fmt(r['fid'])} | {_fmt(r['clip_score'], 4)} | {_fmt(r['delta'])} | {_tv_cell(r)} |")
-    return "\n".join(lines) + "\n"
+def _range(values: list[float] | None, digits: int, suffix: str = "") -> str:
+    return "" if values is None else f" [{values[0]:.{digits}f}, {values[1]:.{digits}f}]{suffix}"
 
 
-def to_latex(rows: list[dict]) -> str:
-    """The table as a LaTeX tabular."""
-    lines = [r"\begin{tabular}{lrrrrrrr}", r"\toprule",
-             r"Method & $\tau$ & Latency (ms) & Speed-up & FID & CLIP & $\delta$ & TV (mean / max) \\", r"\midrule"]
+def _speedup_cell(row: dict, times: str = "x") -> str:
+    if row["speedup"] is None:
+        return "-"
+    return f"{row['speedup']:.2f}{times}" + _range(row["speedup_iqr"], 2)
+
+
+def _short_run(run: str, root: Path | None) -> str:
+    if root is not None:
+        try:
+            return Path(run).resolve().relative_to(root.resolve()).as_posix() or "."
+        except ValueError:
+            pass
+    return run
+
+
+def _notes(failed: list[dict], root: Path | None) -> list[str]:
+    lines = ["Latency: decode time per image, mean [interquartile range over batches]. Speed-up: AR time / "
+             "decoder time [interquartile range of per-batch ratios]; AR ms/image is the AR time it was measured "
+             "against (interleaved in the same run, or the named AR run)."]
+    for job in failed:
+        lines.append(f"FAILED job {_short_run(job['run'], root)} ({' '.join(job['overrides'])}): {job['error']}")
+    return lines
+
+
+def to_markdown(rows: list[dict], failed: list[dict] | None = None, root: Path | None = None) -> str:
+    """The table as markdown (speed-up with an x, missing values as -), then notes and any failed jobs.
+
+    ``root``: run folders are shown relative to it (the sweep or output folder) where they lie under it.
+    """
+    lines = ["| method | tau | latency ms/image [IQR] | speed-up [IQR] | AR ms/image | FID | CLIP | delta "
+             "| realised TV mean / max | run |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        speedup = "-" if r["speedup"] is None else f"{r['speedup']:.2f}$\\times$"
-        lines.append(f"{r['method'].replace('_', chr(92) + '_')} & {_fmt(r['tau'])} & {_fmt(r['latency_ms'], 1)} & "
-                     f"{speedup} & {_fmt(r['fid'])} & {_fmt(r['clip_score'], 4)} & {_fmt(r['delta'])} & {_tv_cell(r)} \\\\")
+        lines.append(f"| {r['method']} | {_fmt(r['tau'])} | {_fmt(r['latency_ms'], 1)}{_range(r['latency_iqr_ms'], 1)} | "
+                     f"{_speedup_cell(r)} | {_fmt(r['baseline_ms'], 1)} | {_fmt(r['fid'])} | {_fmt(r['clip_score'], 4)} | "
+                     f"{_fmt(r['delta'])} | {_tv_cell(r)} | {_short_run(r['run'], root)} |")
+    return "\n".join(lines + [""] + _notes(failed or [], root)) + "\n"
+
+
+def _tex(text: str) -> str:
+    return text.replace("\\", "/").replace("_", "\\_").replace("%", "\\%").replace("&", "\\&").replace("#", "\\#")
+
+
+def to_latex(rows: list[dict], failed: list[dict] | None = None, root: Path | None = None) -> str:
+    """The table as a LaTeX tabular (booktabs rules), its notes and failed jobs as comments."""
+    lines = ["% Needs \\usepackage{booktabs} (\\toprule, \\midrule, \\bottomrule).",
+             *(f"% {_tex(note)}" for note in _notes(failed or [], root)),
+             r"\begin{tabular}{lrrrrrrrr}", r"\toprule",
+             r"Method & $\tau$ & Latency (ms) & Speed-up & AR (ms) & FID & CLIP & $\delta$ & TV (mean / max) \\",
+             r"\midrule"]
+    times = r"$\times$"
+    for r in rows:
+        lines.append(f"{_tex(r['method'])} & {_fmt(r['tau'])} & {_fmt(r['latency_ms'], 1)}{_range(r['latency_iqr_ms'], 1)} & "
+                     f"{_speedup_cell(r, times)} & {_fmt(r['baseline_ms'], 1)} & {_fmt(r['fid'])} & "
+                     f"{_fmt(r['clip_score'], 4)} & {_fmt(r['delta'])} & {_tv_cell(r)} \\\\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"
 
@@ -174,23 +264,26 @@ def pareto_plot(rows: list[dict], path: Path) -> Path:
     axis.set_ylabel(label)
     axis.grid(alpha=0.3)
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    figure.savefig(path, dpi=120, format="png")  # path may be a temporary name without .png
     plt.close(figure)
     return path
 
 
-def write_tables(records: list[dict], out_dir: str | Path, stem: str = "table") -> dict[str, Path]:
-    """Write ``stem.md``, ``stem.csv``, ``stem.tex``, ``stem.json`` and ``stem_pareto.png`` into ``out_dir``."""
+def write_tables(records: list[RunRecord], out_dir: str | Path, stem: str = "table",
+                 failed: list[dict] | None = None) -> dict[str, Path]:
+    """Write ``stem.md``, ``stem.csv``, ``stem.tex``, ``stem.json`` and ``stem_pareto.png`` into ``out_dir``.
+
+    ``failed``: sweep jobs without a record (:func:`failed_jobs`), named under the table.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rows = table_rows(records)
+    rows, failed = table_rows(records), failed or []
     paths = {}
-    for suffix, text in (("md", to_markdown(rows)), ("csv", to_csv(rows)), ("tex", to_latex(rows))):
-        paths[suffix] = out / f"{stem}.{suffix}"
-        write_text_atomic(paths[suffix], text)
-    write_json_atomic(out / f"{stem}.json", {"rows": rows, "runs": [r["run_dir"] for r in records]})
-    paths["json"] = out / f"{stem}.json"
-    paths["png"] = pareto_plot(rows, out / f"{stem}_pareto.png")
+    for suffix, text in (("md", to_markdown(rows, failed, out)), ("csv", to_csv(rows)), ("tex", to_latex(rows, failed, out))):
+        paths[suffix] = write_text_atomic(out / f"{stem}.{suffix}", text)
+    paths["json"] = write_json_atomic(out / f"{stem}.json", {"rows": rows, "runs": [r.run_dir for r in records],
+                                                            "failed": failed})
+    paths["png"] = write_atomic(out / f"{stem}_pareto.png", lambda tmp: pareto_plot(rows, tmp))
     return paths
 
 
@@ -201,18 +294,59 @@ except ImportError:  # pragma: no cover - hydra is a dependency
 
 
 class SweepTable(Callback):
-    """Hydra callback: at the end of a multirun, write the sweep's table into its folder and hand it to
-    the runs' tracker (``job.tracker``, W&B by default)."""
+    """Hydra callback: one sweep per folder, and its table whatever becomes of its jobs.
+
+    At the start of a multirun it checks the launcher config (a missing required field is one
+    ``error:`` line, exit 2), takes the sweep folder's lock (a second sweep into it is refused) and
+    refuses a folder that holds a sweep of other overrides. After every job it rewrites the table of
+    the jobs finished so far and names failed ones (so a failed job, which stops Hydra before the end
+    of the multirun, still leaves a table); at the end of the multirun it writes the table once more
+    and hands it to the runs' tracker (``job.tracker``, W&B by default) once.
+    """
+
+    def __init__(self) -> None:
+        self._lock = None
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        from lantern.sweeps import check_launcher, claim_sweep
+
+        try:
+            check_launcher(config)
+            self._lock = claim_sweep(config)
+        except ConfigError as exc:
+            import sys
+
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(2)
+
+    def on_job_end(self, config, job_return, **kwargs) -> None:
+        from hydra.core.utils import JobStatus
+
+        run_dir = Path(config.hydra.runtime.output_dir)
+        if job_return.status == JobStatus.FAILED:
+            error = job_return._return_value
+            write_json_atomic(run_dir / FAILED_NAME, {"overrides": list(job_return.overrides or []),
+                                                      "error": f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"})
+        elif (run_dir / FAILED_NAME).is_file():
+            (run_dir / FAILED_NAME).unlink()
+        self._write(Path(config.hydra.sweep.dir))
 
     def on_multirun_end(self, config, **kwargs) -> None:
         from hydra.utils import instantiate
 
         sweep = Path(config.hydra.sweep.dir)
+        written = self._write(sweep)
+        if written is not None:
+            print(f"sweep table: {written[1]['md']}")
+            tracker = config.get("job", {}).get("tracker")
+            if tracker is not None:
+                instantiate(tracker).log_table(sweep, table_rows(written[0]), written[1]["png"])
+        if self._lock is not None:
+            self._lock.release()
+
+    @staticmethod
+    def _write(sweep: Path):
         if not any(sweep.rglob(RECORD_NAME)):
-            return
+            return None
         records = load_records([sweep])
-        paths = write_tables(records, sweep)
-        print(f"sweep table: {paths['md']}")
-        tracker = config.get("job", {}).get("tracker")
-        if tracker is not None:
-            instantiate(tracker).log_table(sweep, table_rows(records), paths["png"])
+        return records, write_tables(records, sweep, failed=failed_jobs([sweep]))

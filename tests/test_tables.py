@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from lantern.errors import ConfigError
-from lantern.tables import load_records, table_rows, to_csv, to_latex, to_markdown, write_tables
+from lantern.tables import FAILED_NAME, failed_jobs, load_records, table_rows, to_csv, to_latex, to_markdown, write_tables
 from test_run import REPO
 
 SETTING = {"model": "m", "prompts": "p", "num_images": 4, "batch_size": 2, "seed": 0, "temperature": 1.0, "top_k": 0,
@@ -35,7 +35,8 @@ def test_rows_follow_the_paper_order_and_speedup_comes_from_the_matching_ar_run(
     ]
     assert [round(r["speedup"], 3) for r in rows] == [1.0, 0.5, 1.25, 2.0, 1.0]
     assert rows[0]["fid"] == 50.0 and rows[1]["baseline"].endswith("b")
-    assert "| AR | 1.00 | 100.0 | 1.00x | 50.00 | - | - | 0.000 / 0.000 |" in to_markdown(rows)
+    assert f"| AR | 1.00 | 100.0 | 1.00x | 100.0 | 50.00 | - | - | 0.000 / 0.000 | {tmp_path / 'b'} |" in to_markdown(rows)
+    assert rows[0]["baseline"] == f"itself ({tmp_path / 'b'})" and rows[1]["baseline_ms"] == 100.0
     assert list(csv.DictReader(io.StringIO(to_csv(rows))))[2]["method"] == "LANTERN k=1000 d=0.1 (chain)"
     assert r"\begin{tabular}" in to_latex(rows) and "2.00$\\times$" in to_latex(rows)
     paths = write_tables(load_records([tmp_path]), tmp_path / "out")
@@ -53,6 +54,7 @@ def test_rows_name_candidates_and_semantics_and_show_realised_tv_beside_delta(tm
         "AR", "LANTERN k=1000 d=0.1 (chain, sampled)", "LANTERN k=1000 d=0.1 (dynamic_tree, reference)"]
     markdown = to_markdown(rows)
     assert "| 0.10 | 0.050 / 0.100 |" in markdown and "| 0.10 | 0.750 / 0.990 |" in markdown
+    assert to_latex(rows).startswith("% Needs \\usepackage{booktabs}")
     assert rows[0]["tv_realised"] == 0.0 and "0.750 / 0.990" in to_latex(rows)
 
 
@@ -62,7 +64,8 @@ def test_no_speedup_without_a_matching_baseline(tmp_path):
     record(tmp_path, "c", decoding="ar", latency_s_per_image=0.1, batch_size=4)
     record(tmp_path, "d", decoding="ar", latency_s_per_image=0.1, environment={"device": "cpu", "device_name": "cpu B"})
     rows = table_rows(load_records([tmp_path]))
-    assert rows[-1]["method"] == "EAGLE exact (chain)" and rows[-1]["speedup"] is None
+    assert rows[-1]["method"] == "EAGLE exact (chain) [batch_size=2, seed=0, device_name=cpu A (2 cores)]"
+    assert rows[-1]["speedup"] is None
 
 
 def test_missing_or_empty_runs_are_refused(tmp_path):
@@ -87,3 +90,93 @@ def test_multirun_writes_a_table_whose_rows_match_the_records(tmp_path):
     assert table["rows"][1]["tau"] == lantern["mean_accepted_length"]
     assert table["rows"][1]["tv_realised"] == lantern["tv_realised_mean"] <= table["rows"][1]["delta"] == 0.1
     assert (sweep / "table.md").is_file() and (sweep / "table_pareto.png").is_file()
+
+
+def test_speedup_spread_and_the_ar_time_behind_it(tmp_path):
+    batches = [{"rank": 0, "indices": [0, 1], "seconds": 0.2}, {"rank": 0, "indices": [2, 3], "seconds": 0.4}]
+    record(tmp_path, "ar", decoding="ar", latency_s_per_image=0.15, per_batch=batches, latency_s_iqr=[0.1, 0.2])
+    record(tmp_path, "eagle", decoding="eagle", draft="chain", latency_s_per_image=0.1,
+           per_batch=[{**batches[0], "seconds": 0.1}, {**batches[1], "seconds": 0.1}])
+    record(tmp_path, "own", decoding="lantern", draft="chain", k=10, delta=0.1, latency_s_per_image=0.05, speedup=3.0,
+           speedup_iqr=[2.5, 3.5], baseline_latency_s_per_image=0.15, speedup_baseline="ar, interleaved in this run")
+    rows = table_rows(load_records([tmp_path]))
+    ar, eagle, own = rows
+    assert ar["latency_iqr_ms"] == [100.0, 200.0] and ar["baseline_ms"] == 150.0
+    assert eagle["speedup"] == pytest.approx(1.5) and eagle["speedup_iqr"] == pytest.approx([2.5, 3.5])
+    assert eagle["baseline_ms"] == pytest.approx(150.0) and eagle["baseline"] == str(tmp_path / "ar")
+    assert own["speedup_iqr"] == [2.5, 3.5] and own["baseline_ms"] == pytest.approx(150.0)
+    markdown = to_markdown(rows, root=tmp_path)
+    assert "| 100.0 [100.0, 200.0] |" not in markdown and "| 150.0 [100.0, 200.0] | 1.00x | 150.0 |" in markdown
+    assert "| 1.50x [2.50, 3.50] | 150.0 |" in markdown and markdown.splitlines()[2].endswith("| ar |")
+
+
+def test_runs_of_different_settings_are_told_apart(tmp_path):
+    record(tmp_path, "a", decoding="ar", latency_s_per_image=0.1)
+    record(tmp_path, "b", decoding="ar", latency_s_per_image=0.1, seed=1)
+    assert sorted(r["method"] for r in table_rows(load_records([tmp_path]))) == ["AR [seed=0]", "AR [seed=1]"]
+
+
+def test_a_failed_job_is_named_under_the_table(tmp_path):
+    record(tmp_path, "0", decoding="ar", latency_s_per_image=0.1)
+    (tmp_path / "1").mkdir()
+    (tmp_path / "1" / FAILED_NAME).write_text(json.dumps({"overrides": ["decoding=eagle"], "error": "RuntimeError: boom"}))
+    paths = write_tables(load_records([tmp_path]), tmp_path, failed=failed_jobs([tmp_path]))
+    assert "FAILED job 1 (decoding=eagle): RuntimeError: boom" in paths["md"].read_text()
+    assert "% FAILED job 1 (decoding=eagle): RuntimeError: boom" in paths["tex"].read_text()
+    assert json.loads(paths["json"].read_text())["failed"][0]["overrides"] == ["decoding=eagle"]
+
+
+@pytest.mark.parametrize("payload,message", [
+    ([1, 2], "a JSON object is expected, not list"),
+    ({}, "field 'decoding': field required"),
+    ({**SETTING, "decoding": "ar", "latency_s_per_image": "0.1"}, "field 'latency_s_per_image': input should be a valid number"),
+    ({**SETTING, "decoding": "ar", "num_images": "4"}, "field 'num_images': input should be a valid integer"),
+    ({**SETTING, "decoding": "ar", "schema_version": 99}, "schema_version=99; this lantern reads versions 0, 1"),
+])
+def test_make_tables_refuses_a_malformed_record_with_one_line_and_writes_nothing(tmp_path, payload, message):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.json").write_text(json.dumps(payload))
+    out = tmp_path / "tables"
+    proc = subprocess.run([sys.executable, "scripts/make_tables.py", str(run), "--out", str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"error: '{run / 'metrics.json'}'") and message in lines[0], lines[0]
+    assert not out.exists()
+
+
+def test_make_tables_out_must_be_a_folder(tmp_path):
+    run = record(tmp_path, "run", decoding="ar", latency_s_per_image=0.1)
+    target = tmp_path / "table.md"
+    target.write_text("keep")
+    proc = subprocess.run([sys.executable, "scripts/make_tables.py", str(run), "--out", str(target)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip() == f"error: --out='{target}' is a file; give a folder (the tables are written into it)"
+    assert target.read_text() == "keep" and sorted(p.name for p in tmp_path.iterdir()) == ["run", "table.md"]
+
+
+def sweep(tmp_path, *overrides):
+    return subprocess.run(
+        [sys.executable, "run.py", "-m", "model=tiny_random_c2i", "num_images=2", "warmup=0", "speedup_baseline=null",
+         "wandb.mode=disabled", f"hydra.sweep.dir={tmp_path / 'sweep'}", *overrides],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+
+
+def test_a_sweep_with_a_failed_job_still_writes_the_table_naming_it_and_a_rerun_skips_finished_jobs(tmp_path):
+    jobs = "job._target_=lantern.generate.GenerationJob,lantern.generate.NoSuchJob"
+    first = sweep(tmp_path, jobs)
+    assert first.returncode != 0  # Hydra raises the failed job's error after the sweep
+    folder = tmp_path / "sweep"
+    table = json.loads((folder / "table.json").read_text())
+    assert [row["method"] for row in table["rows"]] == ["AR"] and table["failed"][0]["run"] == str(folder / "1")
+    failed = [line for line in (folder / "table.md").read_text().splitlines() if line.startswith("FAILED")]
+    assert len(failed) == 1 and failed[0].startswith("FAILED job 1 (") and "Error locating target 'lantern.generate.NoSuchJob'" in failed[0]
+    record_mtime = (folder / "0" / "metrics.json").stat().st_mtime_ns
+    again = sweep(tmp_path, jobs)
+    assert "already finished" in again.stdout and (folder / "0" / "metrics.json").stat().st_mtime_ns == record_mtime
+    other = sweep(tmp_path, "seed=0,1")
+    lines = [line for line in other.stderr.splitlines() if line.strip()]
+    assert other.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: sweep folder '{folder}' holds a sweep of other overrides")
+    assert "job._target_" in (folder / "multirun.yaml").read_text()

@@ -1,0 +1,56 @@
+"""A sweep folder for one sweep at a time, and launcher configs checked before any job starts.
+
+Hydra writes ``multirun.yaml`` into the sweep folder and each job into ``<sweep>/<job number>``. A
+rerun of the same command into the same folder resumes (finished jobs are skipped by their run
+folders, :mod:`lantern.rundir`); a sweep of other overrides, or a second sweep while one is running,
+is refused with one line before anything is written.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from lantern.errors import ConfigError
+from lantern.lock import FolderLock
+
+SWEEP_CONFIG = "multirun.yaml"
+
+
+def check_launcher(config: DictConfig) -> None:
+    """Refuse a launcher config with required fields left unset (``???``), naming the first one."""
+    launcher = config.hydra.get("launcher")
+    if launcher is None:
+        return
+    missing = sorted(OmegaConf.missing_keys(launcher))
+    if missing:
+        name = str(launcher.get("_target_", "launcher")).rsplit(".", 1)[-1]
+        raise ConfigError(f"hydra.launcher.{missing[0]} is required by {name}: set it on the command line, "
+                          f"e.g. hydra.launcher.{missing[0]}=VALUE")
+    timeout = launcher.get("timeout_min")
+    if timeout is not None and (not isinstance(timeout, int) or timeout < 1):
+        raise ConfigError(f"hydra.launcher.timeout_min={timeout!r} must be an integer >= 1 (minutes)")
+
+
+def claim_sweep(config: DictConfig) -> FolderLock:
+    """Lock ``hydra.sweep.dir`` for this process and check it holds no sweep of other overrides.
+
+    Returns the held lock (released when the process ends, or by the caller at the end of the sweep).
+    """
+    sweep = Path(config.hydra.sweep.dir)
+    lock = FolderLock(sweep, what="sweep folder").acquire()
+    saved = sweep / SWEEP_CONFIG
+    if saved.is_file():
+        try:
+            before = list(OmegaConf.load(saved).hydra.overrides.task)
+        except Exception:  # noqa: BLE001 - any unreadable file means we cannot tell: refuse
+            before = ["<unreadable multirun.yaml>"]
+        now = list(config.hydra.overrides.task)
+        if before != now:
+            lock.release()
+            raise ConfigError(
+                f"sweep folder {str(sweep)!r} holds a sweep of other overrides ({' '.join(before) or 'none'}; "
+                f"this one: {' '.join(now) or 'none'}); rerun that command to resume, or choose another hydra.sweep.dir"
+            )
+    return lock
