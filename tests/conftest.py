@@ -1,4 +1,7 @@
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -9,6 +12,10 @@ KEYS_DIR = REPO.parent / "shared" / "llamagen_keys"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
+# Tests get their own cache (paths.cache: neighbour tables, FID statistics), never the real runs' one.
+_CACHE = tempfile.mkdtemp(prefix="lantern-test-cache-")
+os.environ["LANTERN_CACHE"] = _CACHE
+atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 # Test models are tiny: one thread is fastest, and two oversubscribe a busy 2-core machine.
 torch.set_num_threads(1)
 
