@@ -70,12 +70,23 @@ def rank_from_env() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def world_from_env(device: str = "cpu", timeout_s: float = 1800.0) -> World:
-    """Join the process group torchrun described in the environment (a world of one without torchrun).
+def export_submitit_tasks() -> None:
+    """Under a submitit SLURM job of several tasks (``hydra.launcher.tasks_per_node``), set the variables
+    torchrun would (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) from submitit's job environment."""
+    if "WORLD_SIZE" in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) <= 1 or "SUBMITIT_EXECUTOR" not in os.environ:
+        return
+    from submitit.helpers import TorchDistributedEnvironment
 
-    ``device`` picks the backend: nccl for CUDA devices (each rank then uses ``cuda:LOCAL_RANK``),
-    gloo otherwise.
+    TorchDistributedEnvironment().export(set_cuda_visible_devices=False)  # each rank picks cuda:LOCAL_RANK itself
+
+
+def world_from_env(device: str = "cpu", timeout_s: float = 1800.0) -> World:
+    """Join the process group torchrun (or a multi-task submitit job) described in the environment.
+
+    A world of one without either. ``device`` picks the backend: nccl for CUDA devices (each rank then
+    uses ``cuda:LOCAL_RANK``), gloo otherwise.
     """
+    export_submitit_tasks()
     size = world_size_from_env()
     if size <= 1:
         return World()

@@ -16,17 +16,20 @@ from lantern.errors import ConfigError
 from lantern.lock import FolderLock
 
 SWEEP_CONFIG = "multirun.yaml"
+# Launcher fields a sweep cannot go without, by launcher class (the plugin's own schema leaves them optional).
+REQUIRED = {"SlurmLauncher": ("partition", "timeout_min", "gpus_per_node", "array_parallelism")}
 
 
 def check_launcher(config: DictConfig) -> None:
-    """Refuse a launcher config with required fields left unset (``???``), naming the first one."""
+    """Refuse a launcher config with required fields unset (``???`` or, for SLURM, null), naming the first one."""
     launcher = config.hydra.get("launcher")
     if launcher is None:
         return
+    kind = str(launcher.get("_target_", "launcher")).rsplit(".", 1)[-1]
     missing = sorted(OmegaConf.missing_keys(launcher))
+    missing += [key for key in REQUIRED.get(kind, ()) if key not in missing and launcher.get(key) is None]
     if missing:
-        name = str(launcher.get("_target_", "launcher")).rsplit(".", 1)[-1]
-        raise ConfigError(f"hydra.launcher.{missing[0]} is required by {name}: set it on the command line, "
+        raise ConfigError(f"hydra.launcher.{missing[0]} is required by {kind}: set it on the command line, "
                           f"e.g. hydra.launcher.{missing[0]}=VALUE")
     timeout = launcher.get("timeout_min")
     if timeout is not None and (not isinstance(timeout, int) or timeout < 1):
