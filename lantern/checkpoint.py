@@ -9,15 +9,32 @@ one message naming the missing, unexpected and wrongly shaped keys.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 
 import torch
 from torch import nn
 
-from lantern.errors import CheckpointError
+from lantern.errors import CheckpointError, one_line
 
 IGNORED_KEYS = frozenset({"freqs_cis"})
 _MAX_LISTED = 4
+# torch names the first class or function a weights-only load refused in one of these phrasings.
+_REFUSED_GLOBAL = re.compile(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)")
+
+
+def unreadable_reason(exc: BaseException) -> str:
+    """Why torch/safetensors could not read a weights file, in one short line.
+
+    A pickle holding more than tensors (training arguments, a whole module, or code) is refused by
+    ``weights_only=True``; the message then names the offending global and how to fix the file.
+    """
+    text = str(exc)
+    refused = _REFUSED_GLOBAL.search(text)
+    if refused:
+        return (f"it holds a pickled {refused.group(1)}, not only tensors, and is not loaded (a pickle can run code); "
+                "re-save the state dict alone: torch.save(model.state_dict(), path)")
+    return one_line(text.strip().splitlines()[0] if text.strip() else type(exc).__name__, 200)
 
 
 def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
@@ -37,8 +54,7 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         else:
             obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any failure to parse means "not a checkpoint"
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"{path!r} is not a readable checkpoint ({reason[:200]})") from exc
+        raise CheckpointError(f"{path!r} is not a readable checkpoint: {unreadable_reason(exc)}") from exc
     if isinstance(obj, Mapping):
         for wrapper in ("model", "state_dict"):
             if wrapper in obj and isinstance(obj[wrapper], Mapping):

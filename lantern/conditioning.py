@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -47,6 +48,11 @@ class ClassConditioner:
         if isinstance(prompt, bool) or not isinstance(prompt, int) or not 0 <= prompt < self.num_classes:
             raise ConfigError(f"class prompt {prompt!r} must be an integer class id in [0, {self.num_classes})")
 
+    def check_all(self, prompts: list) -> None:
+        """Check every prompt of a run before it starts (:meth:`check`)."""
+        for prompt in prompts:
+            self.check(prompt)
+
     def encode(self, prompts: list) -> Condition:
         """Class ids -> Condition with values (B,) long and mask (B, 1)."""
         for prompt in prompts:
@@ -78,6 +84,22 @@ class TextConditioner:
         if not isinstance(prompt, str) or not prompt.strip():
             raise ConfigError(f"text prompt {prompt!r} must be a non-empty string")
 
+    def check_all(self, prompts: list) -> None:
+        """Check every prompt of a run before it starts (:meth:`check`), and warn once on stderr when
+        some are longer than the encoder's tokens (they are truncated to them, as in LlamaGen)."""
+        for prompt in prompts:
+            self.check(prompt)
+        truncated = getattr(self.encoder, "truncated", None)
+        if truncated is None:
+            return
+        distinct = list(dict.fromkeys(prompts))
+        long = [prompt for prompt in distinct if truncated(prompt)]
+        if long:
+            first = long[0] if len(long[0]) <= 60 else long[0][:57] + "..."
+            print(f"warning: {len(long)} of {len(distinct)} distinct prompts are longer than the text encoder's "
+                  f"{self.encoder.max_length} tokens and are truncated to them (the first: {first!r}, "
+                  f"{len(long[0])} characters)", file=sys.stderr)
+
     def encode(self, prompts: list) -> Condition:
         """Captions -> Condition with values (B, T, C) float and mask (B, T)."""
         for prompt in prompts:
@@ -86,11 +108,18 @@ class TextConditioner:
         return Condition(embedding.states.to(self.device), embedding.mask.to(self.device))
 
 
-def load_t5_conditioner(path: str, max_length: int = 120, dtype: str = "float32", device="cpu") -> TextConditioner:
-    """A :class:`TextConditioner` over FLAN-T5 loaded from the local folder ``path``."""
+def load_t5_conditioner(
+    path: str, max_length: int = 120, dtype: str = "bfloat16", device="cpu", preprocessing: str = "clean",
+) -> TextConditioner:
+    """A :class:`TextConditioner` over FLAN-T5 loaded from the local folder ``path``.
+
+    Defaults as LlamaGen: the encoder in bfloat16 (``model.text_encoder_dtype``), captions cleaned
+    twice by its caption cleaner (``model.text_preprocessing``).
+    """
     from lantern.text.t5 import load_t5_encoder
 
-    return TextConditioner(load_t5_encoder(path, max_length=max_length, device=device, dtype=dtype), device)
+    encoder = load_t5_encoder(path, max_length=max_length, device=device, dtype=dtype, preprocessing=preprocessing)
+    return TextConditioner(encoder, device)
 
 
 def load_minilm_conditioner(path: str | None = None, max_length: int = 32, device="cpu") -> TextConditioner:

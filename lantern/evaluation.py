@@ -53,6 +53,17 @@ class FID:
     ):
         self.reference_name, self.reference = reference_name, reference
         self.batch_size, self.cache_dir, self.device, self.progress = batch_size, cache_dir, device, progress
+        self._reference = None
+
+    def check(self, prompts: Sequence, labels: Sequence[int] | None = None) -> None:
+        """Before the first image: the Inception weights are installed and the reference set is there
+        (a folder must hold PNGs); the reference is kept for :meth:`__call__`."""
+        from lantern.metrics.fid import inception_path, list_pngs
+
+        inception_path()
+        self._reference = self.reference()
+        if not isinstance(self._reference, np.ndarray):
+            list_pngs(self._reference)
 
     def __call__(self, run_dir: Path, prompts: Sequence, labels: Sequence[int] | None) -> dict:
         from lantern.metrics.fid import FIDStats, InceptionFeatures, fid_from_stats, reference_stats
@@ -60,7 +71,7 @@ class FID:
         start = time.perf_counter()
         extractor = InceptionFeatures(self.device)
         images = read_images(run_dir, len(prompts))
-        reference_images = self.reference()
+        reference_images = self._reference if self._reference is not None else self.reference()
         reference = reference_stats(
             f"{self.reference_name}_{len(reference_images)}" if isinstance(reference_images, np.ndarray) else self.reference_name,
             reference_images, extractor, self.cache_dir, batch_size=self.batch_size, progress=self.progress,
@@ -75,11 +86,20 @@ class PromptFaithfulness:
 
     def __init__(self, classifier_path: str):
         self.classifier_path = classifier_path
+        self._classifier = None
 
-    def __call__(self, run_dir: Path, prompts: Sequence, labels: Sequence[int] | None) -> dict:
-        from lantern.metrics.classifier import load_classifier, predict
+    def check(self, prompts: Sequence, labels: Sequence[int] | None = None) -> None:
+        """Before the first image: the prompts carry labels and the classifier loads (it is kept)."""
+        from lantern.metrics.classifier import load_classifier
 
         if labels is None:
             raise ConfigError("prompt faithfulness needs a labelled prompt set (the world's prompts), not this one")
-        predicted = predict(load_classifier(self.classifier_path), read_images(run_dir, len(prompts)))
+        self._classifier = load_classifier(self.classifier_path)
+
+    def __call__(self, run_dir: Path, prompts: Sequence, labels: Sequence[int] | None) -> dict:
+        from lantern.metrics.classifier import predict
+
+        if self._classifier is None:
+            self.check(prompts, labels)
+        predicted = predict(self._classifier, read_images(run_dir, len(prompts)))
         return {"prompt_accuracy": float((predicted == np.asarray(labels)).mean())}

@@ -103,8 +103,10 @@ class GenerationJob:
         self.tracker = tracker  # e.g. lantern.tracking.WandbLogger: gets the finished record
         self.items = prompts.for_images(num_images)
         self.labels = prompts.labels_for_images(num_images)
-        for prompt in self.items:
-            bundle.conditioner.check(prompt)
+        bundle.conditioner.check_all(self.items)
+        for metric in self.metrics.values():  # every metric's inputs (weights, folders) before the first image
+            if hasattr(metric, "check"):
+                metric.check(self.items, self.labels)
 
     def _decode(self, indices: list[int], decoder=None):
         bundle = self.bundle
@@ -231,10 +233,12 @@ class GenerationJob:
         batches = [b for part in parts for b in part["batches"]]
         latency = {index: b["seconds"] / b["images"] for b in batches for index in b["indices"]}
         per_image, samples = [], []
+        distinct = list(dict.fromkeys(self.items))  # each prompt stored once; rows name it by position
+        prompt_ids = {prompt: number for number, prompt in enumerate(distinct)}
         for index in range(self.num_images):
             saved = store.load(index)
             samples.append(saved["per_sample"])
-            row = {"index": index, "prompt": self.items[index], "latency_s": latency.get(index)}
+            row = {"index": index, "prompt_id": prompt_ids[self.items[index]], "latency_s": latency.get(index)}
             if "steps" in saved["per_sample"]:
                 steps = int(saved["per_sample"]["steps"])
                 row["steps"] = steps
@@ -275,6 +279,7 @@ class GenerationJob:
                else recorded_speedup(recorded, self.baseline_run, total / decoded if decoded else None)),
             **acceptance_summary([{key: torch.stack([s[key] for s in samples]) for key in samples[0]}] if samples[0] else []),
             "decode_stats": stats,
+            "distinct_prompts": distinct,
             "per_image": per_image,
             "per_batch": [{key: b[key] for key in ("rank", "indices", "seconds", "baseline_seconds")} for b in batches],
             "environment": environment(self.bundle.device),

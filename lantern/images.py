@@ -28,7 +28,8 @@ def labelled_grid(images: list[np.ndarray], labels: list[str], columns: int = 8,
     columns = max(1, min(columns, len(images)))
     rows = math.ceil(len(images) / columns)
     chars = max(8, cell // 6)
-    wrapped = ["\n".join(textwrap.wrap(str(label), chars)[:3]) for label in labels]
+    # Three lines are shown: wrap only what fits in them (a prompt may be megabytes long).
+    wrapped = ["\n".join(textwrap.wrap(str(label)[: 3 * chars + 1], chars)[:3]) for label in labels]
     text_height = 12 * max(1, max(w.count("\n") + 1 for w in wrapped)) + 4
     grid = Image.new("RGB", (columns * cell, rows * (cell + text_height)), "white")
     draw = ImageDraw.Draw(grid)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 from collections.abc import Sequence
@@ -54,12 +55,29 @@ def caption_prompts(captions: Sequence[str], name: str = "captions") -> PromptSe
     return PromptSet(name, "text", [str(c) for c in captions])
 
 
+def read_text(path: str, what: str) -> str:
+    """The UTF-8 text of the file ``path`` (a ``what``: for messages); one ConfigError naming the file
+    and the line for a binary file or one in another encoding."""
+    with open(path, "rb") as handle:
+        data = handle.read()
+    if b"\x00" in data:
+        line = data[: data.index(b"\x00")].count(b"\n") + 1
+        raise ConfigError(f"{what} {path!r} is a binary file, not text (a NUL byte on line {line}); "
+                          "give a UTF-8 text file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise ConfigError(f"{what} {path!r} is not UTF-8 text: line {line}, column {column} has the byte "
+                          f"0x{data[exc.start]:02x}; save it as UTF-8") from None
+
+
 def caption_file(path: str, name: str | None = None) -> PromptSet:
     """Caption prompts from a UTF-8 text file, one per line (blank lines skipped)."""
     if not os.path.isfile(path):
         raise ConfigError(f"prompt file not found: {path!r} (expected a text file with one caption per line)")
-    with open(path, encoding="utf-8") as handle:
-        captions = [line.strip() for line in handle if line.strip()]
+    captions = [line.strip() for line in read_text(path, "prompt file").splitlines() if line.strip()]
     return PromptSet(name or os.path.basename(path), "text", captions)
 
 
@@ -98,9 +116,9 @@ def coco_captions(
         raise ConfigError(f"per_image={per_image!r} must be one of {', '.join(PER_IMAGE)}")
     if not os.path.isfile(path):
         raise ConfigError(f"COCO caption file not found: {path!r} (expected e.g. annotations/captions_val2017.json)")
+    text = read_text(path, "COCO caption file")
     try:
-        with open(path, encoding="utf-8") as handle:
-            annotations = json.load(handle)["annotations"]
+        annotations = json.loads(text)["annotations"]
         rows = [(int(a["image_id"]), int(a.get("id", 0)), str(a["caption"]).strip()) for a in annotations]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"{path!r} is not a COCO caption file: expected {{'annotations': [{{'image_id', 'caption'}}, ...]}} ({exc})") from exc
@@ -123,11 +141,10 @@ def parti_prompts(path: str, start: int = 0, count: int | None = None, category:
     """PartiPrompts from its TSV (columns ``Prompt``, ``Category``, ...), optionally one category."""
     if not os.path.isfile(path):
         raise ConfigError(f"PartiPrompts file not found: {path!r} (expected PartiPrompts.tsv)")
-    with open(path, encoding="utf-8", newline="") as handle:
-        reader = csv.DictReader(handle, delimiter="\t")
-        if not reader.fieldnames or "Prompt" not in reader.fieldnames:
-            raise ConfigError(f"{path!r} is not a PartiPrompts TSV: no 'Prompt' column in its header")
-        rows = [r for r in reader if (r.get("Prompt") or "").strip()]
+    reader = csv.DictReader(io.StringIO(read_text(path, "PartiPrompts file"), newline=""), delimiter="\t")
+    if not reader.fieldnames or "Prompt" not in reader.fieldnames:
+        raise ConfigError(f"{path!r} is not a PartiPrompts TSV: no 'Prompt' column in its header")
+    rows = [r for r in reader if (r.get("Prompt") or "").strip()]
     if category is not None:
         rows = [r for r in rows if r.get("Category") == category]
     prompts = [r["Prompt"].strip() for r in rows]

@@ -8,6 +8,7 @@ every hash first, so a missing or altered file is reported before anything is bu
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -33,6 +34,32 @@ def read_manifest(folder: str | Path) -> dict:
     return manifest
 
 
+def world_member(folder: Path, name) -> Path:
+    """``folder / name`` for a file the manifest names; CheckpointError unless it stays inside ``folder``
+    (a manifest must not make the loader hash, or point at, files elsewhere)."""
+    root = folder.resolve()
+    if not isinstance(name, str) or not name or Path(name).is_absolute():
+        raise CheckpointError(f"world manifest {str(folder / MANIFEST_NAME)!r} names {name!r}: "
+                              "only relative paths inside the world folder are allowed")
+    path = (folder / name).resolve()
+    if not path.is_relative_to(root):
+        raise CheckpointError(f"world manifest {str(folder / MANIFEST_NAME)!r} names {name!r}, which is outside "
+                              f"the world folder {str(folder)!r}; only files inside it are allowed")
+    return folder / name
+
+
+def restore_hint(path: Path) -> str:
+    """How to get a shipped file back: ``git checkout`` when it is tracked in this repository."""
+    absolute = path.resolve()
+    if absolute.is_relative_to(REPO_ROOT.resolve()):
+        relative = absolute.relative_to(REPO_ROOT.resolve())
+        tracked = subprocess.run(["git", "ls-files", "--error-unmatch", str(relative)], cwd=REPO_ROOT,
+                                 capture_output=True, timeout=30).returncode == 0
+        if tracked:
+            return f"restore it with `git checkout -- {relative}`"
+    return "restore it from where the world folder came from"
+
+
 def verify_world(folder: str | Path) -> dict:
     """Check every file of the manifest against its sha256; return the manifest.
 
@@ -41,14 +68,17 @@ def verify_world(folder: str | Path) -> dict:
     folder = Path(folder)
     manifest = read_manifest(folder)
     for name, entry in manifest["files"].items():
-        path = folder / name
-        how = f"restore it with `git checkout -- {path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path}` or rebuild it with `{entry.get('command', '?')}`"
+        path = world_member(folder, name)
+        if not isinstance(entry, dict):
+            raise CheckpointError(f"world manifest {str(folder / MANIFEST_NAME)!r}: the entry of {name!r} is not a table")
         if not path.is_file():
-            raise CheckpointError(f"world file {str(path)!r} is missing; {how}")
+            raise CheckpointError(f"world file {str(path)!r} is missing; {restore_hint(path)} "
+                                  f"or rebuild it with `{entry.get('command', '?')}`")
         actual = sha256_file(path)
         if actual != entry.get("sha256"):
             raise CheckpointError(
-                f"world file {str(path)!r} was altered (sha256 {actual[:12]}..., manifest {str(entry.get('sha256'))[:12]}...); {how}"
+                f"world file {str(path)!r} was altered (sha256 {actual[:12]}..., manifest {str(entry.get('sha256'))[:12]}...); "
+                f"{restore_hint(path)} or rebuild it with `{entry.get('command', '?')}`"
             )
     return manifest
 

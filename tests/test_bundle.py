@@ -34,7 +34,7 @@ def test_t2i_run_loads_official_format_files_and_a_local_t5(tmp_path):
     assert proc.returncode == 0, proc.stderr
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["prompts"] == "captions_demo" and metrics["top_k"] == 50 and metrics["cfg_scale"] == 7.5
-    assert [r["prompt"] for r in metrics["per_image"]][0].startswith("A photo of a red fox")
+    assert metrics["distinct_prompts"][metrics["per_image"][0]["prompt_id"]].startswith("A photo of a red fox")
     assert (out / "000002.png").is_file()
 
     wrong = subprocess.run([sys.executable, "run.py", *overrides[:-1], "model.bundle.conditioner.max_length=10",

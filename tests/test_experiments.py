@@ -140,5 +140,5 @@ def test_the_coco_experiment_measures_fid_and_clip_on_the_world(tmp_path):
     assert metrics["prompts"] == "coco2017_longest" and metrics["decoding"] == "lantern" and metrics["delta"] == 0.1
     assert metrics["fid"] > 0 and metrics["fid_reference"] == "coco2017_val_256"
     assert -1.0 <= metrics["clip_score"] <= 1.0 and metrics["clip_convention"] == "lantern"
-    assert [row["prompt"] for row in metrics["per_image"]] == [
+    assert [metrics["distinct_prompts"][row["prompt_id"]] for row in metrics["per_image"]] == [
         "a white sneaker seen from the side", "a long summer dress with thin straps", "a leather bag with a handle"]

@@ -62,3 +62,22 @@ def test_bad_ranges_and_parti_files_are_refused(tmp_path, coco_file):
     bad.write_text("Text\tCategory\nx\ty\n")
     with pytest.raises(ConfigError, match="no 'Prompt' column"):
         parti_prompts(str(bad))
+
+
+@pytest.mark.parametrize("loader,what", [
+    ("caption_file", "prompt file"), ("coco_captions", "COCO caption file"), ("parti_prompts", "PartiPrompts file"),
+])
+def test_binary_or_non_utf8_prompt_files_name_the_file_and_line(tmp_path, loader, what):
+    import lantern.prompts as prompts
+
+    latin = tmp_path / "latin1.txt"
+    latin.write_bytes("a cat\nthe second line\na caf\u00e9 sign\n".encode("latin-1"))
+    with pytest.raises(ConfigError) as caught:
+        getattr(prompts, loader)(str(latin))
+    message = str(caught.value)
+    assert message == f"{what} {str(latin)!r} is not UTF-8 text: line 3, column 6 has the byte 0xe9; save it as UTF-8"
+    binary = tmp_path / "image.png"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 40)
+    with pytest.raises(ConfigError, match=rf"^{what} '.*image\.png' is a binary file, not text \(a NUL byte on line 3\)"):
+        getattr(prompts, loader)(str(binary))
+    assert len(str(caught.value)) < 300

@@ -44,3 +44,39 @@ def test_shipped_world_matches_its_manifest():
         pytest.skip("no shipped world in this checkout yet")
     manifest = verify_world(folder)
     assert manifest["total_bytes"] <= 30 * 2**20
+
+
+@pytest.mark.parametrize("name", ["../outside.bin", "../../../etc/passwd", "/etc/passwd", "sub/../../outside.bin", ""])
+def test_manifest_names_outside_the_world_folder_are_refused_unhashed(tmp_path, name, monkeypatch):
+    world = tmp_path / "world"
+    world.mkdir()
+    (tmp_path / "outside.bin").write_bytes(b"secret")
+    (world / "manifest.json").write_text(json.dumps({"files": {name: {"sha256": "0" * 64, "command": "x"}}}))
+    hashed = []
+    monkeypatch.setattr("lantern.world.sha256_file", lambda path: hashed.append(path) or "f" * 64)
+    with pytest.raises(CheckpointError, match="only (relative paths|files) inside"):
+        verify_world(world)
+    assert hashed == []  # nothing outside the folder is read
+
+
+def test_a_symlink_out_of_the_world_folder_is_refused(tmp_path):
+    world = tmp_path / "world"
+    world.mkdir()
+    (tmp_path / "outside.bin").write_bytes(b"secret")
+    (world / "a.bin").symlink_to(tmp_path / "outside.bin")
+    (world / "manifest.json").write_text(json.dumps({"files": {"a.bin": {"sha256": "0" * 64}}}))
+    with pytest.raises(CheckpointError, match="outside the world folder"):
+        verify_world(world)
+
+
+def test_restore_advice_suggests_git_only_for_tracked_files_of_this_repository(tmp_path):
+    make_world(tmp_path)  # a world outside the repository
+    (tmp_path / "a.bin").write_bytes(b"weightz")
+    with pytest.raises(CheckpointError) as outside:
+        verify_world(tmp_path)
+    assert "git checkout" not in str(outside.value) and "restore it from where the world folder came from" in str(outside.value)
+    from lantern.world import restore_hint
+
+    shipped = REPO / "worlds" / "fashion_mnist" / "gpt.safetensors"
+    if shipped.is_file():
+        assert restore_hint(shipped) == "restore it with `git checkout -- worlds/fashion_mnist/gpt.safetensors`"

@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lantern.errors import ConfigError
+from lantern.checkpoint import unreadable_reason
+from lantern.errors import CheckpointError, ConfigError, LanternError
 
 CONVENTIONS = {"lantern": ("A photo depicts ", 1.0, False), "torchmetrics": ("", 100.0, True)}
 
@@ -95,6 +96,11 @@ def clip_cosines(clip, preprocess, tokenizer, images: np.ndarray, captions: Sequ
     return (image_emb * text_emb).sum(-1).numpy()
 
 
+def _check_captions(captions: Sequence) -> None:
+    if any(not isinstance(c, str) for c in captions):
+        raise ConfigError("metrics=clip needs text prompts; this prompt set holds class ids")
+
+
 class CLIPScore:
     """The run's CLIP score (``clip_score``) under ``convention``; no I/O until it is computed."""
 
@@ -109,15 +115,30 @@ class CLIPScore:
         self._loaded = None
 
     def load(self):
-        """``(model, preprocess, tokenizer)``, loaded on first use and kept for later calls."""
+        """``(model, preprocess, tokenizer)``, loaded on first use and kept for later calls.
+
+        A weights file that cannot be loaded (not a checkpoint, another architecture, a pickle of more
+        than tensors) is one CheckpointError naming it.
+        """
         if self._loaded is None:
-            self._loaded = _load(self.model, self.pretrained, self.model_config, self.device)
+            try:
+                self._loaded = _load(self.model, self.pretrained, self.model_config, self.device)
+            except LanternError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - open_clip and torch raise many kinds for a bad file
+                raise CheckpointError(
+                    f"metrics.clip.pretrained={self.pretrained!r} cannot be loaded as {self.model} weights: "
+                    f"{unreadable_reason(exc)}") from exc
         return self._loaded
+
+    def check(self, prompts: Sequence, labels: Sequence[int] | None = None) -> None:
+        """Before the first image: the prompts are captions and the model loads (it is kept for scoring)."""
+        _check_captions(prompts)
+        self.load()
 
     def score(self, images: np.ndarray, captions: Sequence[str]) -> float:
         """Mean score of uint8 (N, H, W, 3) images against their captions."""
-        if any(not isinstance(c, str) for c in captions):
-            raise ConfigError("CLIP score needs text prompts; this prompt set holds class ids")
+        _check_captions(captions)
         prefix, scale, clamp = CONVENTIONS[self.convention]
         clip, preprocess, tokenizer = self.load()
         cosines = clip_cosines(clip, preprocess, tokenizer, images, [prefix + c for c in captions], self.batch_size, self.device)

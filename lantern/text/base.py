@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import json
 import os
+import re
 from dataclasses import dataclass
 
 import torch
@@ -96,21 +97,57 @@ class TextEncoder(abc.ABC):
         """Encode ``prompts`` into float32 (B, max_length, dim) left-padded, zero-padded states and mask."""
 
 
+# A prompt longer than this many characters per kept token is cut at a whitespace before tokenizing
+# (when the cut still holds more tokens than are kept): tokenizers split words at whitespace, so the
+# kept tokens are the same, and a megabyte prompt costs milliseconds instead of seconds.
+HEAD_CHARS_PER_TOKEN = 64
+_LAST_SPACE = re.compile(r"\s(?=\S*$)")
+
+
 class HFTextEncoder(TextEncoder):
     """A :class:`TextEncoder` around a Hugging Face encoder model and its tokenizer.
 
-    The tokenizer pads to ``max_length`` on the right, truncates longer prompts and adds its
-    special tokens (they count as real tokens). The model runs without gradients on the ids and
-    attention mask; ``last_hidden_state`` is cast to float32 and passed through :func:`left_pad`.
-    The tokenizer's ``padding_side`` is set to ``"right"``.
+    Each prompt is first preprocessed (``preprocessing``: see :mod:`lantern.text.captions`; each
+    distinct prompt once). The tokenizer pads to ``max_length`` on the right, truncates longer
+    prompts and adds its special tokens (they count as real tokens). The model runs without
+    gradients on the ids and attention mask; ``last_hidden_state`` is cast to float32 and passed
+    through :func:`left_pad`. The tokenizer's ``padding_side`` is set to ``"right"``.
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer, max_length: int, dim: int) -> None:
+    def __init__(self, model: torch.nn.Module, tokenizer, max_length: int, dim: int, preprocessing: str = "none") -> None:
+        from lantern.text.captions import check_mode
+
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.tokenizer.padding_side = "right"
         self.max_length = check_max_length(max_length)
         self.dim = int(dim)
+        self.preprocessing = check_mode(preprocessing)
+        self._prepared: dict[str, str] = {}
+
+    def prepare(self, prompt: str) -> str:
+        """The text the tokenizer gets for ``prompt``: preprocessed, and cut to a head that still holds
+        every token the encoder keeps (:data:`HEAD_CHARS_PER_TOKEN`)."""
+        if prompt not in self._prepared:
+            from lantern.text.captions import preprocess
+
+            text = preprocess(prompt, self.preprocessing)
+            limit = HEAD_CHARS_PER_TOKEN * self.max_length
+            if len(text) > limit:
+                space = _LAST_SPACE.search(text, 0, limit)
+                if space is not None and self._count(text[: space.start()]) > self.max_length:
+                    text = text[: space.start()]
+            self._prepared[prompt] = text
+        return self._prepared[prompt]
+
+    def _count(self, text: str) -> int:
+        """Tokens of ``text`` with special tokens, counted up to ``max_length + 1``."""
+        ids = self.tokenizer(text, truncation=True, max_length=self.max_length + 1)["input_ids"]
+        return len(ids)
+
+    def truncated(self, prompt: str) -> bool:
+        """Whether ``prompt`` has more tokens (special tokens included) than the encoder keeps."""
+        return self._count(self.prepare(prompt)) > self.max_length
 
     @property
     def device(self) -> torch.device:
@@ -129,7 +166,7 @@ class HFTextEncoder(TextEncoder):
                 mask=torch.zeros(0, self.max_length, dtype=torch.bool, device=device),
             )
         tokens = self.tokenizer(
-            prompts,
+            [self.prepare(prompt) for prompt in prompts],
             padding="max_length",
             truncation=True,
             max_length=self.max_length,
@@ -178,7 +215,9 @@ def load_hf_encoder(model_class, path: str, dtype: torch.dtype, expected: str, l
     Any failure becomes one :class:`CheckpointError` naming ``path`` and what was ``expected``.
     """
     from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # its "Loading weights" bars would sit on stderr beside our one-line errors
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         model = model_class.from_pretrained(path, local_files_only=True, **dtype_kwargs(dtype))
