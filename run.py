@@ -17,6 +17,7 @@ from lantern.cli import run_hydra, run_or_exit
 from lantern.preflight import check_run_config
 from lantern.distributed import World, check_world, rank_device, world_from_env
 from lantern.rundir import claim_run_folder
+from lantern.tracking import run_identity
 
 
 def generate(cfg: DictConfig, out_dir: Path, world: World) -> dict | None:
@@ -27,6 +28,10 @@ def generate(cfg: DictConfig, out_dir: Path, world: World) -> dict | None:
     """
     resolved = check_run_config(cfg, HydraConfig.get().overrides.task)  # before anything is built or written
     check_world(world, cfg.num_images)
+    group, name = run_identity()  # a sweep's runs share a W&B group and are named from their overrides
+    tracker = instantiate(cfg.job.tracker, group=group, name=name)
+    if world.is_main:
+        tracker.check()  # wandb.mode=online: key and server, before any work
     with claim_run_folder(out_dir, resolved, world) as folder:
         if folder.claim.finished is not None:
             print(f"already finished: {out_dir} holds a complete record of this config; nothing to do")
@@ -35,7 +40,7 @@ def generate(cfg: DictConfig, out_dir: Path, world: World) -> dict | None:
         decoder = instantiate(cfg.decoding)
         prompts = instantiate(cfg.prompts)
         bundle = instantiate(cfg.model.bundle)
-        job = instantiate(cfg.job, _partial_=True)(bundle=bundle, decoder=decoder, prompts=prompts)
+        job = instantiate(cfg.job, _partial_=True)(bundle=bundle, decoder=decoder, prompts=prompts, tracker=tracker)
         return job.run(folder, config=resolved, world=world)
 
 

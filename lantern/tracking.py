@@ -2,12 +2,16 @@
 of a finished sweep's table (a W&B table and the Pareto plot).
 
 ``mode="offline"`` (the default) writes the run under ``<run dir>/wandb`` with no account or network
-(`wandb sync` uploads it later); ``online`` logs live; ``disabled`` does nothing. The logger is handed
-the finished record, so a failed run logs nothing.
+(`wandb sync` uploads it later); ``online`` logs live, after :meth:`WandbLogger.check` has made sure,
+before any work, that there is a key and the server answers; ``disabled`` does nothing. The logger is
+handed the finished record, so a failed run logs nothing. ``quiet`` (the default) keeps W&B's own
+console lines off the terminal. The runs of a sweep share a group named after the sweep folder and are
+named from their overrides (:func:`run_identity`).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from lantern.errors import ConfigError
@@ -20,13 +24,62 @@ def scalars(record: dict) -> dict:
     return {k: v for k, v in record.items() if isinstance(v, (int, float, str, bool)) or v is None}
 
 
+def run_identity() -> tuple[str | None, str | None]:
+    """(group, name) of this Hydra job for W&B: a multirun's jobs share ``sweep-<sweep folder>`` and are
+    named from their overrides (``decoding=eagle,delta=0.1``); a single run is named from its overrides.
+    (None, None) outside Hydra."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return None, None
+    hydra = HydraConfig.get()
+    name = hydra.job.override_dirname or None
+    if name is not None and len(name) > 120:
+        name = name[:117] + "..."
+    if hydra.mode == RunMode.MULTIRUN:
+        return f"sweep-{Path(hydra.sweep.dir).name}", name or f"job-{hydra.job.num}"
+    return None, name
+
+
+def _cell(value):
+    """A table cell W&B accepts: lists (interquartile ranges) as text."""
+    return str(value) if isinstance(value, (list, dict)) else value
+
+
 class WandbLogger:
     """Log one run to W&B. Constructing it does nothing; :meth:`log_run` starts and finishes a W&B run."""
 
-    def __init__(self, mode: str = "offline", project: str = "lantern", group: str | None = None):
+    def __init__(self, mode: str = "offline", project: str = "lantern", group: str | None = None, name: str | None = None,
+                 quiet: bool = True, timeout_s: int = 15):
         if mode not in MODES:
             raise ConfigError(f"wandb.mode={mode!r} must be one of {', '.join(MODES)}")
-        self.mode, self.project, self.group = mode, project, group
+        self.mode, self.project, self.group, self.name, self.quiet, self.timeout_s = mode, project, group, name, quiet, timeout_s
+        if quiet:
+            os.environ.setdefault("WANDB_SILENT", "true")  # W&B reads it when it starts, also in its service process
+
+    def check(self) -> None:
+        """Before any work: online logging needs an API key and a W&B server that answers; one line otherwise."""
+        if self.mode != "online":
+            return
+        import wandb
+
+        host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
+        hint = "or log with wandb.mode=offline (then `wandb sync`) or wandb.mode=disabled"
+        no_key = ConfigError(f"wandb.mode=online but no W&B API key is set: set WANDB_API_KEY or run `wandb login`, {hint}")
+        try:
+            if not wandb.login(prompt=False, verify=True, timeout=self.timeout_s):  # False: no key found
+                raise no_key
+        except wandb.errors.UsageError:
+            raise no_key from None
+        except wandb.errors.Error as exc:
+            reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise ConfigError(f"wandb.mode=online but W&B at {host} does not answer ({reason}); {hint}") from None
+
+    def _settings(self):
+        import wandb
+
+        return wandb.Settings(silent=True, console="off") if self.quiet else None
 
     def log_run(self, out_dir: Path, record: dict) -> None:
         """Log ``record`` (and ``grid.png`` when present) for the run in ``out_dir``."""
@@ -34,10 +87,10 @@ class WandbLogger:
             return
         import wandb
 
-        name = f"{record.get('decoding')}-{Path(out_dir).name}"
+        name = self.name or f"{record.get('decoding')}-{Path(out_dir).name}"
         run = wandb.init(
             project=self.project, group=self.group, name=name, dir=str(out_dir), mode=self.mode,
-            config=record.get("config") or {}, reinit="create_new",
+            config=record.get("config") or {}, reinit="create_new", settings=self._settings(),
         )
         try:
             summary = scalars(record)
@@ -56,11 +109,11 @@ class WandbLogger:
 
         columns = list(rows[0])
         run = wandb.init(
-            project=self.project, group=self.group, name=f"table-{Path(out_dir).name}", dir=str(out_dir),
-            mode=self.mode, job_type="table", reinit="create_new",
+            project=self.project, group=self.group or f"sweep-{Path(out_dir).name}", name=f"table-{Path(out_dir).name}",
+            dir=str(out_dir), mode=self.mode, job_type="table", reinit="create_new", settings=self._settings(),
         )
         try:
-            logged = {"table": wandb.Table(columns=columns, data=[[row.get(c) for c in columns] for row in rows])}
+            logged = {"table": wandb.Table(columns=columns, data=[[_cell(row.get(c)) for c in columns] for row in rows])}
             if plot is not None and Path(plot).is_file():
                 logged["pareto"] = wandb.Image(str(plot))
             run.log(logged)
