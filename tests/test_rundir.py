@@ -133,3 +133,24 @@ def test_first_difference_names_the_dotted_key():
     assert first_difference({"a": {"b": 1, "c": 2}}, {"a": {"b": 1, "c": 3}}) == "a.c: 2 -> 3"
     assert first_difference({"a": 1}, {"a": 1, "b": 2}) == "b: '<absent>' -> 2"
     assert first_difference({"a": [1, 2]}, {"a": [1, 2]}) is None
+
+
+def test_a_sweep_killed_midway_resumes_without_redoing_finished_jobs_or_images(tmp_path):
+    sweep = tmp_path / "sweep"
+    command = [sys.executable, "run.py", "-m", *BASE, "seed=0,1", f"hydra.sweep.dir={sweep}"]
+    first = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(sweep / "1" / "000002.png", first)
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=60)
+    assert (sweep / "0" / "metrics.json").is_file() and not (sweep / "1" / "metrics.json").exists()
+    done = snapshot(sweep / "0")
+    kept = {name: entry for name, entry in snapshot(sweep / "1").items() if name.endswith(".png")}
+    again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "already finished" in again.stdout and snapshot(sweep / "0") == done
+    after = snapshot(sweep / "1")
+    assert all(after[name][0] == entry[0] for name, entry in kept.items()), "finished images were redone"
+    record = json.loads((sweep / "1" / "metrics.json").read_text())
+    assert record["seed"] == 1 and record["timing"]["images_kept"] >= len(kept)
+    table = json.loads((sweep / "table.json").read_text())
+    assert [row["method"] for row in table["rows"]] == ["AR [seed=0]", "AR [seed=1]"] and not table["failed"]
