@@ -12,32 +12,10 @@ from dataclasses import dataclass
 import torch
 
 from lantern.checkpoint import load_weights
+from lantern.devices import resolve_device, resolve_dtype
 from lantern.errors import CheckpointError, ConfigError
 from lantern.models.gpt import Transformer, gpt_config
 from lantern.models.vq import VQModel, to_uint8, vq_config
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_device(name: str) -> torch.device:
-    """``cpu``, ``cuda`` or ``cuda:N`` -> torch.device; ConfigError when unknown or unavailable."""
-    try:
-        device = torch.device(name)
-    except (RuntimeError, TypeError) as exc:
-        raise ConfigError(f"device={name!r} is not a device; use cpu, cuda or cuda:N") from exc
-    if device.type not in ("cpu", "cuda"):
-        raise ConfigError(f"device={name!r} is not supported; use cpu, cuda or cuda:N")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device={name!r} requested but CUDA is not available on this machine; use device=cpu")
-    return device
-
-
-def resolve_dtype(name: str) -> torch.dtype:
-    """``float32`` / ``bfloat16`` / ``float16`` -> torch.dtype; ConfigError otherwise."""
-    if name not in DTYPES:
-        raise ConfigError(f"dtype={name!r} is not supported; use one of {', '.join(DTYPES)}")
-    return DTYPES[name]
-
 
 @dataclass
 class ModelBundle:

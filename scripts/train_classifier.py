@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from lantern.bundle import resolve_device
+from lantern.devices import resolve_device
 from lantern.data.fashion_mnist import CLASS_NAMES, NUM_CLASSES, SYSTEM_DATA_ROOT, load_split
 from lantern.cli import run_or_exit
 from lantern.errors import ConfigError

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lantern.bundle import resolve_device
+from lantern.devices import resolve_device
 from lantern.cli import run_or_exit
 from lantern.data.fashion_mnist import NUM_CLASSES, SYSTEM_DATA_ROOT, all_captions, caption_for, load_split
 from lantern.errors import ConfigError

@@ -45,7 +45,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from lantern.atomic import write_atomic
-from lantern.bundle import resolve_device
+from lantern.devices import resolve_device
 from lantern.errors import CheckpointError, ConfigError
 from lantern.records import REPO_ROOT
 

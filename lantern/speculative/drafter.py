@@ -197,7 +197,7 @@ def load_drafter(
     Accepts this project's files and the LANTERN/EAGLE release format (HF Llama key names). A file
     for another hidden size or vocabulary is refused with one message naming both.
     """
-    from lantern.bundle import resolve_device, resolve_dtype
+    from lantern.devices import resolve_device, resolve_dtype
 
     if path is None:
         raise ConfigError(
@@ -230,7 +230,7 @@ def load_drafter(
 
 def random_drafter(gpt: Mapping, vq: Mapping, init_seed: int = 0, n_layer: int = 1, device: str = "cpu", dtype: str = "float32") -> Drafter:
     """A seeded, randomly initialised drafter for the described target (smoke runs and tests)."""
-    from lantern.bundle import resolve_device, resolve_dtype
+    from lantern.devices import resolve_device, resolve_dtype
 
     torch.manual_seed(init_seed)
     drafter = Drafter(DrafterConfig(_target_config(gpt, vq), n_layer=n_layer))
