@@ -26,15 +26,8 @@ from lantern.devices import resolve_device
 from lantern.data.fashion_mnist import CLASS_NAMES, NUM_CLASSES, SYSTEM_DATA_ROOT, load_split
 from lantern.cli import run_or_exit
 from lantern.errors import ConfigError
-from lantern.metrics.classifier import (
-    WEIGHTS_NAME,
-    ClassifierObjective,
-    FashionClassifier,
-    load_classifier,
-    pad_to_world,
-    predict,
-    training_batch,
-)
+from lantern.metrics.classifier import WEIGHTS_NAME, FashionClassifier, load_classifier, pad_to_world, predict
+from lantern.training.classifier import ClassifierObjective, training_batch
 from lantern.records import environment, write_json_atomic
 from lantern.training.loop import DEFAULT_RESUME_IGNORE, EpochBatches, Trainer, training_summary, warmup_cosine
 

@@ -14,15 +14,8 @@ from torch import nn
 
 from lantern.data.fashion_mnist import FashionMNISTImages, load_split
 from lantern.errors import CheckpointError, ConfigError
-from lantern.metrics.classifier import (
-    ClassifierObjective,
-    FashionClassifier,
-    load_classifier,
-    pad_to_world,
-    prompt_accuracy,
-    to_classifier_input,
-    training_batch,
-)
+from lantern.metrics.classifier import FashionClassifier, load_classifier, pad_to_world, prompt_accuracy, to_classifier_input
+from lantern.training.classifier import ClassifierObjective, training_batch
 from lantern.training.loop import EpochBatches, Trainer
 from script_helpers import fashion_root, load_script
 

@@ -5,18 +5,17 @@ The classifier sees what the world produces: 28x28 garments centred on a 32x32 b
 (padding 2 px of 0, i.e. -1 after scaling), gray values in [-1, 1]. Generated uint8 (N, 32, 32, 3)
 images are converted by averaging the channels and scaling ``x / 127.5 - 1``.
 
-``scripts/train_classifier.py`` trains it on the 60k train split and writes
+``scripts/train_classifier.py`` trains it (:mod:`lantern.training.classifier`) on the 60k train split and writes
 ``classifier.safetensors`` (fp16); :func:`load_classifier` reads that file strictly.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from lantern.checkpoint import load_weights
@@ -29,8 +28,8 @@ DEFAULT_WIDTH = 16
 WEIGHTS_NAME = "classifier.safetensors"
 DEFAULT_WEIGHTS = REPO_ROOT / "outputs" / "train" / "classifier" / WEIGHTS_NAME
 EXPECTED = "Fashion-MNIST classifier (width {width})"
-_PAD = (RESOLUTION - IMAGE_SIZE) // 2  # 2 px of background on each side
-_BACKGROUND = -1.0
+PAD = (RESOLUTION - IMAGE_SIZE) // 2  # 2 px of background on each side
+BACKGROUND = -1.0
 
 
 def _block(cin: int, cout: int) -> nn.Sequential:
@@ -138,47 +137,5 @@ def pad_to_world(images: np.ndarray) -> np.ndarray:
     images = np.asarray(images)
     if images.dtype != np.uint8 or images.ndim != 3 or images.shape[1:] != (IMAGE_SIZE, IMAGE_SIZE):
         raise ConfigError(f"expected uint8 (N, {IMAGE_SIZE}, {IMAGE_SIZE}) images, got {images.dtype} {images.shape}")
-    padded = np.pad(images, ((0, 0), (_PAD, _PAD), (_PAD, _PAD)))  # (N, 32, 32)
+    padded = np.pad(images, ((0, 0), (PAD, PAD), (PAD, PAD)))  # (N, 32, 32)
     return np.repeat(padded[..., None], 3, axis=3)  # (N, 32, 32, 3)
-
-
-def training_batch(
-    images: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor, augment: bool = True, max_shift: int = 2
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A batch ``(x (B, 1, 32, 32) in [-1, 1], y (B,))`` from uint8 (N, 28, 28) images and (N,) labels.
-
-    Without augmentation ``x`` equals ``FashionMNISTImages(..., resolution=32)`` (one channel). With
-    it, each image is shifted by up to ``max_shift`` px (background fills in) and mirrored left-right
-    with probability 1/2, using the global torch generator (checkpointed by the training loop).
-    """
-    x = images[indices].float().div(127.5).sub(1.0).unsqueeze(1)  # (B, 1, 28, 28)
-    y = labels[indices]
-    if not augment:
-        return F.pad(x, (_PAD, _PAD, _PAD, _PAD), value=_BACKGROUND), y  # (B, 1, 32, 32)
-    margin = _PAD + max_shift
-    canvas = F.pad(x, (margin, margin, margin, margin), value=_BACKGROUND)  # (B, 1, 32 + 2s, 32 + 2s)
-    offsets = torch.randint(0, 2 * max_shift + 1, (len(x), 2))  # (B, 2)
-    flips = torch.rand(len(x)) < 0.5  # (B,)
-    out = torch.stack([
-        canvas[i, :, dy : dy + RESOLUTION, dx : dx + RESOLUTION] for i, (dy, dx) in enumerate(offsets.tolist())
-    ])  # (B, 1, 32, 32)
-    out[flips] = out[flips].flip(-1)
-    return out, y
-
-
-class ClassifierObjective:
-    """Cross-entropy step for :class:`lantern.training.loop.Trainer`: ``(x, y) -> (loss, {"acc": ...})``."""
-
-    def __init__(self, model: FashionClassifier, label_smoothing: float = 0.0) -> None:
-        """Wrap ``model``; ``label_smoothing`` as in :func:`torch.nn.functional.cross_entropy`."""
-        self.model = model
-        self.label_smoothing = float(label_smoothing)
-
-    def __call__(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, Mapping[str, torch.Tensor]]:
-        """Loss and batch accuracy of one ``(x (B, 1, 32, 32), y (B,))`` batch."""
-        device = next(self.model.parameters()).device
-        x, y = batch[0].to(device), batch[1].to(device)
-        logits = self.model(x)  # (B, 10)
-        loss = F.cross_entropy(logits, y, label_smoothing=self.label_smoothing)
-        acc = (logits.detach().argmax(dim=1) == y).float().mean()
-        return loss, {"acc": acc}

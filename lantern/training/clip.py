@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from lantern.data.fashion_mnist import CLASS_NAMES, NUM_CLASSES, all_captions
 from lantern.errors import ConfigError
-from lantern.metrics.classifier import training_batch
+from lantern.training.classifier import training_batch
 from lantern.metrics.clip import CONVENTIONS
 
 MODEL_NAME = "lantern-fashion-clip"
