@@ -41,8 +41,10 @@ def write_atomic(path: str | os.PathLike, write: Callable[[str], None], mode: in
             os.fsync(handle.fileno())
         os.chmod(tmp, mode)  # mkstemp-style writers create 0600 files; outputs are meant to be shared
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename is None:
+            exc.filename = str(path)  # name the file a full disk or a read-only folder refused
         raise
     return path
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from lantern.errors import user_message
+from lantern.errors import one_line, user_message
 
 T = TypeVar("T")
 
@@ -58,7 +58,10 @@ def _remove_if_empty(out_dir: str | Path | None) -> None:
     if out_dir is not None:
         folder = Path(out_dir)
         if folder.is_dir() and not any(folder.iterdir()):
-            folder.rmdir()
+            try:
+                folder.rmdir()
+            except OSError:  # a read-only parent: the error being reported says so already
+                pass
 
 
 def run_hydra(main: Callable[[], None]) -> None:
@@ -71,12 +74,27 @@ def run_hydra(main: Callable[[], None]) -> None:
     from lantern.hydra_errors import hydra_message
 
     os.environ["HYDRA_FULL_ERROR"] = "1"
+    task = getattr(getattr(main, "__wrapped__", None), "__code__", None)
     try:
         main()
     except Exception as exc:
         message = hydra_message(exc) or user_message(exc)
+        if message is None and task is not None and not _raised_in(exc, task):
+            # Hydra failed before the task started: composing the command line's overrides.
+            overrides = " ".join(sys.argv[1:])
+            message = one_line(f"cannot compose the config from the overrides {overrides!r}: {type(exc).__name__}: {exc}")
         if message is None:
             raise
         if os.environ.get("RANK", "0") == "0":
             print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
+
+
+def _raised_in(exc: BaseException, code) -> bool:
+    """Whether ``exc`` passed through a frame running ``code``."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is code:
+            return True
+        tb = tb.tb_next
+    return False

@@ -24,8 +24,9 @@ class CheckpointError(LanternError):
 
 
 # File-system faults that are the user's to fix, not bugs: no space, no permission, a read-only
-# file system, a file over the size limit.
-FAULT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG})
+# file system, a file over the size limit, a path of the wrong kind (a file where a folder is needed).
+FAULT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG,
+                          errno.ENOTDIR, errno.EEXIST, errno.EISDIR})
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 MAX_MESSAGE = 400
 
@@ -45,6 +46,8 @@ def fault_message(exc: BaseException) -> str | None:
         where = f": {str(exc.filename)!r}" if exc.filename else ""
         if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             hint = "free some space or write elsewhere (hydra.run.dir=DIR)"
+        elif exc.errno in (errno.ENOTDIR, errno.EEXIST, errno.EISDIR):
+            hint = "a file stands where a folder is needed, or the other way round; choose another path"
         else:
             hint = "check its permissions or write elsewhere (hydra.run.dir=DIR)"
         return f"{reason}{where}; {hint}"

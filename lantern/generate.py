@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from lantern.atomic import write_atomic
 from lantern.baselines import read_baseline_run, recorded_speedup
 from lantern.bundle import ModelBundle
 from lantern.errors import ConfigError
@@ -248,8 +249,8 @@ class GenerationJob:
             per_image.append(row)
         if self.save_grid:
             shown = min(64, self.num_images)
-            labelled_grid(list(read_images(store.folder, shown)), [str(self.items[i]) for i in range(shown)]).save(
-                store.folder / "grid.png")
+            grid = labelled_grid(list(read_images(store.folder, shown)), [str(self.items[i]) for i in range(shown)])
+            write_atomic(store.folder / "grid.png", lambda tmp: grid.save(tmp, format="PNG"))
         decoded = len(latency)
         total = sum(b["seconds"] for b in batches)
         per_batch_latency = [b["seconds"] / b["images"] for b in batches]

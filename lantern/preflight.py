@@ -26,6 +26,10 @@ NULLABLE_KNOBS = {
 }
 
 
+# Top-level integers of every run, checked here so the first message about them is about them.
+TOP_LEVEL_INTEGERS = {"num_images": 1, "batch_size": 1, "seed": 0, "warmup": 0, "speedup_every": 1}
+
+
 def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -85,6 +89,10 @@ def check_knobs(resolved: dict) -> None:
     if found:
         key, value = min(found, key=lambda item: item[0].count("."))  # a top-level knob before its copies
         raise ConfigError(f"{key}={value} must be a finite number")
+    for name, low in TOP_LEVEL_INTEGERS.items():
+        value = resolved.get(name, low)
+        if not _number(value) or not float(value).is_integer() or value < low:
+            raise ConfigError(f"{name}={_shown(value)} must be an integer >= {low}")
     for name, (ok, allowed) in NULLABLE_KNOBS.items():
         value = resolved.get(name)
         if value is not None and not ok(value):
@@ -102,6 +110,9 @@ def value_overrides(overrides: Sequence[str], groups: set[str]) -> tuple[list[st
             continue
         if "." not in key and key.split("/")[0] in groups:
             choices.append(override.input_line)
+        elif override.is_add() and "." not in key:
+            # Hydra adds any top-level key given as +key=value, and nothing reads it: refuse it here.
+            raise ConfigError(f"unknown key {key!r} (added with +{key}=...): no part of a run reads it")
         elif not override.is_delete():
             values.append(key)
     return choices, values
