@@ -6,21 +6,60 @@ import torch
 
 from lantern.conditioning import Condition
 from lantern.decoding.base import DecodeResult, guided_inputs
+from lantern.decoding.compile import check_compile, compiled, mark_static
 from lantern.models.gpt import Transformer, prefix_causal_mask
-from lantern.sampling import SamplingConfig, guided_logits, next_token
+from lantern.models.kv_cache import KVCache
+from lantern.sampling import SamplingConfig, guided_logits, guided_logits_at, next_token
+
+
+def decode_one_token(
+    model: Transformer, sampling: SamplingConfig, cache: KVCache, mask: torch.Tensor, keys: torch.Tensor,
+    token: torch.Tensor, step: torch.Tensor,
+) -> torch.Tensor:
+    """Feed image token ``step - 1`` (``token`` (rows, 1)) and draw image token ``step`` (B,).
+
+    ``step`` (1,) is a device tensor, so every call has the same shapes and no host value reaches the
+    graph; ``mask`` (rows, 1, L, L) is the causal mask over the whole cache (one row is read per step).
+    """
+    position = step + (model.config.cls_token_num - 1)  # (1,) where token step-1 sits
+    rows = token.shape[0]
+    row_mask = mask.index_select(2, position)  # (rows, 1, 1, L)
+    logits, _ = model.forward_tokens(token, position, position.expand(rows, 1), row_mask, cache)  # (rows, 1, V)
+    batch = keys.shape[0]
+    guided = guided_logits_at(logits, sampling, step.expand(batch, 1))[:, -1]  # (B, V)
+    return next_token(guided, sampling, keys, step)
+
+
+class _Buffers:
+    """Per batch shape: the cache and the mask at addresses that stay fixed for the whole run."""
+
+    def __init__(self, model: Transformer, rows: int, length: int, static: bool):
+        self.cache = model.new_cache(rows, length)
+        self.mask = torch.zeros(rows, 1, length, length, dtype=torch.bool, device=model.tok_embeddings.weight.device)
+        if static:
+            mark_static(self.cache.k, self.cache.v, self.mask)
 
 
 class ARDecoder:
     """Token-by-token decoding, the baseline every speculative decoder is measured against.
 
-    The cache, the full attention mask and the position index are built once per batch; each step
-    slices them with host integers, so no step synchronises with the device.
+    Each token is one call of :func:`decode_one_token`, compiled as ``compile`` says (``none``: eager).
+    Caches and masks are allocated once per batch shape and reused, so a compiled step keeps its
+    graph (and, with ``reduce-overhead``, its CUDA graph) from batch to batch.
     """
 
     name = "ar"
 
-    def __init__(self, sampling: SamplingConfig):
+    def __init__(self, sampling: SamplingConfig, compile: str = "none", backend: str = "inductor"):
         self.sampling = sampling
+        self.compile = check_compile(compile)
+        self.backend = backend
+        self._step = compiled(decode_one_token, compile, backend)
+        self._buffers: dict[tuple, _Buffers] = {}
+
+    def check_device(self, device: torch.device | str) -> None:
+        """ConfigError unless this decoder's compile mode runs on ``device`` (checked before any work)."""
+        check_compile(self.compile, device, self.backend)
 
     @torch.inference_mode()
     def generate(self, model: Transformer, condition: Condition, keys: torch.Tensor) -> DecodeResult:
@@ -29,22 +68,23 @@ class ARDecoder:
         cond_len, num_tokens = cfg.cls_token_num, cfg.num_image_tokens
         cond_emb, cond_mask = guided_inputs(model, condition, self.sampling)
         rows, batch = cond_emb.shape[0], len(condition)
+        device = cond_emb.device
+        self.check_device(device)
         length = cond_len + num_tokens - 1  # the last image token is never fed back
-        cache = model.new_cache(rows, length)
-        mask = prefix_causal_mask(cond_mask, length)  # (rows, 1, L, L)
-        positions = torch.arange(length, device=cond_emb.device)
-        slots = positions.expand(rows, length)  # (rows, L): every row writes the same slots
+        shape = (model.config, rows, length, cond_emb.dtype, device)
+        if shape not in self._buffers:
+            self._buffers[shape] = _Buffers(model, rows, length, self.compile != "none")
+        buffers = self._buffers[shape]
+        buffers.mask.copy_(prefix_causal_mask(cond_mask, length))
 
-        logits, _ = model.prefill(cond_emb, mask[:, :, :cond_len, :cond_len], cache)
-        codes = torch.empty(batch, num_tokens, dtype=torch.long, device=cond_emb.device)
+        logits, _ = model.prefill(cond_emb, buffers.mask[:, :, :cond_len, :cond_len], buffers.cache)
+        codes = torch.empty(batch, num_tokens, dtype=torch.long, device=device)
         codes[:, 0] = next_token(guided_logits(logits, self.sampling, 0), self.sampling, keys, 0)
-        for step in range(1, num_tokens):
-            pos = cond_len + step - 1
-            token = codes[:, step - 1 : step].repeat(rows // batch, 1)  # (rows, 1)
-            logits, _ = model.forward_tokens(
-                token, positions[pos : pos + 1], slots[:, pos : pos + 1], mask[:, :, pos : pos + 1, : pos + 1], cache
-            )
-            codes[:, step] = next_token(guided_logits(logits[:, -1], self.sampling, step), self.sampling, keys, step)
+        step = torch.ones(1, dtype=torch.long, device=device)
+        for index in range(1, num_tokens):
+            token = codes[:, index - 1 : index].repeat(rows // batch, 1)  # (rows, 1)
+            codes[:, index] = self._step(model, self.sampling, buffers.cache, buffers.mask, keys, token, step)
+            step = step + 1
         per_image = torch.full((batch,), num_tokens - 1, dtype=torch.long)
         return DecodeResult(
             codes, {"target_forwards": float(num_tokens), "steps": float(num_tokens)},
@@ -52,5 +92,5 @@ class ARDecoder:
         )
 
     def describe(self) -> dict:
-        """Decoder settings recorded with results (plain AR has none beyond sampling)."""
-        return {"acceptance": None, "draft": None}
+        """Decoder settings recorded with results (plain AR has none beyond sampling and compilation)."""
+        return {"acceptance": None, "draft": None, "compile": self.compile}

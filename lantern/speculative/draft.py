@@ -200,6 +200,11 @@ class StaticTree:
             ] + [(as_tensor(self._parent), as_tensor(self._depth), as_tensor(self._rank))]
         return self._constants[device]
 
+    @property
+    def expansions(self) -> int:
+        """Drafter forwards per draft: one per level that feeds nodes with children."""
+        return sum(1 for level in self._levels if level[4])
+
     def describe(self) -> dict:
         """Settings recorded with results."""
         return {"draft": self.name, "depth": self.depth, "nodes": self.nodes, "candidates": self.candidates}
@@ -283,6 +288,11 @@ class DynamicTree:
             raise ConfigError(f"dynamic tree nodes={nodes} exceeds the {total} candidates of depth {depth} and top_k {top_k}")
         self.depth, self.top_k, self.nodes = depth, top_k, nodes
         self.candidates = _check_mode(candidates)
+
+    @property
+    def expansions(self) -> int:
+        """Drafter forwards per draft: one per level below the root's children."""
+        return self.depth - 1
 
     def describe(self) -> dict:
         """Settings recorded with results."""

@@ -1,0 +1,139 @@
+"""The drafter's decode state: prefill, drafting a tree, consuming accepted tokens.
+
+The drafter keeps its own static cache, laid out like the target's: per row ``L`` valid slots (the
+condition entries and one entry per decided token except the pending one). Drafted nodes go to
+scratch slots after ``L`` and are overwritten by the next step. Every mask covers the whole cache
+capacity, so shapes never change between steps and a step can be compiled or captured.
+
+:func:`tree_attention_mask` is the one builder of tree masks: the target's verification, the
+drafter's expansions and the drafter's consumption of an accepted path all use it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lantern.models.gpt import Transformer, prefix_causal_mask
+from lantern.sampling import SamplingConfig, guided_logits_at, verification_probabilities
+from lantern.speculative.drafter import Drafter
+
+
+def tree_attention_mask(valid: torch.Tensor, base: torch.Tensor, ancestors: torch.Tensor, offset: int = 0) -> torch.Tensor:
+    """Attention mask (B, 1, n, W) over every cache column for ``n`` tree queries.
+
+    ``valid`` (B, W) says which columns hold real keys (padded condition slots do not); ``base`` (B,)
+    is each row's prefix length ``L``; ``ancestors`` (B, n, E) bool says which tree entries each query
+    sees (itself and its ancestors). Entry ``e`` lives at column ``L + e - offset``; columns before
+    ``L`` are the prefix every query sees. Entries at columns below ``L`` (the drafter's root,
+    ``offset = 1``) are already part of the prefix.
+    """
+    width, entries = valid.shape[1], ancestors.shape[2]
+    columns = torch.arange(width, device=valid.device)
+    entry = columns[None, :] - base[:, None] + offset  # (B, W) the entry each column holds
+    prefix = (columns[None, :] < base[:, None]) & valid
+    inside = (columns[None, :] >= base[:, None]) & (entry < entries)  # (B, W)
+    # Which entry each column holds, one-hot (B, W, E), then a product with the ancestry: the same as a
+    # gather, but Inductor's CPU code for a fused masked bool gather does not compile (torch 2.14).
+    holds = ((entry[:, :, None] == torch.arange(entries, device=valid.device)) & inside[:, :, None]).to(torch.float32)
+    tree = torch.bmm(ancestors.to(torch.float32), holds.transpose(1, 2)) > 0.5  # (B, n, W)
+    return (prefix[:, None, :] | tree)[:, None]
+
+
+def column_validity(cond_mask: torch.Tensor, width: int) -> torch.Tensor:
+    """(rows, width) bool: columns under ``cond_mask`` (rows, C) follow it, later columns are valid."""
+    valid = torch.ones(cond_mask.shape[0], width, dtype=torch.bool, device=cond_mask.device)
+    valid[:, : cond_mask.shape[1]] = cond_mask
+    return valid
+
+
+def repeat_rows(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """(B, ...) -> (groups * B, ...): the CFG layout ``[cond; uncond]`` of per-image tensors."""
+    return x.repeat(groups, *([1] * (x.dim() - 1)))
+
+
+def drafter_prefill(
+    model: Transformer, drafter: Drafter, cache, cond_emb: torch.Tensor, hidden: torch.Tensor, first: torch.Tensor,
+    cond_mask: torch.Tensor, capacity: int,
+) -> torch.Tensor:
+    """Feed the condition entries and image token 0; return the root feature (rows, D).
+
+    ``cond_emb`` (rows, T, D) and ``hidden`` (rows, T, D) come from the target's prefill; ``first``
+    (B,) is image token 0. Entry ``i < T`` reads ``[e_{i+1}; f_i]``, so the last entry reads token 0.
+    """
+    rows, cond_len = cond_emb.shape[:2]
+    groups = rows // first.shape[0]
+    index = torch.arange(cond_len, device=cond_emb.device)
+    embeds = torch.cat([drafter.condition_inputs(model, cond_emb), model.embed_tokens(repeat_rows(first[:, None], groups))], dim=1)
+    mask = torch.zeros(rows, 1, cond_len, capacity, dtype=torch.bool, device=cond_emb.device)
+    mask[..., :cond_len] = prefix_causal_mask(cond_mask[:, 1:], cond_len)
+    return drafter(embeds, hidden, index, index.expand(rows, -1), mask, cache)[:, -1].contiguous()  # (rows, D) as a step returns it
+
+
+def drafter_consume(
+    model: Transformer, drafter: Drafter, cache, tokens: torch.Tensor, features: torch.Tensor, base: torch.Tensor,
+    valid: torch.Tensor, chain: torch.Tensor,
+) -> torch.Tensor:
+    """Feed an accepted path to the drafter with its true target features; return its outputs (rows, S, D).
+
+    ``tokens`` (B, S) are the inputs at entries ``L .. L+S-1`` (``base`` = L), ``features`` (rows, S, D) the
+    target's hidden states before them; ``chain`` (B, S, S) the lower-triangular ancestry of a path.
+    """
+    groups = features.shape[0] // tokens.shape[0]
+    entries = base[:, None] + torch.arange(tokens.shape[1], device=tokens.device)  # (B, S)
+    mask = tree_attention_mask(valid, base, chain)
+    return drafter(
+        model.embed_tokens(repeat_rows(tokens, groups)), features, repeat_rows(entries, groups), repeat_rows(entries, groups),
+        repeat_rows(mask, groups), cache,
+    )
+
+
+class DraftSession:
+    """The drafter's side of one draft: implements the ``Expander`` protocol of the draft structures.
+
+    Entry 0 is the root (the pending token, whose drafter feature ``root_feature`` was computed when
+    the previous step's tokens were consumed, and whose drafter key sits at slot ``L - 1``); entry
+    ``e >= 1`` is written at drafter cache slot ``L + e - 1`` and attends to the valid prefix and to
+    its ancestor entries. ``max_entries`` bounds the entries of one draft (a host constant).
+    """
+
+    def __init__(
+        self, model: Transformer, drafter: Drafter, cache, sampling: SamplingConfig, root_feature: torch.Tensor,
+        base: torch.Tensor, decided: torch.Tensor, valid: torch.Tensor, max_entries: int,
+    ):
+        self.model, self.drafter, self.cache, self.sampling = model, drafter, cache, sampling
+        self.base, self.decided = base, decided
+        batch, rows = base.shape[0], root_feature.shape[0]
+        self.groups = rows // batch
+        self.valid = valid[:batch]  # (B, W) rows of one CFG half share the condition mask
+        device = base.device
+        self.features = torch.zeros(rows, max_entries, root_feature.shape[-1], dtype=root_feature.dtype, device=device)
+        self.features[:, 0] = root_feature
+        self.depth = torch.zeros(batch, max_entries, dtype=torch.long, device=device)
+        self.ancestors = torch.eye(max_entries, dtype=torch.bool, device=device).repeat(batch, 1, 1)  # (B, E, E)
+        self.count = 1  # entries so far (a host integer: the same sequence every step)
+        self.forwards = 0
+        logits = model.head(root_feature)[:, None]  # (rows, 1, V)
+        self.root_q = verification_probabilities(guided_logits_at(logits, sampling, decided[:, None]), sampling)[:, 0]
+
+    def expand(self, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+        """Feed nodes ``tokens`` (B, n) under entries ``parents`` (B, n); return their q (B, n, V)."""
+        n = tokens.shape[1]
+        start, stop = self.count, self.count + n
+        depth = self.depth.gather(1, parents) + 1  # (B, n)
+        self.depth[:, start:stop] = depth
+        inherited = self.ancestors.gather(1, parents[:, :, None].expand(-1, -1, self.ancestors.shape[2]))
+        self.ancestors[:, start:stop] |= inherited
+        # Entries not yet written (>= stop) are not ancestors of anything, so the full table is safe.
+        mask = tree_attention_mask(self.valid, self.base, self.ancestors[:, start:stop], offset=1)  # (B, 1, n, W)
+        slots = self.base[:, None] + torch.arange(start - 1, stop - 1, device=tokens.device)  # (B, n)
+        positions = self.base[:, None] - 1 + depth  # drafter entry index of each node
+        parent_features = self.features.gather(1, repeat_rows(parents, self.groups)[:, :, None].expand(-1, -1, self.features.shape[-1]))
+        out = self.drafter(
+            self.model.embed_tokens(repeat_rows(tokens, self.groups)), parent_features, repeat_rows(positions, self.groups),
+            repeat_rows(slots, self.groups), repeat_rows(mask, self.groups), self.cache,
+        )  # (rows, n, D)
+        self.features[:, start:stop] = out
+        self.count = stop
+        self.forwards += 1
+        logits = self.model.head(out)  # (rows, n, V)
+        return verification_probabilities(guided_logits_at(logits, self.sampling, self.decided[:, None] + depth), self.sampling)
