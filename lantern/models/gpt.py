@@ -77,6 +77,7 @@ GPT_PRESETS: dict[str, tuple[int, int, int]] = {
     "GPT-XXL": (48, 24, 1536),
     "GPT-3B": (24, 32, 3200),
     "GPT-tiny": (8, 6, 384),
+    "GPT-deep": (24, 4, 128),  # the world's target: LlamaGen's depth at a CPU's width (draft step ~1/24 of a target step)
     "GPT-mini": (6, 6, 192),
     "GPT-nano": (2, 2, 64),
 }
