@@ -129,7 +129,8 @@ def check_overrides(cfg: DictConfig, overrides: Sequence[str]) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     loader = GlobalHydra.instance().config_loader()
-    groups = set(loader.list_groups(""))
+    # Config groups: those of the primary search path and those this run chose (searchpath ones included).
+    groups = set(loader.list_groups("")) | {group.split("/")[0] for group in HydraConfig.get().runtime.choices}
     choices, keys = value_overrides(overrides, groups)
     if not keys:
         return

@@ -56,8 +56,43 @@ def test_world_metrics_land_in_the_record(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["fid"] > 0 and metrics["fid_reference"] == "fashion_mnist_test_32"
-    assert 0.0 <= metrics["prompt_accuracy"] <= 1.0
     assert any(Path(tmp_path / "fid").glob("fashion_mnist_test_32_64*"))
+    # The record's figures, recomputed here from the PNGs, the labels and the prompts.
+    images = run_images(out, 4)
+    labels = np.array([row["label"] for row in metrics["per_image"]])
+    from lantern.metrics.classifier import load_classifier, predict
+
+    predicted = predict(load_classifier(REPO / "worlds" / "fashion_mnist" / "classifier.safetensors"), images)
+    assert metrics["prompt_accuracy"] == pytest.approx(float((predicted == labels).mean()))
+    captions = [metrics["distinct_prompts"][row["prompt_id"]] for row in metrics["per_image"]]
+    assert metrics["clip_score"] == pytest.approx(world_clip_score(images, captions), abs=1e-4)
+    assert metrics["clip_score"] != pytest.approx(world_clip_score(images, captions[1:] + captions[:1]), abs=1e-4)
+
+
+def run_images(folder: Path, count: int) -> np.ndarray:
+    """A run's first ``count`` PNGs as uint8 (N, H, W, 3)."""
+    from PIL import Image
+
+    return np.stack([np.asarray(Image.open(folder / f"{i:06d}.png").convert("RGB")) for i in range(count)])
+
+
+def world_clip_score(images: np.ndarray, captions: list[str]) -> float:
+    """The LANTERN-convention CLIP score with the world's CLIP, straight through open_clip: the mean
+    cosine of each image and "A photo depicts " + its caption."""
+    import open_clip
+    import torch
+    from PIL import Image
+
+    world = REPO / "worlds" / "fashion_mnist"
+    open_clip.add_model_config(str(world / "lantern-fashion-clip.json"))
+    clip, _, preprocess = open_clip.create_model_and_transforms("lantern-fashion-clip",
+                                                                pretrained=str(world / "clip.safetensors"))
+    tokenizer = open_clip.get_tokenizer("lantern-fashion-clip")
+    with torch.no_grad():
+        image = clip.eval().encode_image(torch.stack([preprocess(Image.fromarray(i)) for i in images])).float()
+        text = clip.encode_text(tokenizer(["A photo depicts " + c for c in captions])).float()
+    cosine = torch.nn.functional.cosine_similarity(image, text, dim=-1)
+    return float(cosine.mean())
 
 
 # Values the metrics configs leave mandatory (???); constructors do no I/O, so any path instantiates.
@@ -139,6 +174,8 @@ def test_the_coco_experiment_measures_fid_and_clip_on_the_world(tmp_path):
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["prompts"] == "coco2017_longest" and metrics["decoding"] == "lantern" and metrics["delta"] == 0.1
     assert metrics["fid"] > 0 and metrics["fid_reference"] == "coco2017_val_256"
-    assert -1.0 <= metrics["clip_score"] <= 1.0 and metrics["clip_convention"] == "lantern"
+    assert metrics["clip_convention"] == "lantern"
+    captions = [metrics["distinct_prompts"][row["prompt_id"]] for row in metrics["per_image"]]
+    assert metrics["clip_score"] == pytest.approx(world_clip_score(run_images(out, 3), captions), abs=1e-4)
     assert [metrics["distinct_prompts"][row["prompt_id"]] for row in metrics["per_image"]] == [
         "a white sneaker seen from the side", "a long summer dress with thin straps", "a leather bag with a handle"]

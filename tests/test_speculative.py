@@ -257,24 +257,85 @@ def test_bad_draft_settings_are_refused(build, message):
         build()
 
 
+# Tensor methods and torch functions that make the host wait for the device (on a GPU), patched on the
+# CPU to count host reads. Indexing syncs only with a boolean mask, repeat_interleave only with tensor repeats.
+HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "__complex__", "numpy", "__array__",
+              "__format__", "__repr__", "nonzero", "masked_select", "unique", "unique_consecutive", "argwhere")
+HOST_READ_FUNCTIONS = ("nonzero", "masked_select", "unique", "unique_consecutive", "argwhere")
+
+
+def _count_host_reads(monkeypatch, calls: list) -> None:
+    """Record in ``calls`` every host read a CPU run makes (see HOST_READS)."""
+
+    def counted(original, name, when=lambda *a, **k: True):
+        def wrapper(*args, **kwargs):
+            if when(*args, **kwargs):
+                calls.append(name)
+            return original(*args, **kwargs)
+        return wrapper
+
+    def bool_index(self, index, *rest):
+        parts = index if isinstance(index, tuple) else (index,)
+        return any(isinstance(p, torch.Tensor) and p.dtype == torch.bool for p in parts)
+
+    for name in HOST_READS:
+        monkeypatch.setattr(torch.Tensor, name, counted(getattr(torch.Tensor, name), name))
+    for name in HOST_READ_FUNCTIONS:
+        monkeypatch.setattr(torch, name, counted(getattr(torch, name), f"torch.{name}"))
+    for name in ("__getitem__", "__setitem__"):
+        monkeypatch.setattr(torch.Tensor, name, counted(getattr(torch.Tensor, name), f"{name}[bool]", bool_index))
+    tensor_repeats = lambda self, repeats=None, *a, **k: isinstance(repeats, torch.Tensor)  # noqa: E731
+    monkeypatch.setattr(torch.Tensor, "repeat_interleave",
+                        counted(torch.Tensor.repeat_interleave, "repeat_interleave", tensor_repeats))
+
+
+def test_the_host_read_counter_sees_each_kind_of_read(monkeypatch):
+    calls = []
+    _count_host_reads(monkeypatch, calls)
+    x = torch.arange(6.0)
+    x.sum().item(), bool(x.any()), x[x > 2], x.nonzero(), torch.unique(x), x.repeat_interleave(torch.ones(6, dtype=torch.long))
+    x[torch.tensor([0, 1])], x[1:3], x.repeat_interleave(2)  # not host reads
+    assert calls == ["item", "__bool__", "__getitem__[bool]", "nonzero", "torch.unique", "repeat_interleave"]
+
+
 def test_at_most_one_host_synchronisation_per_verification_step(monkeypatch):
     model, drafter = tiny()
     cond, keys = text_condition(), keys_tensor(0, range(4))
     calls = []
-    for name in ("item", "tolist", "__bool__", "__int__", "__float__"):
-        original = getattr(torch.Tensor, name)
-
-        def counted(self, *args, _original=original, _name=name, **kwargs):
-            calls.append(_name)
-            return _original(self, *args, **kwargs)
-
-        monkeypatch.setattr(torch.Tensor, name, counted)
+    _count_host_reads(monkeypatch, calls)
     for sampling in (SamplingConfig(temperature=0, cfg_scale=2.0), SamplingConfig(temperature=1.0, top_k=5, cfg_scale=2.0)):
         for structure in structures() + [chain(3, "sampled"), DynamicTree(4, 3, 10, "sampled")]:
             calls.clear()
             result = SpeculativeDecoder(sampling, drafter, structure, ExactDeterministic()).generate(model, cond, keys)
             steps = int(result.stats["target_forwards"]) - 1  # prefill is not a verification step
             assert len(calls) <= steps + 1, f"{structure.name}: {len(calls)} reads for {steps} steps: {set(calls)}"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA's own sync detector needs a GPU")
+def test_at_most_one_host_synchronisation_per_step_on_cuda():
+    """On a GPU, CUDA's sync debug mode reports every synchronising call, whatever Python method made it."""
+    import warnings
+
+    model, drafter = tiny()
+    model, drafter = model.cuda(), drafter.cuda()
+    cond = text_condition()
+    cond = type(cond)(cond.values.cuda(), cond.mask.cuda())
+    keys = keys_tensor(0, range(4), "cuda")
+    for sampling in (SamplingConfig(temperature=0, cfg_scale=2.0), SamplingConfig(temperature=1.0, top_k=5, cfg_scale=2.0)):
+        for structure in structures() + [chain(3, "sampled"), DynamicTree(4, 3, 10, "sampled")]:
+            decoder = SpeculativeDecoder(sampling, drafter, structure, ExactDeterministic())
+            decoder.generate(model, cond, keys)  # warm-up: lazy initialisation may synchronise once
+            torch.cuda.synchronize()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    result = decoder.generate(model, cond, keys)
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+            syncs = [w for w in caught if "synchroniz" in str(w.message)]
+            steps = int(result.stats["target_forwards"]) - 1
+            assert len(syncs) <= steps + 1, f"{structure.name}: {len(syncs)} syncs for {steps} steps"
 
 
 def test_condition_inputs_follow_the_drafter_config():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import pytest
@@ -160,11 +161,20 @@ def test_dead_code_restart_increases_usage():
 def test_evaluate_vq_reports_usage_and_mse():
     torch.manual_seed(0)
     model = VQModel(TINY_VQ)
-    metrics = evaluate_vq(model, _images(4), batch_size=3)
+    images = _images(4)
+    metrics = evaluate_vq(model, images, batch_size=3)
+    # The same figures computed directly, in one batch.
+    with torch.no_grad():
+        codes = model.encode(images)  # (4, 4, 4)
+        recon = model.decode_codes(codes)  # (4, C, H, W)
+    mse = float((recon - images).pow(2).mean())
+    counts = torch.bincount(codes.flatten(), minlength=64).double()
+    freq = counts[counts > 0] / counts.sum()
     assert metrics["num_images"] == 4 and metrics["num_tokens"] == 4 * 16
-    assert 0 < metrics["codes_used"] <= 64
-    assert metrics["codebook_usage"] == metrics["codes_used"] / 64
-    assert metrics["mse"] > 0
+    assert metrics["codes_used"] == int((counts > 0).sum()) and metrics["codebook_usage"] == metrics["codes_used"] / 64
+    assert metrics["mse"] == pytest.approx(mse, rel=1e-5)
+    assert metrics["psnr"] == pytest.approx(10 * math.log10(4.0 / mse), rel=1e-5)
+    assert metrics["perplexity"] == pytest.approx(float((-(freq * freq.log()).sum()).exp()), rel=1e-6)
 
 
 def test_fashion_preset_fits_the_world():
