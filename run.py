@@ -11,11 +11,11 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from lantern.cli import run_hydra, run_or_exit
-from lantern.preflight import check_run_config
 from lantern.distributed import World, check_world, rank_device, world_from_env
+from lantern.preflight import check_run_config
 from lantern.rundir import claim_run_folder
 from lantern.tracking import run_identity
 
