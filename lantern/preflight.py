@@ -6,7 +6,9 @@
   (``top_k=abc``) or a bool is refused with the key, the value and the default. Ranges stay with
   the code that uses each value (e.g. :class:`lantern.sampling.SamplingConfig`).
 * LANTERN's top-level knobs ``k``, ``delta`` and ``lambda`` are valid whichever decoder runs
-  (a decoder that ignores them records them as null, but a bad value is still bad input).
+  (a decoder that ignores them records them as null, but a bad value is still bad input), and so
+  are the job's integers (``num_images``, ``batch_size``, ...).
+* ``+key=value`` for a top-level key nothing reads is refused (Hydra would add it silently).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def resolve(cfg: DictConfig) -> dict:
     A mandatory value left as ``???`` propagates as OmegaConf's MissingMandatoryValue (the entry point
     turns it into "KEY is required").
     """
-    from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue, OmegaConfBaseException
+    from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
     try:
         for key in cfg:  # top-level knobs first, so an error names the key the user set
@@ -54,7 +56,7 @@ def resolve(cfg: DictConfig) -> dict:
         return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except MissingMandatoryValue:
         raise
-    except (InterpolationResolutionError, OmegaConfBaseException) as exc:
+    except OmegaConfBaseException as exc:  # an interpolation to a missing key, an unknown resolver, ...
         key = getattr(exc, "full_key", None) or "a config value"
         reason = str(getattr(exc, "msg", None) or exc).strip().splitlines()[0]
         raise ConfigError(f"{key} cannot be resolved: {reason}") from exc
