@@ -100,6 +100,9 @@ class GenerationJob:
             raise ConfigError("speedup_baseline and speedup_baseline_run are both set; set speedup_baseline=null "
                               "to compare with the recorded run")
         self.baseline, self.baseline_every, self.baseline_run = baseline, baseline_every, baseline_run
+        for each in (decoder, baseline):  # compile modes the device cannot run, before any work
+            if each is not None:
+                each.check_device(bundle.device)
         self.metrics = dict(metrics or {})  # name -> callable(run_dir, prompts, labels) -> dict
         self.tracker = tracker  # e.g. lantern.tracking.WandbLogger: gets the finished record
         self.items = prompts.for_images(num_images)

@@ -172,12 +172,19 @@ def race(probs: torch.Tensor, exponential: torch.Tensor, config: SamplingConfig)
 
 
 def sample(probs: torch.Tensor, keys: torch.Tensor, step, stream: int = rng.SAMPLE) -> torch.Tensor:
-    """Draw one token per row of ``probs`` (B, V) with the counter-based uniforms of ``keys`` (B,).
+    """Draw one token per row of ``probs`` (B, V) with one counter-based uniform per row of ``keys`` (B,).
 
-    Exponential race: ``argmax(p / E)`` with ``E ~ Exp(1)`` is distributed as ``p``. No host sync.
+    Inverse CDF: the first token whose cumulative mass exceeds ``u * total``. One hash per row instead
+    of one per vocabulary entry (the race of :func:`race`), so sampling costs about a softmax and a
+    cumulative sum, as ``torch.multinomial`` in LlamaGen; still a pure function of (key, step), so
+    batch-invariant, and no host sync. A token of zero mass is never drawn: when float rounding puts
+    ``u * total`` at the very end (probability below 2**-24), the row takes its argmax instead.
     """
-    exponential = exponentials(keys, step, stream, 1, probs.shape[-1])[:, 0]  # (B, V)
-    return (probs / exponential).argmax(-1)
+    u = rng.uniform(keys, step, stream, 1).to(probs.dtype)  # (B, 1)
+    cdf = probs.cumsum(-1)  # (B, V)
+    token = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_max(probs.shape[-1] - 1)  # (B, 1)
+    possible = probs.gather(1, token) > 0
+    return torch.where(possible, token, probs.argmax(-1, keepdim=True))[:, 0]
 
 
 def next_token(logits: torch.Tensor, config: SamplingConfig, keys: torch.Tensor, step) -> torch.Tensor:

@@ -163,6 +163,11 @@ class SpeculativeDecoder:
             audit = step_index % self.rule.tv_audit_every == 0
             if timer:
                 state, log = timed_step(ctx, state, audit, timer)
+            elif not ctx.warm:
+                # The first step of a batch shape runs eagerly: it fills the pieces' lazy per-device
+                # tables (tree index tensors, neighbour columns), which a graph must find ready.
+                state, log = speculative_step(ctx, state, audit)
+                ctx.warm = True
             else:
                 state, log = self._step(ctx, state, audit)
             logs.append(log)

@@ -68,6 +68,7 @@ class StepContext:
     mode: str  # deterministic | sampled | greedy
     num_tokens: int
     groups: int
+    warm: bool = False  # whether a step has run eagerly with this context (see SpeculativeDecoder.generate)
 
 
 def draft_phase(ctx: StepContext, state: SpecState) -> tuple[Draft, torch.Tensor]:
