@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from lantern.conditioning import Condition
@@ -50,8 +52,9 @@ class ARDecoder:
 
     name = "ar"
 
-    def __init__(self, sampling: SamplingConfig, compile: str = "none", backend: str = "inductor"):
+    def __init__(self, sampling: SamplingConfig, compile: str = "none", backend: str = "inductor", guard=None):
         self.sampling = sampling
+        self.guard = guard or contextlib.nullcontext  # entered around every step (e.g. a CUDA sync check)
         self.compile = check_compile(compile)
         self.backend = backend
         self._step = compiled(decode_one_token, compile, backend)
@@ -83,7 +86,8 @@ class ARDecoder:
         step = torch.ones(1, dtype=torch.long, device=device)
         for index in range(1, num_tokens):
             token = codes[:, index - 1 : index].repeat(rows // batch, 1)  # (rows, 1)
-            codes[:, index] = self._step(model, self.sampling, buffers.cache, buffers.mask, keys, token, step)
+            with self.guard():
+                codes[:, index] = self._step(model, self.sampling, buffers.cache, buffers.mask, keys, token, step)
             step = step + 1
         per_image = torch.full((batch,), num_tokens - 1, dtype=torch.long)
         return DecodeResult(

@@ -13,6 +13,7 @@ advancing until the whole batch is done; the loop reads "all rows finished?" fro
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -87,7 +88,7 @@ class SpeculativeDecoder:
 
     def __init__(
         self, sampling: SamplingConfig, drafter: Drafter, draft, acceptance: AcceptanceRule, name: str = "speculative",
-        compile: str = "none", backend: str = "inductor", sync_every: int | None = None,
+        compile: str = "none", backend: str = "inductor", sync_every: int | None = None, guard=None,
     ):
         self.sampling = sampling
         self.drafter = drafter
@@ -99,6 +100,7 @@ class SpeculativeDecoder:
         self.compile = check_compile(compile)
         self.backend = backend
         self.sync_every = sync_every
+        self.guard = guard or contextlib.nullcontext  # entered around every step (e.g. a CUDA sync check)
         self._step = compiled(speculative_step, compile, backend)
         self._contexts: dict[tuple, StepContext] = {}
 
@@ -161,15 +163,14 @@ class SpeculativeDecoder:
         logs: list[StepLog] = []
         for step_index in range(num_tokens - 1):  # every step decides at least one token per active row
             audit = step_index % self.rule.tv_audit_every == 0
-            if timer:
-                state, log = timed_step(ctx, state, audit, timer)
-            elif not ctx.warm:
-                # The first step of a batch shape runs eagerly: it fills the pieces' lazy per-device
-                # tables (tree index tensors, neighbour columns), which a graph must find ready.
+            if not (timer or ctx.warm):
+                # The first step of a batch shape runs eagerly and unguarded: it fills the pieces' lazy
+                # per-device tables (tree index tensors, neighbour columns), which a graph must find ready.
                 state, log = speculative_step(ctx, state, audit)
                 ctx.warm = True
             else:
-                state, log = self._step(ctx, state, audit)
+                with self.guard():
+                    state, log = timed_step(ctx, state, audit, timer) if timer else self._step(ctx, state, audit)
             logs.append(log)
             if (step_index + 1) % sync_every == 0 and bool((state.decided >= num_tokens).all()):
                 break
