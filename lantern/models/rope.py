@@ -36,6 +36,15 @@ def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     Pair ``(x0, x1)`` becomes ``(x0 cos - x1 sin, x1 cos + x0 sin)``, computed as one complex product
     in fp32 and cast back, as in the reference (few operations: this runs twice per layer and step).
     """
+    if torch.compiler.is_compiling():
+        # Inductor has no code generation for complex numbers: the same product written out in reals
+        # (the reference's own formula), which it fuses into one kernel.
+        pairs = x.float().reshape(*x.shape[:-1], -1, 2)  # (B, S, H, hd/2, 2)
+        rot = table.unsqueeze(-3)  # (S, 1, hd/2, 2) or (B, S, 1, hd/2, 2)
+        cos, sin = rot[..., 0], rot[..., 1]
+        real = pairs[..., 0] * cos - pairs[..., 1] * sin
+        imag = pairs[..., 1] * cos + pairs[..., 0] * sin
+        return torch.stack([real, imag], dim=-1).flatten(3).type_as(x)
     pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))  # (B, S, H, hd/2)
     angles = torch.view_as_complex(table.contiguous())  # (S, hd/2) or (B, S, hd/2)
     rotated = pairs * angles.unsqueeze(-2)  # (B, S, H, hd/2)
