@@ -43,8 +43,10 @@ def write_atomic(path: str | os.PathLike, write: Callable[[str], None], mode: in
         os.replace(tmp, path)
     except BaseException as exc:
         tmp.unlink(missing_ok=True)
-        if isinstance(exc, OSError) and exc.filename is None:
-            exc.filename = str(path)  # name the file a full disk or a read-only folder refused
+        if isinstance(exc, OSError) and exc.errno is not None and exc.filename is None:
+            # name the file a full disk or a read-only folder refused (an errno-less OSError would then
+            # print as "[Errno None] None: path" and lose its own message)
+            exc.filename = str(path)
         raise
     return path
 
