@@ -41,7 +41,7 @@ def test_t2i_run_loads_official_format_files_and_a_local_t5(tmp_path):
                             f"hydra.run.dir={tmp_path / 'bad'}"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert wrong.returncode == 2 and "expects 12 condition tokens" in wrong.stderr and not (tmp_path / "bad").exists()
 
-    no_t5 = subprocess.run([sys.executable, "run.py", *[o for o in overrides if not o.startswith("model.text_encoder_path")],
-                            f"model.text_encoder_path={tmp_path / 'no_t5'}"], cwd=REPO, capture_output=True, text=True,
-                           timeout=300)
-    assert no_t5.returncode == 2 and "no_t5" in no_t5.stderr.strip().splitlines()[-1]
+    no_t5 = subprocess.run([sys.executable, "run.py", *[o for o in overrides[:-1] if not o.startswith("model.text_encoder_path")],
+                            f"model.text_encoder_path={tmp_path / 'no_t5'}", f"hydra.run.dir={tmp_path / 'no_t5_run'}"],
+                           cwd=REPO, capture_output=True, text=True, timeout=300)  # its own folder: `out` holds a finished run
+    assert no_t5.returncode == 2 and "no_t5" in no_t5.stderr.strip().splitlines()[-1] and not (tmp_path / "no_t5_run").exists()
