@@ -131,7 +131,8 @@ class Grouping:
         """``p(G_x)`` and ``q(G_x)`` (R, K) for tokens ``x`` (R, K) under laws ``p``, ``q`` (R, V)."""
         vocab = p.shape[-1]
         order = p.argsort(dim=-1, stable=True)  # (R, V) ascending, as the released code's sort
-        rank = order.argsort(dim=-1)  # (R, V) each token's position in ``order``
+        ranks = torch.arange(vocab, device=p.device).expand_as(order)
+        rank = torch.empty_like(order).scatter_(1, order, ranks)  # (R, V) each token's position in ``order``
         r = rank.gather(1, tokens)  # (R, K)
         offsets = torch.tensor(self.offsets, device=p.device)
         where = r[:, :, None] + offsets  # (R, K, O)
