@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import lantern.decoding.speculative as speculative_module
+import lantern.speculative.step as speculative_module  # where the step calls walk_tree
 from lantern.decoding.speculative import SpeculativeDecoder
 from lantern.sampling import SamplingConfig
 from lantern.speculative.acceptance import ExactDeterministic, ExactSampled, lantern, lantern_pp
