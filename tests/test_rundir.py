@@ -14,7 +14,7 @@ from lantern.lock import FolderLock
 from lantern.rundir import first_difference
 from test_run import REPO
 
-BASE = ("model=tiny_random_c2i", "num_images=16", "batch_size=1", "warmup=0", "speedup_baseline=null", "wandb.mode=disabled")
+BASE = ("model=tiny_random_c2i", "num_images=12", "batch_size=1", "warmup=0", "speedup_baseline=null", "wandb.mode=disabled")
 
 
 def start(out: Path, *overrides: str) -> subprocess.Popen:
@@ -72,13 +72,13 @@ def test_ctrl_c_then_kill_9_then_rerun_gives_the_uninterrupted_images_without_re
     assert third.returncode == 0, third.stderr
     record = json.loads((out / "metrics.json").read_text())
     decoded = record["timing"]["images_decoded"]
-    assert record["timing"]["images_kept"] == 16 - decoded >= len(kept) > 0  # a PNG is written after its tokens
+    assert record["timing"]["images_kept"] == 12 - decoded >= len(kept) > 0  # a PNG is written after its tokens
     assert "kept, untimed" in record["timing"]["covers"] and record["latency_s_per_image"] > 0
-    assert sum(row["latency_s"] is None for row in record["per_image"]) == 16 - decoded
+    assert sum(row["latency_s"] is None for row in record["per_image"]) == 12 - decoded
     after = snapshot(out)
     redone = [name for name, entry in kept.items() if after[name][0] != entry[0]]
     assert not redone, f"finished images were redone: {redone}"
-    for index in range(16):
+    for index in range(12):
         name = f"{index:06d}.png"
         assert (out / name).read_bytes() == (reference / name).read_bytes(), name
     assert (out / "grid.png").read_bytes() == (reference / "grid.png").read_bytes()
@@ -113,6 +113,7 @@ def test_a_second_writer_is_refused_and_changes_nothing(tmp_path):
     assert snapshot(out) == before
 
 
+@pytest.mark.slow  # the default suite checks the refusal against a live lock holder (the test above)
 def test_two_concurrent_runs_into_one_folder_never_mix(tmp_path):
     out = tmp_path / "run"
     first = start(out, "num_images=200")
