@@ -66,7 +66,7 @@ class RunRecord(BaseModel):
     latency_s_iqr: list[float] | None = None  # [q1, q3] of per-image latency over batches
     tokens_per_s: float | None = None
     peak_memory_mb: float | None = None
-    phase_times: dict[str, float] | None = None
+    phase_times: dict[str, Any] | None = None  # seconds per decode phase (prefill, draft, verify, ...), where measured
     timing: dict[str, Any] | None = None
     world_size: int = 1
     ranks: list[dict[str, Any]] | None = None  # per rank: images, decode and wall seconds
