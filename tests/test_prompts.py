@@ -81,3 +81,27 @@ def test_binary_or_non_utf8_prompt_files_name_the_file_and_line(tmp_path, loader
     with pytest.raises(ConfigError, match=rf"^{what} '.*image\.png' is a binary file, not text \(a NUL byte on line 3\)"):
         getattr(prompts, loader)(str(binary))
     assert len(str(caught.value)) < 300
+
+
+def test_a_long_prompt_warns_once_and_is_stored_once(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    long = "a long red summer dress with thin straps " * 5000  # 205 KB on one line
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text(long + "\na white sneaker\n")
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "run.py", "prompts=caption_file", f"prompts.path={prompts}", "num_images=4", "batch_size=4",
+         "warmup=0", "speedup_baseline=null", "wandb.mode=disabled", f"hydra.run.dir={out}"],
+        cwd=repo, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
+    assert warnings == [line for line in warnings if "1 of 2 distinct prompts are longer than the text encoder's 16 tokens" in line]
+    assert len(warnings) == 1
+    record = json.loads((out / "metrics.json").read_text())
+    assert record["distinct_prompts"] == [long.strip(), "a white sneaker"]
+    assert [row["prompt_id"] for row in record["per_image"]] == [0, 1, 0, 1]
+    assert (out / "metrics.json").stat().st_size < 1.5 * len(long)  # the long prompt is stored once, not per image
