@@ -108,14 +108,15 @@ def test_grouped_law_matches_enumeration(radius, p_thr, with_distance):
         assert float(tv.max()) > 1e-3
 
 
-def test_gsd_test_draws_from_the_law_it_records():
+@pytest.mark.parametrize("radius", [0, 3])
+def test_the_test_draws_from_the_law_it_records(radius):
     """Monte Carlo of one position: draft x ~ q, accept with min(1, p(G)/q(G)), else draw the residual;
-    the empirical law matches :func:`grouped_law` (chi-square) and differs from p."""
+    the empirical law matches :func:`grouped_law` (chi-square): p itself for SJD (radius 0), not p for GSD."""
     generator = torch.Generator().manual_seed(7)
     vocab, draws = 10, 200_000
     p = torch.softmax(1.5 * torch.randn(1, vocab, generator=generator), -1)
     q = torch.softmax(1.5 * torch.randn(1, vocab, generator=generator), -1)
-    grouping = Grouping(3, 0.3, None)
+    grouping = Grouping(radius, 0.3, None)
     law = grouped_law(p, q, grouping, None)[0].double()
     drafts = torch.multinomial(q[0], draws, replacement=True, generator=generator)
     p_g, q_g = grouping.group_masses(p.expand(draws, -1), q.expand(draws, -1), drafts[:, None], None)
@@ -125,7 +126,10 @@ def test_gsd_test_draws_from_the_law_it_records():
     counts = torch.bincount(tokens, minlength=vocab).double()
     expected, target = law / law.sum() * draws, p[0].double() / p[0].double().sum() * draws
     assert chisquare(counts.numpy(), expected.numpy()).pvalue > 1e-3
-    assert chisquare(counts.numpy(), target.numpy()).pvalue < 1e-6
+    if radius == 0:
+        assert torch.allclose(law, p[0].double(), atol=1e-6)
+    else:
+        assert chisquare(counts.numpy(), target.numpy()).pvalue < 1e-6
 
 
 @pytest.mark.parametrize("name,sampling,factory", [
@@ -233,3 +237,30 @@ def test_bad_knobs_in_python():
         gsd(SAMPLED, radius=True)
     with pytest.raises(ConfigError, match="tv_audit_every=0"):
         gsd(SAMPLED, tv_audit_every=0)
+
+
+@pytest.mark.parametrize("init", ["random", "horizon", "vertical"])
+def test_fresh_window_slots_follow_the_initialisation(init):
+    """Grid side 3, tokens 0..3 decided (values 30..33), new window for tokens 4..7 whose first slot is
+    a Jacobi draw (11): horizon copies the slot to the left (a uniform code at column 0), vertical the
+    token one row up (decided, or earlier in this window); initialised slots get point-mass laws."""
+    from types import SimpleNamespace
+
+    from lantern.speculative.jacobi import _refill
+
+    vocab = 50
+    model = SimpleNamespace(config=SimpleNamespace(vocab_size=vocab, grid_size=3))
+    ctx = SimpleNamespace(model=model, window=4, init=init)
+    state = SimpleNamespace(keys=keys_tensor(0, [0]), decided=torch.tensor([2]))
+    codes = (torch.arange(20) + 30)[None]
+    jacobi = torch.tensor([[True, False, False, False]])
+    fresh = torch.tensor([[11, 0, 0, 0]])
+    fresh_q = torch.full((1, 4, vocab), 1.0 / vocab)
+    window, q = _refill(ctx, state, codes, torch.tensor([4]), jacobi, fresh, fresh_q, torch.tensor([9]))
+    uniform = window[0, 2]
+    expected = {"horizon": [11, 11, int(uniform), int(uniform)], "vertical": [11, 32, 33, 11]}
+    assert int(window[0, 0]) == 11 and 0 <= int(uniform) < vocab
+    if init in expected:
+        assert window[0].tolist() == expected[init]
+    assert torch.equal(q[0, 0], fresh_q[0, 0])
+    assert torch.equal(q[0, 1:].argmax(-1), window[0, 1:]) and torch.equal(q[0, 1:].sum(-1), torch.ones(3))
