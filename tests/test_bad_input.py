@@ -23,6 +23,7 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+DECODERS = sorted(path.stem for path in (REPO / "conf" / "decoding").glob("*.yaml"))
 TINY = ("model=tiny_random_c2i", "wandb.mode=disabled", "speedup_baseline=null", "warmup=0", "num_images=2")
 
 
@@ -184,7 +185,7 @@ CASES = [
     ("unknown-job-key", ["job.foo=1"], "unknown key 'job.foo'"),
     ("unknown-wandb-key", ["wandb.key=1"], "unknown key 'wandb.key'"),
     ("unknown-draft-key", ["draft.width=3"], "unknown key 'draft.width'"),
-    ("unknown-decoder", ["decoding=xyz"], "decoding=xyz is not an option; choose one of ar, eagle, lantern, lantern_pp"),
+    ("unknown-decoder", ["decoding=xyz"], f"decoding=xyz is not an option; choose one of {', '.join(DECODERS)}"),
     ("unknown-draft", ["draft=nope"], "draft=nope is not an option; choose one of chain, dynamic_tree, static_paths, static_tree"),
     ("unknown-model", ["model=gpt5"], "model=gpt5 is not an option; choose one of "),
     ("unknown-prompts", ["prompts=nope"], "prompts=nope is not an option"),

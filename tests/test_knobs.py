@@ -57,3 +57,9 @@ def test_the_first_comparison_a_researcher_runs(tmp_path):
     assert set(records) == {"ar", "eagle", "lantern"}
     assert [records[d]["delta"] for d in ("ar", "eagle", "lantern")] == [None, None, 0.2]
     assert records["lantern"]["k"] == 1000 and records["ar"]["k"] is None and records["lantern"]["lambda"] is None
+
+
+@pytest.mark.parametrize("decoding", sorted(path.stem for path in (REPO / "conf" / "decoding").glob("*.yaml")))
+def test_every_decoder_config_declares_the_lantern_knobs(decoding):
+    cfg = composed(f"decoding={decoding}", "delta=0.2", "k=5", "lambda=2")
+    assert (cfg.k, cfg.delta, cfg["lambda"]) == (5, 0.2, 2)
