@@ -24,7 +24,7 @@ from lantern.errors import ConfigError
 from lantern.run_record import RECORD_NAME, RunRecord, read_record
 
 FAILED_NAME = ".failed.json"  # beside a sweep job's images when the job raised (written by SweepTable)
-FAMILY_ORDER = {"ar": 0, "eagle": 1, "lantern": 2, "lantern_pp": 3}
+FAMILY_ORDER = {"ar": 0, "eagle": 1, "lantern": 2, "lantern_pp": 3, "sjd": 4, "gsd": 5}
 COLUMNS = ("method", "tau", "latency_ms", "latency_iqr_ms", "speedup", "speedup_iqr", "baseline_ms", "fid", "clip_score",
            "delta", "tv_realised", "tv_realised_max", "baseline", "run")
 
@@ -74,6 +74,11 @@ def method_label(record: RunRecord) -> str:
         return f"LANTERN k={record.k} d={record.delta}{draft}"
     if decoding == "lantern_pp":
         return f"LANTERN++ k={record.k} l={record.lambda_}{draft}"
+    if decoding in ("sjd", "gsd"):  # the Jacobi decoders (docs/jacobi.md): window and initialisation
+        jacobi = f"W={record.get('window')} {record.get('init')}" + (f" reuse={record.get('reuse')}" if record.get("reuse") else "")
+        if decoding == "gsd":
+            jacobi += f" r={record.get('gsd_radius')} p={record.get('gsd_p_thr')} d={record.get('gsd_d_thr')}"
+        return f"{decoding.upper()} {jacobi}" + (" (greedy)" if record.candidates == "greedy" else "")
     return f"{str(decoding).upper()} exact{draft}" if decoding == "eagle" else f"{decoding}{draft}"
 
 

@@ -210,6 +210,9 @@ def test_configs_compose_and_decode(tmp_path, overrides, fields):
     assert metrics["tv_realised_coverage"] == 1.0
     if fields["decoding"] == "sjd":
         assert metrics["tv_realised_max"] == 0.0
+    from lantern.tables import load_records, method_label
+
+    assert method_label(load_records([out])[0]).startswith(f"{fields['decoding'].upper()} W=4 ")
 
 
 @pytest.mark.parametrize("overrides,message", [

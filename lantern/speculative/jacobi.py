@@ -29,7 +29,7 @@ are overwritten by the next step. No host reads, so the step compiles with ``ful
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -193,8 +193,7 @@ class JacobiContext:
     grouping: Grouping | None = None
     close: torch.Tensor | None = None  # grouping's (V, V) distance test, on the model's device
     reuse: float | None = None  # SJD++-style reuse: keep an untested draft when its law's top mass >= this
-    warm: bool = False
-    extra: dict = field(default_factory=dict)
+    warm: bool = False  # whether a step has run eagerly with this context (lazy tables filled)
 
 
 def initial_tokens(ctx: JacobiContext, keys: torch.Tensor, step: torch.Tensor, count: int) -> torch.Tensor:
