@@ -137,6 +137,7 @@ def test_the_test_draws_from_the_law_it_records(radius):
     ("sjd-sampled-horizon", SAMPLED, lambda s, **kw: sjd(s, window=3, init="horizon", **kw)),
     ("sjd-reuse", SAMPLED, lambda s, **kw: sjd(s, window=3, reuse=0.2, **kw)),
     ("gsd-sampled", SAMPLED, lambda s, **kw: gsd(s, window=3, p_thr=1.0, d_thr=None, **kw)),
+    ("gsd-greedy", GREEDY, lambda s, **kw: gsd(s, window=3, p_thr=1.0, d_thr=None, **kw)),
     ("gsd-distance", SAMPLED, lambda s, **kw: gsd(s, window=3, radius=2, d_thr=200.0, **kw)),
 ])
 def test_jacobi_step_captures_as_one_graph_and_matches_eager(name, sampling, factory):
