@@ -187,3 +187,32 @@ def test_bad_compile_mode_is_one_line_and_no_run_folder(tmp_path, override, mess
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], proc.stderr
     assert not out.exists()
+
+
+def test_reference_attention_uses_llamagens_cache_length_and_the_math_kernel(monkeypatch):
+    """attention=reference: every attention call sees find_multiple(T + N, 8) keys under the math SDPA
+    backend (what LlamaGen's generate() does, and what makes bf16 samples agree token for token)."""
+    import torch.nn.functional as F
+    from lantern.models import gpt
+
+    model, _ = tiny()
+    cond, keys = text_condition(), keys_tensor(0, range(4))
+    seen = []
+    original = F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kwargs):
+        seen.append((k.shape[2], torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()))
+        return original(q, k, v, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(gpt.F, "scaled_dot_product_attention", spy)
+    sampling = SamplingConfig(temperature=0, cfg_scale=2.0)
+    fast = ARDecoder(sampling).generate(model, cond, keys).codes
+    fast_calls, seen[:] = list(seen), []
+    reference = ARDecoder(sampling, attention="reference").generate(model, cond, keys).codes
+    cfg = model.config
+    padded = -(-(cfg.cls_token_num + cfg.num_image_tokens) // 8) * 8
+    assert {length for length, *_ in seen} == {padded} != {length for length, *_ in fast_calls}
+    assert all(math and not flash for _, flash, math in seen)  # only the math kernel is enabled (CPU and CUDA)
+    assert torch.equal(reference, fast)  # fp32: the kernels agree on greedy tokens
+    with pytest.raises(ConfigError, match="attention='flash' must be one of fast, reference"):
+        ARDecoder(sampling, attention="flash")

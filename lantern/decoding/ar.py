@@ -11,7 +11,18 @@ from lantern.decoding.base import DecodeResult, guided_inputs
 from lantern.decoding.compile import check_compile, compiled, mark_static
 from lantern.models.gpt import Transformer, prefix_causal_mask
 from lantern.models.kv_cache import KVCache
+from lantern.errors import ConfigError
 from lantern.sampling import SamplingConfig, guided_logits, guided_logits_at, next_token
+
+# How attention runs. fast: PyTorch's default SDPA kernel over this decoder's cache (T + N - 1 slots).
+# reference: as LlamaGen's generate(): the math SDPA backend over find_multiple(T + N, 8) cache slots, so
+# bf16 runs reproduce its samples token for token (the kernel and the key count change bf16 rounding).
+ATTENTION = ("fast", "reference")
+
+
+def reference_cache_length(cond_len: int, num_tokens: int) -> int:
+    """LlamaGen's cache length: ``T_new = T + N`` rounded up to a multiple of 8 (``find_multiple``)."""
+    return -(-(cond_len + num_tokens) // 8) * 8
 
 
 def decode_one_token(
@@ -52,7 +63,11 @@ class ARDecoder:
 
     name = "ar"
 
-    def __init__(self, sampling: SamplingConfig, compile: str = "none", backend: str = "inductor", guard=None):
+    def __init__(self, sampling: SamplingConfig, compile: str = "none", backend: str = "inductor", guard=None,
+                 attention: str = "fast"):
+        if attention not in ATTENTION:
+            raise ConfigError(f"attention={attention!r} must be one of {', '.join(ATTENTION)}")
+        self.attention = attention
         self.sampling = sampling
         self.guard = guard or contextlib.nullcontext  # entered around every step (e.g. a CUDA sync check)
         self.compile = check_compile(compile)
@@ -64,9 +79,17 @@ class ARDecoder:
         """ConfigError unless this decoder's compile mode runs on ``device`` (checked before any work)."""
         check_compile(self.compile, device, self.backend)
 
-    @torch.inference_mode()
     def generate(self, model: Transformer, condition: Condition, keys: torch.Tensor) -> DecodeResult:
         """Decode all image tokens for ``condition`` (B prompts) with per-sample RNG ``keys`` (B,)."""
+        if self.attention == "reference":
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            with sdpa_kernel(SDPBackend.MATH):
+                return self._generate(model, condition, keys)
+        return self._generate(model, condition, keys)
+
+    @torch.inference_mode()
+    def _generate(self, model: Transformer, condition: Condition, keys: torch.Tensor) -> DecodeResult:
         cfg = model.config
         cond_len, num_tokens = cfg.cls_token_num, cfg.num_image_tokens
         cond_emb, cond_mask = guided_inputs(model, condition, self.sampling)
@@ -74,13 +97,17 @@ class ARDecoder:
         device = cond_emb.device
         self.check_device(device)
         length = cond_len + num_tokens - 1  # the last image token is never fed back
+        if self.attention == "reference":
+            length = reference_cache_length(cond_len, num_tokens)  # extra slots stay masked
         shape = (model.config, rows, length, cond_emb.dtype, device)
         if shape not in self._buffers:
             self._buffers[shape] = _Buffers(model, rows, length, self.compile != "none")
         buffers = self._buffers[shape]
         buffers.mask.copy_(prefix_causal_mask(cond_mask, length))
 
-        logits, _ = model.prefill(cond_emb, buffers.mask[:, :, :cond_len, :cond_len], buffers.cache)
+        # The prefill sees the condition's own slots; LlamaGen's (reference) attends over the whole cache.
+        width = length if self.attention == "reference" else cond_len
+        logits, _ = model.prefill(cond_emb, buffers.mask[:, :, :cond_len, :width], buffers.cache)
         codes = torch.empty(batch, num_tokens, dtype=torch.long, device=device)
         codes[:, 0] = next_token(guided_logits(logits, self.sampling, 0), self.sampling, keys, 0)
         step = torch.ones(1, dtype=torch.long, device=device)
@@ -97,4 +124,4 @@ class ARDecoder:
 
     def describe(self) -> dict:
         """Decoder settings recorded with results (plain AR has none beyond sampling and compilation)."""
-        return {"acceptance": None, "draft": None, "compile": self.compile}
+        return {"acceptance": None, "draft": None, "compile": self.compile, "attention": self.attention}
