@@ -32,7 +32,10 @@ def smoke_overrides(experiment: str, folder: Path) -> list[str]:
     return []
 
 
-@pytest.mark.parametrize("experiment", EXPERIMENTS)
+@pytest.mark.parametrize("experiment", [
+    # The world's paper table is 15 modes (about 5 minutes on 2 cores): in the slow suite.
+    pytest.param(e, marks=pytest.mark.slow) if e == "paper_table" else e for e in EXPERIMENTS
+])
 def test_every_experiment_smoke_runs_and_writes_its_table(tmp_path, experiment):
     sweep = tmp_path / "sweep"
     proc = subprocess.run(
@@ -179,3 +182,24 @@ def test_the_coco_experiment_measures_fid_and_clip_on_the_world(tmp_path):
     assert metrics["clip_score"] == pytest.approx(world_clip_score(run_images(out, 3), captions), abs=1e-4)
     assert [metrics["distinct_prompts"][row["prompt_id"]] for row in metrics["per_image"]] == [
         "a white sneaker seen from the side", "a long summer dress with thin straps", "a leather bag with a handle"]
+
+
+def test_every_paper_table_mode_composes_and_builds_its_decoder():
+    """The fast half of the paper-table smoke run (which is slow): each mode of the sweep composes with
+    the experiment and instantiates its decoder."""
+    import yaml
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    import lantern  # noqa: F401  (registers the ${lantern_root:} resolver the search path uses)
+
+    spec = yaml.safe_load((REPO / "experiments" / "experiment" / "paper_table.yaml").read_text())
+    modes = spec["hydra"]["sweeper"]["params"]["+experiment/mode"].split(",")
+    assert len(modes) >= 13
+    names = set()
+    for mode in modes:
+        with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):
+            cfg = compose("config", overrides=["+experiment=paper_table", f"+experiment/mode={mode}"])
+        decoder = instantiate(cfg.decoding)
+        names.add((decoder.name, str(sorted(decoder.describe().items()))))
+    assert len(names) == len(modes), "two modes build the same decoder"
