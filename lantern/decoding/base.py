@@ -36,3 +36,15 @@ def guided_inputs(model: Transformer, condition: Condition, sampling: SamplingCo
         values = torch.cat([values, model.null_condition(len(condition)).to(values.dtype)])
         mask = torch.cat([mask, mask])
     return model.embed_condition(values), mask
+
+
+def prefill_condition(model: Transformer, cond_emb: torch.Tensor, cond_mask: torch.Tensor, cache, capacity: int) -> torch.Tensor:
+    """Write the condition (rows, T, D) into cache slots ``0..T-1`` with a mask over the whole
+    ``capacity``; return the final-norm hidden states (rows, T, D) (the last predicts image token 0)."""
+    from lantern.models.gpt import prefix_causal_mask
+
+    rows, cond_len = cond_emb.shape[:2]
+    index = torch.arange(cond_len, device=cond_emb.device)
+    mask = torch.zeros(rows, 1, cond_len, capacity, dtype=torch.bool, device=cond_emb.device)
+    mask[..., :cond_len] = prefix_causal_mask(cond_mask, cond_len)
+    return model.forward_embeddings(cond_emb, index, index.expand(rows, -1), mask, cache)

@@ -16,11 +16,11 @@ import math
 import torch
 
 from lantern.conditioning import Condition
-from lantern.decoding.base import DecodeResult, guided_inputs
+from lantern.decoding.base import DecodeResult, guided_inputs, prefill_condition
 from lantern.decoding.compile import check_compile, compiled, mark_static
 from lantern.decoding.speculative import summarise
 from lantern.errors import ConfigError
-from lantern.models.gpt import Transformer, prefix_causal_mask
+from lantern.models.gpt import Transformer
 from lantern.sampling import SamplingConfig, guided_logits, next_token
 from lantern.speculative.jacobi import INITS, Grouping, JacobiContext, JacobiState, initial_tokens, jacobi_step
 from lantern.speculative.session import column_validity
@@ -118,10 +118,7 @@ class JacobiDecoder:
         capacity = cond_len + num_tokens + 2 * width + 2
         ctx = self._context(model, rows, batch, capacity, device)
 
-        index = torch.arange(cond_len, device=device)
-        prefill_mask = torch.zeros(rows, 1, cond_len, capacity, dtype=torch.bool, device=device)
-        prefill_mask[..., :cond_len] = prefix_causal_mask(cond_mask, cond_len)
-        hidden = model.forward_embeddings(cond_emb, index, index.expand(rows, -1), prefill_mask, ctx.cache)  # (rows, T, D)
+        hidden = prefill_condition(model, cond_emb, cond_mask, ctx.cache, capacity)  # (rows, T, D)
         codes = torch.zeros(batch, num_tokens + 2 * width + 2, dtype=torch.long, device=device)
         codes[:, 0] = next_token(guided_logits(model.head(hidden[:, -1]), sampling, 0), sampling, keys, 0)
         # The first window: initialised tokens (point-mass laws) for tokens 1..W. Step 0 of the init

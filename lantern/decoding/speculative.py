@@ -19,9 +19,9 @@ import time
 import torch
 
 from lantern.conditioning import Condition
-from lantern.decoding.base import DecodeResult, guided_inputs
+from lantern.decoding.base import DecodeResult, guided_inputs, prefill_condition
 from lantern.decoding.compile import check_compile, compiled, mark_static
-from lantern.models.gpt import Transformer, prefix_causal_mask
+from lantern.models.gpt import Transformer
 from lantern.sampling import SamplingConfig, guided_logits, next_token
 from lantern.speculative.acceptance import AcceptanceRule
 from lantern.speculative.drafter import Drafter
@@ -143,10 +143,7 @@ class SpeculativeDecoder:
         started = time.perf_counter() if timer else None
 
         # Prefill (eager, once per batch): the condition into both caches, then image token 0.
-        index = torch.arange(cond_len, device=device)
-        prefill_mask = torch.zeros(rows, 1, cond_len, capacity, dtype=torch.bool, device=device)
-        prefill_mask[..., :cond_len] = prefix_causal_mask(cond_mask, cond_len)
-        hidden = model.forward_embeddings(cond_emb, index, index.expand(rows, -1), prefill_mask, ctx.target_cache)  # (rows, T, D)
+        hidden = prefill_condition(model, cond_emb, cond_mask, ctx.target_cache, capacity)  # (rows, T, D)
         codes = torch.zeros(batch, num_tokens + 2 * depth + 2, dtype=torch.long, device=device)
         codes[:, 0] = next_token(guided_logits(model.head(hidden[:, -1]), sampling, 0), sampling, keys, 0)
         drafter_valid = column_validity(cond_mask[:, 1:], capacity)
