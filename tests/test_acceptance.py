@@ -244,6 +244,43 @@ def test_transport_moves_surplus_to_nearby_deficits_within_delta(delta):
             assert takers & set(table[y, :k].tolist())
 
 
+def _first_deficit_column(table, p, q, k):
+    """(R, V) the column of each code's first deficit neighbour among its k nearest (k when none)."""
+    needy = (q > p)[:, table[:, :k]]  # (R, V, k)
+    return torch.where(needy.any(-1), needy.to(torch.uint8).argmax(-1), torch.full(needy.shape[:2], k))
+
+
+@pytest.mark.parametrize("lam", [None, 3.0])
+def test_transport_scan_narrows_the_receiver_search_only(lam):
+    """``scan`` limits where a donor looks for a receiver: the same law as searching all k whenever
+    every donor's first deficit neighbour lies within the scan, another law (still within delta)
+    when some lies beyond it."""
+    table, p, q, _, _ = _setup(5, rows=64)
+    k, delta = V - 1, (0.3 if lam is None else None)
+    active = torch.ones(64, dtype=torch.bool)
+    full = NeighbourRelaxation(k, table, delta=delta, lam=lam, scan=None).transport(p, q, active)
+    assert torch.equal(NeighbourRelaxation(k, table, delta=delta, lam=lam, scan=k).transport(p, q, active).target, full.target)
+    first = _first_deficit_column(table, p, q, k)  # (R, V)
+    surplus = p > q
+    deepest = int(first[surplus].max())
+    assert deepest >= 2  # the case below is not vacuous
+    within = NeighbourRelaxation(k, table, delta=delta, lam=lam, scan=deepest + 1).transport(p, q, active)
+    assert torch.equal(within.target, full.target)
+    short = NeighbourRelaxation(k, table, delta=delta, lam=lam, scan=1).transport(p, q, active)
+    assert not torch.equal(short.target, full.target)
+    if delta is not None:
+        assert (short.tv <= delta + 1e-12).all()
+    assert torch.allclose(short.tv, _tv(short.target, p), atol=1e-12)
+    assert torch.allclose(short.target.sum(-1), torch.ones(64, dtype=p.dtype))
+
+
+@pytest.mark.parametrize("scan", [0, -3, 2.5, True, "all"])
+def test_bad_scan_is_refused(scan):
+    table, *_ = _setup(0)
+    with pytest.raises(ConfigError, match="scan="):
+        lantern(5, 0.1, table, scan=scan)
+
+
 # ----------------------------------------------------------------------------- exact tests
 
 

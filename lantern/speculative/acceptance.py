@@ -30,7 +30,7 @@ import torch
 
 from lantern.errors import ConfigError
 from lantern.sampling import SamplingConfig, race
-from lantern.speculative.relaxation import NeighbourRelaxation, NeighbourTable, Relaxed, check_delta, check_lambda, identity
+from lantern.speculative.relaxation import NeighbourRelaxation, NeighbourTable, Relaxed, check_delta, check_lambda, check_scan, identity
 
 CANDIDATES = ("sampled", "deterministic", "greedy")
 SEMANTICS = ("bounded", "reference")
@@ -346,7 +346,9 @@ def _check_audit(tv_audit_every) -> int:
     return tv_audit_every
 
 
-def _neighbour_rule(settings: dict, neighbours, semantics: str, candidates: str, tv_audit_every: int, **bound) -> AcceptanceRule:
+def _neighbour_rule(
+    settings: dict, neighbours, semantics: str, candidates: str, tv_audit_every: int, scan: int | None = 32, **bound
+) -> AcceptanceRule:
     """The rule for a neighbour relaxation with ``bound`` (``delta=`` or ``lam=``) under ``semantics``."""
     semantics, kind, every = _check_semantics(semantics), _check_kind(candidates), _check_audit(tv_audit_every)
     table = _table(neighbours, semantics)
@@ -354,32 +356,37 @@ def _neighbour_rule(settings: dict, neighbours, semantics: str, candidates: str,
         from lantern.speculative.reference import LanternReference
 
         return LanternReference(settings["k"], table, settings, candidates=kind, tv_audit_every=every, **bound)
-    return RelaxedRule(NeighbourRelaxation(settings["k"], table, **bound), _EXACT[kind](), settings)
+    settings = {**settings, "scan": scan}  # the receiver search of sampled candidates' transport
+    return RelaxedRule(NeighbourRelaxation(settings["k"], table, scan=scan, **bound), _EXACT[kind](), settings)
 
 
 def lantern(
     k: int, delta: float, neighbours, semantics: str = "bounded", candidates: str = "deterministic", tv_audit_every: int = 1,
+    scan: int | None = 32,
 ) -> AcceptanceRule:
     """LANTERN (k, delta).
 
     ``bounded`` (default): a relaxation with ``TV(p, p') <= delta`` per token for every structure and
     candidate kind, then the exact test. ``reference``: the authors' released behaviour
     (:class:`~lantern.speculative.reference.LanternReference`); its realised TV is measured, every
-    ``tv_audit_every``-th step where that needs a sum over the vocabulary.
+    ``tv_audit_every``-th step where that needs a sum over the vocabulary. ``scan``: bounded semantics,
+    sampled candidates: how many of a surplus code's nearest neighbours are searched for a receiver
+    (None: all k; see :mod:`lantern.speculative.relaxation`).
     """
-    delta = check_delta(delta)
+    delta, scan = check_delta(delta), check_scan(scan)
     settings = {"acceptance": "lantern", "k": k, "delta": delta}
-    return _neighbour_rule(settings, neighbours, semantics, candidates, tv_audit_every, delta=delta)
+    return _neighbour_rule(settings, neighbours, semantics, candidates, tv_audit_every, scan, delta=delta)
 
 
 def lantern_pp(
     k: int, lam: float, neighbours, semantics: str = "bounded", candidates: str = "deterministic", tv_audit_every: int = 1,
+    scan: int | None = 32,
 ) -> AcceptanceRule:
     """LANTERN++ (k, lambda): as :func:`lantern` with the cap ``p'(x) <= lambda p(x)`` at each receiving
     token instead of a shared TV budget (its realised TV is recorded, not bounded by a delta)."""
-    lam = check_lambda(lam)
+    lam, scan = check_lambda(lam), check_scan(scan)
     settings = {"acceptance": "lantern_pp", "k": k, "lambda": lam}
-    return _neighbour_rule(settings, neighbours, semantics, candidates, tv_audit_every, lam=lam)
+    return _neighbour_rule(settings, neighbours, semantics, candidates, tv_audit_every, scan, lam=lam)
 
 
 _EXACT = {"sampled": ExactSampled, "deterministic": ExactDeterministic, "greedy": Greedy}

@@ -14,7 +14,10 @@ property of the relaxation alone, whatever the draft structure or candidate kind
   budget is ``delta`` shared by all siblings of the node; LANTERN++ caps each sibling at
   ``(lambda - 1) p(x)``. With one candidate this is exactly LANTERN's ``A(x)``, ``p~(x) = p(x) + S_m``.
 * sampled candidates (``transport``): every token ``y`` with surplus ``p(y) > q(y)`` (the 256 largest)
-  offers it to its nearest neighbour (within its k nearest) with a deficit ``q(x) > p(x)``; each receiver takes at
+  offers it to its nearest neighbour with a deficit ``q(x) > p(x)``, searched among its first
+  ``min(k, scan)`` neighbours (``scan`` 32 by default: about half the vocabulary is in deficit, so the
+  first one is nearly always among the first few; ``scan=None`` searches all k, at ~30x the cost of the
+  walk's largest gather); each receiver takes at
   most its deficit (LANTERN++: at most ``(lambda - 1) p(x)``), and LANTERN scales all transfers so
   they sum to at most ``delta``. Each unit moved raises ``sum min(p', q)``, the acceptance
   probability of a sampled candidate, by one unit.
@@ -104,6 +107,12 @@ def check_delta(delta) -> float:
     return float(delta)
 
 
+def check_scan(scan) -> int | None:
+    if scan is not None and (isinstance(scan, bool) or not isinstance(scan, int) or scan < 1):
+        raise ConfigError(f"scan={scan!r} must be an integer >= 1 or null (all k neighbours)")
+    return scan
+
+
 def check_lambda(lam) -> float:
     if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not math.isfinite(lam) or not lam >= 1:
         raise ConfigError(f"lambda={lam!r} must be a finite number >= 1")
@@ -114,12 +123,14 @@ class NeighbourRelaxation:
     """LANTERN's latent proximity relaxation with a TV budget: ``delta`` (shared per node) and/or a
     per-receiver cap ``(lam - 1) p(x)``. ``delta=None`` means no shared budget (LANTERN++)."""
 
-    def __init__(self, k: int, neighbours, delta: float | None = None, lam: float | None = None, donors: int = 256):
+    def __init__(self, k: int, neighbours, delta: float | None = None, lam: float | None = None, donors: int = 256,
+                 scan: int | None = 32):
         self.table = as_table(neighbours, k)
         self.k = k
         self.delta = delta
         self.lam = lam
         self.donors = donors
+        self.scan = k if scan is None else min(k, check_scan(scan))
 
     def _cap(self, p: torch.Tensor, px: torch.Tensor) -> torch.Tensor:
         """The most a receiver with target mass ``px`` may gain: (R,) or (R, V)."""
@@ -164,16 +175,17 @@ class NeighbourRelaxation:
 
         ``active`` (R,) marks nodes that have candidates; other rows keep ``p``. ``count``: the
         width of the returned (all-zero) ``gain``. Only the ``donors`` largest surpluses offer mass
-        (they hold nearly all of it; scanning every token's k neighbours would cost O(V k) per row).
+        (they hold nearly all of it; scanning every token's k neighbours would cost O(V k) per row), and
+        each searches its first ``scan`` neighbours for a receiver.
         """
         rows, vocab = p.shape
-        table = self.table.columns(self.k, p.device)  # (V, k)
+        table = self.table.columns(self.scan, p.device)  # (V, scan)
         surplus = (p - q).clamp_min(0) * active[:, None]  # (R, V)
         deficit = (q - p).clamp_min(0) * active[:, None]
         offer, donor = surplus.topk(min(self.donors, vocab), dim=1)  # (R, M) the largest surpluses
         needy = (deficit > 0).to(torch.uint8)  # (R, V)
-        near = table[donor]  # (R, M, k) each donor's nearest codes
-        near_needy = needy.gather(1, near.flatten(1)).view(near.shape)  # (R, M, k): in deficit?
+        near = table[donor]  # (R, M, scan) each donor's nearest codes
+        near_needy = needy.gather(1, near.flatten(1)).view(near.shape)  # (R, M, scan): in deficit?
         first = near_needy.argmax(dim=2)  # (R, M) the first such neighbour (0 when none)
         found = near_needy.amax(dim=2).bool()  # (R, M)
         receiver = near.gather(2, first[:, :, None])[:, :, 0]  # (R, M) where each offer goes
