@@ -33,8 +33,9 @@ def smoke_overrides(experiment: str, folder: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("experiment", [
-    # The world's paper table is 15 modes (about 5 minutes on 2 cores): in the slow suite.
-    pytest.param(e, marks=pytest.mark.slow) if e == "paper_table" else e for e in EXPERIMENTS
+    # The world's paper table is 15 modes (about 5 minutes on 2 cores) and the peers' table 6 of them
+    # (every mode of both is composed and built by the fast test below): in the slow suite.
+    pytest.param(e, marks=pytest.mark.slow) if e in ("paper_table", "peers") else e for e in EXPERIMENTS
 ])
 def test_every_experiment_smoke_runs_and_writes_its_table(tmp_path, experiment):
     sweep = tmp_path / "sweep"
