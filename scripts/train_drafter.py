@@ -127,7 +127,7 @@ def train_drafter(cfg: DictConfig) -> dict:
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
     objective = DrafterObjective(
         target, drafter, codes, caption_ids, states, masks, cond_dropout=cfg.cond_dropout, noise=cfg.noise,
-        ce_weight=cfg.ce_weight,
+        ce_weight=cfg.ce_weight, cache_states=bool(cfg.cache_states) and caption_ids.shape[1] == 1, progress=cfg.progress,
     )
     trainer = Trainer(
         drafter, optimizer, objective, EpochBatches(codes.shape[0], cfg.batch_size, cfg.seed, lambda idx: idx),

@@ -297,3 +297,33 @@ def test_script_self_distillation_smoke(tmp_path):
                            vq=OmegaConf.to_container(model.bundle.vq))
     assert drafter.config.dim == 192 and drafter.config.vocab_size == 2048
     assert torch.load(out / "codes_self.pt", weights_only=True)["codes"].shape == (8, 64)
+
+
+@pytest.mark.parametrize("cond_dropout", [0.0, 0.5, 1.0])
+def test_cached_target_states_give_the_same_loss(cond_dropout):
+    """States computed once (conditional and null) give the loss and gradients of a target forward per step."""
+    target = tiny_target()
+    codes, _, states, masks = toy_data()
+    caption = torch.tensor([[1], [0], [2], [1]])  # one condition per sequence, as data=self
+    torch.manual_seed(3)
+    drafter = Drafter(DrafterConfig(target.config))
+    losses, grads = [], []
+    for cache in (False, True):
+        objective = DrafterObjective(target, drafter, codes, caption, states, masks, cond_dropout=cond_dropout,
+                                     noise=0.2, cache_states=cache)
+        torch.manual_seed(7)
+        drafter.zero_grad()
+        loss, _ = objective(torch.tensor([3, 0, 2, 1, 3]))
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append(torch.cat([p.grad.flatten() for p in drafter.parameters()]))
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-6)
+
+
+def test_cached_states_need_one_condition_per_sequence():
+    target = tiny_target()
+    codes, caption_ids, states, masks = toy_data()
+    with pytest.raises(ConfigError, match="cache_states"):
+        DrafterObjective(target, Drafter(DrafterConfig(target.config)), codes, caption_ids, states, masks,
+                         cache_states=True)  # two conditions per sequence

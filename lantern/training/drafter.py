@@ -34,7 +34,7 @@ from lantern.models.kv_cache import NoCache
 from lantern.rng import keys_tensor
 from lantern.sampling import SamplingConfig
 from lantern.speculative.drafter import Drafter
-from lantern.training.gpt import draw_conditions
+from lantern.training.gpt import draw_choices
 
 
 def drafter_pass(
@@ -48,11 +48,20 @@ def drafter_pass(
     (B, N-1, D): the drafter's estimates at entries ``T-1 .. T+N-3`` and the target's states at
     positions ``T .. T+N-2`` (which predict image tokens ``1 .. N-1``).
     """
+    with torch.no_grad():
+        f = target.teacher_hidden(cond_emb, tokens, cond_mask)  # (B, T+N-1, D)
+    return drafter_estimates(target, drafter, cond_emb, cond_mask, tokens, f, noise)
+
+
+def drafter_estimates(
+    target: Transformer, drafter: Drafter, cond_emb: torch.Tensor, cond_mask: torch.Tensor, tokens: torch.Tensor,
+    f: torch.Tensor, noise: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`drafter_pass` given the target's teacher-forced states ``f`` (B, T+N-1, D)."""
     batch, cond_len = cond_mask.shape
     num_tokens = tokens.shape[1]
     length = cond_len + num_tokens - 2  # drafter entries 0 .. T+N-3
     with torch.no_grad():
-        f = target.teacher_hidden(cond_emb, tokens, cond_mask)  # (B, T+N-1, D)
         embeds = torch.cat([drafter.condition_inputs(target, cond_emb), target.embed_tokens(tokens[:, : num_tokens - 1])], dim=1)  # (B, T+N-2, D)
         features = f[:, :length]  # (B, T+N-2, D)
         if noise:
@@ -61,6 +70,25 @@ def drafter_pass(
     mask = prefix_causal_mask(cond_mask[:, 1:], length)  # (B, 1, T+N-2, T+N-2)
     f_hat = drafter(embeds, features, entries, entries.expand(batch, length), mask, NoCache())  # (B, T+N-2, D)
     return f_hat[:, cond_len - 1 :], f[:, cond_len:]
+
+
+@torch.no_grad()
+def teacher_states(
+    target: Transformer, codes: torch.Tensor, caption_ids: torch.Tensor, states: torch.Tensor, masks: torch.Tensor,
+    null: bool, batch_size: int = 250, progress: bool = False,
+) -> torch.Tensor:
+    """The target's teacher-forced final-norm states (M, T+N-1, D) of every sequence ``codes`` (M, N)
+    under its one condition ``caption_ids`` (M,) (``null``: the null condition with that caption's mask),
+    computed once so training steps need no target forward."""
+    device = target.tok_embeddings.weight.device
+    parts = []
+    for start in tqdm(range(0, codes.shape[0], batch_size), desc="target states" + (" (null)" if null else ""),
+                      disable=not progress, dynamic_ncols=True, mininterval=1.0):
+        ids = caption_ids[start : start + batch_size]  # (b,)
+        values = target.null_condition(ids.shape[0]) if null else states[ids]
+        cond_emb = target.embed_condition(values.to(device))  # (b, T, D)
+        parts.append(target.teacher_hidden(cond_emb, codes[start : start + batch_size].to(device), masks[ids].to(device)).cpu())
+    return torch.cat(parts)
 
 
 def drafter_loss(
@@ -94,17 +122,23 @@ class DrafterObjective:
     drafter also learns the unconditional stream CFG needs. ``noise`` is the width of the uniform
     noise added to the input features. The target is put in eval mode and frozen here. Random draws
     use the global torch generator, which the trainer checkpoints.
+
+    ``cache_states`` (sequences with one condition each, K = 1): the target's states under each
+    sequence's condition and under the null condition are computed once here (2 x M x (T+N-1) x D
+    floats), so a step runs the drafter alone: the same loss, without a deep target's forward per step.
     """
 
     def __init__(
         self, target: Transformer, drafter: Drafter, codes: torch.Tensor, caption_ids: torch.Tensor,
         states: torch.Tensor, masks: torch.Tensor, cond_dropout: float = 0.1, noise: float = 0.2,
-        ce_weight: float = 0.1,
+        ce_weight: float = 0.1, cache_states: bool = False, progress: bool = False,
     ):
         if caption_ids.dim() == 1:
             caption_ids = caption_ids[:, None]
         if codes.shape[0] != caption_ids.shape[0]:
             raise ConfigError(f"{codes.shape[0]} token sequences but {caption_ids.shape[0]} rows of condition ids")
+        if cache_states and caption_ids.shape[1] != 1:
+            raise ConfigError(f"cache_states needs one condition per sequence, got {caption_ids.shape[1]} (data=images: cache_states=false)")
         drafter.check_target(target.config)
         self.target = target.eval().requires_grad_(False)
         self.drafter = drafter
@@ -115,16 +149,29 @@ class DrafterObjective:
         self.cond_dropout = cond_dropout
         self.noise = noise
         self.ce_weight = ce_weight
+        self.cached = None
+        if cache_states:
+            self.cached = tuple(teacher_states(target, codes, caption_ids[:, 0], states, masks, null, progress=progress)
+                                for null in (False, True))  # (M, T+N-1, D) each
 
     def __call__(self, indices: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """Loss and logs of the samples ``indices`` (B,)."""
         target = self.target
         device = target.tok_embeddings.weight.device
         tokens = self.codes[indices].to(device)  # (B, N)
-        values, mask = draw_conditions(target, self.caption_ids, self.states, self.masks, indices, self.cond_dropout, device)
+        caption, drop = draw_choices(self.caption_ids, indices, self.cond_dropout)  # (B,), (B,)
+        values, mask = self.states[caption].to(device), self.masks[caption].to(device)
+        drop_d = drop.to(device)
+        null = target.null_condition(indices.shape[0]).to(device=values.device, dtype=values.dtype)
+        values = torch.where(drop_d.view(-1, *([1] * (values.dim() - 1))), null, values)
         with torch.no_grad():
             cond_emb = target.embed_condition(values)  # (B, T, D)
-        f_hat, f = drafter_pass(target, self.drafter, cond_emb, mask, tokens, self.noise)
+        if self.cached is None:
+            f_hat, f = drafter_pass(target, self.drafter, cond_emb, mask, tokens, self.noise)
+        else:
+            conditional, unconditional = self.cached
+            f = torch.where(drop.view(-1, 1, 1), unconditional[indices], conditional[indices]).to(device)  # (B, T+N-1, D)
+            f_hat, f = drafter_estimates(target, self.drafter, cond_emb, mask, tokens, f, self.noise)
         return drafter_loss(target, f_hat, f, self.ce_weight)
 
 
