@@ -32,7 +32,10 @@ from lantern.rng import keys_tensor
 
 EXACT_STRUCTURES = ("chain", "static_tree", "dynamic_tree")
 DELTAS = (0.05, 0.1, 0.2, 0.4)
-PEERS = ("sjd", "gsd")  # drafter-free decoders (lantern.decoding.jacobi)
+# Drafter-free decoders (lantern.decoding.jacobi). GSD measures its realised TV over the whole vocabulary at
+# every step by default (half its step time on the world); gsd_audit_off audits only the first step of
+# each generate call, the cost of the method alone.
+PEERS = {"sjd": ["decoding=sjd"], "gsd": ["decoding=gsd"], "gsd_audit_off": ["decoding=gsd", "decoding.tv_audit_every=1000000"]}
 
 
 def modes(structures: tuple[str, ...], lantern_structures: tuple[str, ...], deltas: tuple[float, ...],
@@ -146,7 +149,7 @@ def main() -> None:
     parser.add_argument("--deltas", default=",".join(map(str, DELTAS)))
     parser.add_argument("--candidates", default="deterministic,sampled", help="candidate kinds (sampled ones in the sampling setting only)")
     parser.add_argument("--settings", default="greedy,sampling", help="greedy and/or sampling (the model's recommended)")
-    parser.add_argument("--peers", default="", help="training-free peers to add, comma-separated: sjd, gsd (their yaml defaults)")
+    parser.add_argument("--peers", default="", help="training-free peers to add, comma-separated: sjd, gsd, gsd_audit_off (their yaml defaults)")
     parser.add_argument("--overrides", default="", help="extra Hydra overrides for AR and every mode, comma-separated (e.g. draft.depth=3)")
     parser.add_argument("--out", default=None, help="write OUT.md and OUT.json")
     args = parser.parse_args()
@@ -163,7 +166,7 @@ def main() -> None:
     for peer in (p for p in args.peers.split(",") if p):
         if peer not in PEERS:
             parser.error(f"--peers {peer!r}: allowed {', '.join(PEERS)}")
-        rows.append((peer, [f"decoding={peer}"]))
+        rows.append((peer, PEERS[peer]))
     extra = [o for o in args.overrides.split(",") if o]
     settings = {"greedy": ["temperature=0"], "sampling": []}
     records = []
