@@ -58,9 +58,12 @@ def main(cfg: DictConfig) -> None:
     if metrics.get("latency_s_per_image") is not None:
         timing = f"{metrics['latency_s_per_image'] * 1000:.1f} ms/image, {metrics['tokens_per_s']:.0f} tokens/s"
     speedup = f", {metrics['speedup']:.2f}x AR" if metrics.get("speedup") is not None else ""
+    tv = ""
+    if metrics.get("tv_realised_mean") is not None:  # relaxed decoders: the law tokens were drawn from vs the target's
+        tv = f", realised TV mean {metrics['tv_realised_mean']:.3f} max {metrics['tv_realised_max']:.3f}"
     print(
         f"{metrics['num_images']} images, grid.png and metrics.json in {out_dir} "
-        f"({timing}, tau {metrics['mean_accepted_length']:.2f}{speedup})"
+        f"({timing}, tau {metrics['mean_accepted_length']:.2f}{speedup}{tv})"
     )
 
 
