@@ -295,7 +295,7 @@ def test_script_self_distillation_smoke(tmp_path):
     model = OmegaConf.load(REPO / "conf" / "model" / "fashion_t2i.yaml")
     drafter = load_drafter(out / "drafter.safetensors", gpt=OmegaConf.to_container(model.bundle.gpt),
                            vq=OmegaConf.to_container(model.bundle.vq))
-    assert drafter.config.dim == 192 and drafter.config.vocab_size == 2048
+    assert drafter.config.dim == 128 and drafter.config.vocab_size == 2048  # the world target GPT-deep: 24 x 128
     assert torch.load(out / "codes_self.pt", weights_only=True)["codes"].shape == (8, 64)
 
 
