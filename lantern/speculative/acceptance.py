@@ -30,7 +30,7 @@ import torch
 
 from lantern.errors import ConfigError
 from lantern.sampling import SamplingConfig, race
-from lantern.speculative.relaxation import NeighbourRelaxation, NeighbourTable, Relaxed, check_delta, check_lambda, check_scan, identity
+from lantern.speculative.relaxation import NeighbourRelaxation, NeighbourTable, Relaxed, check_delta, check_lambda, check_scan, identity, SCAN
 
 CANDIDATES = ("sampled", "deterministic", "greedy")
 SEMANTICS = ("bounded", "reference")
@@ -347,7 +347,7 @@ def _check_audit(tv_audit_every) -> int:
 
 
 def _neighbour_rule(
-    settings: dict, neighbours, semantics: str, candidates: str, tv_audit_every: int, scan: int | None = 128, **bound
+    settings: dict, neighbours, semantics: str, candidates: str, tv_audit_every: int, scan: int | None = SCAN, **bound
 ) -> AcceptanceRule:
     """The rule for a neighbour relaxation with ``bound`` (``delta=`` or ``lam=``) under ``semantics``."""
     semantics, kind, every = _check_semantics(semantics), _check_kind(candidates), _check_audit(tv_audit_every)
@@ -362,7 +362,7 @@ def _neighbour_rule(
 
 def lantern(
     k: int, delta: float, neighbours, semantics: str = "bounded", candidates: str = "deterministic", tv_audit_every: int = 1,
-    scan: int | None = 128,
+    scan: int | None = SCAN,
 ) -> AcceptanceRule:
     """LANTERN (k, delta).
 
@@ -380,7 +380,7 @@ def lantern(
 
 def lantern_pp(
     k: int, lam: float, neighbours, semantics: str = "bounded", candidates: str = "deterministic", tv_audit_every: int = 1,
-    scan: int | None = 128,
+    scan: int | None = SCAN,
 ) -> AcceptanceRule:
     """LANTERN++ (k, lambda): as :func:`lantern` with the cap ``p'(x) <= lambda p(x)`` at each receiving
     token instead of a shared TV budget (its realised TV is recorded, not bounded by a delta)."""

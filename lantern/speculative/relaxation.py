@@ -108,6 +108,9 @@ def check_delta(delta) -> float:
     return float(delta)
 
 
+SCAN = 128  # default receiver search of the transport (columns of the neighbour table); see the module docstring
+
+
 def check_scan(scan) -> int | None:
     if scan is not None and (isinstance(scan, bool) or not isinstance(scan, int) or scan < 1):
         raise ConfigError(f"scan={scan!r} must be an integer >= 1 or null (all k neighbours)")
@@ -125,7 +128,7 @@ class NeighbourRelaxation:
     per-receiver cap ``(lam - 1) p(x)``. ``delta=None`` means no shared budget (LANTERN++)."""
 
     def __init__(self, k: int, neighbours, delta: float | None = None, lam: float | None = None, donors: int = 256,
-                 scan: int | None = 128):
+                 scan: int | None = SCAN):
         self.table = as_table(neighbours, k)
         self.k = k
         self.delta = delta

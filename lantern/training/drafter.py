@@ -34,7 +34,7 @@ from lantern.models.kv_cache import NoCache
 from lantern.rng import keys_tensor
 from lantern.sampling import SamplingConfig
 from lantern.speculative.drafter import Drafter
-from lantern.training.gpt import draw_choices
+from lantern.training.gpt import draw_conditions
 
 
 def drafter_pass(
@@ -159,11 +159,7 @@ class DrafterObjective:
         target = self.target
         device = target.tok_embeddings.weight.device
         tokens = self.codes[indices].to(device)  # (B, N)
-        caption, drop = draw_choices(self.caption_ids, indices, self.cond_dropout)  # (B,), (B,)
-        values, mask = self.states[caption].to(device), self.masks[caption].to(device)
-        drop_d = drop.to(device)
-        null = target.null_condition(indices.shape[0]).to(device=values.device, dtype=values.dtype)
-        values = torch.where(drop_d.view(-1, *([1] * (values.dim() - 1))), null, values)
+        values, mask, drop = draw_conditions(target, self.caption_ids, self.states, self.masks, indices, self.cond_dropout, device)
         with torch.no_grad():
             cond_emb = target.embed_condition(values)  # (B, T, D)
         if self.cached is None:

@@ -13,29 +13,24 @@ import torch.nn.functional as F
 from lantern.models.gpt import Transformer
 
 
-def draw_choices(caption_ids: torch.Tensor, indices: torch.Tensor, cond_dropout: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The caption id (B,) each sample ``indices`` (B,) takes among its K ``caption_ids`` (M, K), and
-    whether it takes the null condition instead (B,) bool. Draws use the global torch generator
-    (checkpointed by the trainer), in this order: choice, then dropout."""
-    batch = indices.shape[0]
-    choice = torch.randint(0, caption_ids.shape[1], (batch,))
-    return caption_ids[indices, choice], torch.rand(batch) < cond_dropout
-
-
 def draw_conditions(
     model: Transformer, caption_ids: torch.Tensor, states: torch.Tensor, masks: torch.Tensor, indices: torch.Tensor,
     cond_dropout: float, device: torch.device | str = "cpu",
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Condition values (B, ...) and masks (B, T) for samples ``indices`` (B,).
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Condition values (B, ...), masks (B, T) and dropout flags (B,) bool (on the CPU) for samples ``indices`` (B,).
 
     Each sample takes one of its K conditions ``caption_ids`` (M, K) at random, then a share
     ``cond_dropout`` of the samples take the model's null condition (what CFG needs), with the
-    caption's mask (:func:`draw_choices`).
+    caption's mask. Draws use the global torch generator (checkpointed by the trainer), in this
+    order: choice, then dropout.
     """
-    caption, drop = draw_choices(caption_ids, indices, cond_dropout)
+    batch = indices.shape[0]
+    choice = torch.randint(0, caption_ids.shape[1], (batch,))
+    caption = caption_ids[indices, choice]  # (B,)
     values, mask = states[caption].to(device), masks[caption].to(device)  # (B, ...), (B, T)
-    null = model.null_condition(indices.shape[0]).to(device=values.device, dtype=values.dtype)
-    return torch.where(drop.to(device).view(-1, *([1] * (values.dim() - 1))), null, values), mask
+    drop = torch.rand(batch) < cond_dropout
+    null = model.null_condition(batch).to(device=values.device, dtype=values.dtype)
+    return torch.where(drop.to(device).view(-1, *([1] * (values.dim() - 1))), null, values), mask, drop
 
 
 class GPTObjective:
@@ -61,7 +56,7 @@ class GPTObjective:
     def __call__(self, indices: torch.Tensor) -> tuple[torch.Tensor, dict]:
         model = self.model
         tokens = self.codes[indices]  # (B, N)
-        states, mask = draw_conditions(model, self.caption_ids, self.states, self.masks, indices, self.cond_dropout)
+        states, mask, _ = draw_conditions(model, self.caption_ids, self.states, self.masks, indices, self.cond_dropout)
         hidden = model.forward_teacher(model.embed_condition(states), tokens, mask)  # (B, N, D)
         logits = model.head(hidden)  # (B, N, V)
         loss = F.cross_entropy(logits.flatten(0, 1), tokens.flatten())
