@@ -17,8 +17,8 @@ property of the relaxation alone, whatever the draft structure or candidate kind
   offers it to its nearest neighbour with a deficit ``q(x) > p(x)``, searched among its first
   ``min(k, scan)`` neighbours (``scan=None``: all k). The search is the walk's largest cost (a gather
   and an arg-max over donors x columns), so ``scan`` defaults to 128: on the 6-layer world shipped
-  before 3bbc836 (LANTERN d 0.4, sampled chain, 8 images) 3.6% of the donors' first deficit neighbour lay beyond column 128, holding
-  0.6% of the offered mass (beyond 32: 16% and 6.5%), which then stays where it is; each receiver takes at
+  before 3bbc836 (LANTERN d 0.4, sampled chain, 8 images) 3.6% of the donors' first deficit
+  neighbour lay beyond column 128, holding 0.6% of the offered mass (beyond 32: 16% and 6.5%), which then stays where it is; each receiver takes at
   most its deficit (LANTERN++: at most ``(lambda - 1) p(x)``), and LANTERN scales all transfers so
   they sum to at most ``delta``. Each unit moved raises ``sum min(p', q)``, the acceptance
   probability of a sampled candidate, by one unit.
