@@ -223,11 +223,16 @@ def test_lantern_pp_caps_every_receiver(lam, kind):
     assert (relaxed.tv > 0).any()
 
 
+TRANSPORTS = [dict(receivers="fill", rounds=2), dict(receivers="fill", rounds=1), dict(receivers="first", rounds=1),
+              dict(receivers="first", rounds=3)]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS, ids=lambda t: f"{t['receivers']}-{t['rounds']}")
 @pytest.mark.parametrize("delta", [0.05, 0.2, 0.4, 1.0])
-def test_transport_moves_surplus_to_nearby_deficits_within_delta(delta):
+def test_transport_moves_surplus_to_nearby_deficits_within_delta(delta, transport):
     table, p, q, _, _ = _setup(4, rows=64)
     k = 6
-    relaxed = NeighbourRelaxation(k, table, delta=delta).transport(p, q, torch.ones(64, dtype=torch.bool))
+    relaxed = NeighbourRelaxation(k, table, delta=delta, **transport).transport(p, q, torch.ones(64, dtype=torch.bool))
     target = relaxed.target
     assert (relaxed.tv <= delta + 1e-12).all() and (relaxed.tv > 0).all()
     assert torch.allclose(relaxed.tv, _tv(target, p), atol=1e-12)
@@ -244,6 +249,45 @@ def test_transport_moves_surplus_to_nearby_deficits_within_delta(delta):
             assert takers & set(table[y, :k].tolist())
 
 
+def _ring(p, q, k=3, **transport):
+    """Transport on a 6-code ring whose neighbours are i+1, i+2, ... (nearest first)."""
+    table = torch.tensor([[(i + s) % 6 for s in range(1, 6)] for i in range(6)])
+    p, q = torch.tensor([p], dtype=torch.float64), torch.tensor([q], dtype=torch.float64)
+    return NeighbourRelaxation(k, table, **transport).transport(p, q, torch.ones(1, dtype=torch.bool))
+
+
+def test_fill_tops_up_deficits_nearest_first_where_first_stops_at_one():
+    # code 0 has surplus 0.30; its neighbours 1, 2, 3 have deficits 0.10, 0.05, 0.20
+    p = [0.40, 0.10, 0.15, 0.10, 0.15, 0.10]
+    q = [0.10, 0.20, 0.20, 0.30, 0.10, 0.10]  # code 4's surplus 0.05 finds no deficit among 5, 0, 1? 1 has one
+    first = _ring(p, q, receivers="first", rounds=1, delta=1.0)
+    # 0 offers 0.30 to 1 (room 0.10); 4 offers 0.05 to 1 too: 1's room is shared 0.30 : 0.05
+    assert first.target[0].tolist() == pytest.approx([0.40 - 0.30 / 0.35 * 0.10, 0.20, 0.15, 0.10, 0.15 - 0.05 / 0.35 * 0.10, 0.10])
+    fill = _ring(p, q, receivers="fill", rounds=1, delta=1.0)
+    # 0 asks 1, 2, 3 for 0.10, 0.05, 0.15 (offer spent); 4 asks 5 (no room), 0 (no room), 1 for 0.05;
+    # 1 was asked for 0.15 with room 0.10: both get 2/3 of what they asked
+    got = [0.10 * 2 / 3, 0.05, 0.15, 0.05 * 2 / 3]
+    assert fill.target[0].tolist() == pytest.approx([0.40 - got[0] - got[1] - got[2], 0.20, 0.20, 0.25, 0.15 - got[3], 0.10])
+    # a second round offers 0's leftover to 3 (room 0.05 left, enough) and 4's to 1 (now full)
+    left = 0.30 - got[0] - got[1] - got[2]
+    again = _ring(p, q, receivers="fill", rounds=2, delta=1.0)
+    assert again.target[0].tolist() == pytest.approx([0.10, 0.20, 0.20, 0.25 + left, 0.15 - got[3], 0.10])
+    assert float(again.tv) == pytest.approx(0.30 + got[3])
+    budget = _ring(p, q, receivers="fill", rounds=2, delta=0.2)
+    assert float(budget.tv) == pytest.approx(0.2) and float(_tv(budget.target, torch.tensor([p], dtype=torch.float64))) == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("delta", [0.2, 0.4, 1.0])
+def test_fill_and_rounds_move_more_than_first(delta):
+    """On random laws the default transport uses more of the budget than the single nearest receiver."""
+    table, p, q, _, _ = _setup(6, rows=64)
+    active = torch.ones(64, dtype=torch.bool)
+    moved = {name: NeighbourRelaxation(8, table, delta=delta, **t).transport(p, q, active).tv.mean()
+             for name, t in {"first": dict(receivers="first", rounds=1), "fill": dict(receivers="fill", rounds=1),
+                             "fill2": dict(receivers="fill", rounds=2)}.items()}
+    assert moved["first"] < moved["fill"] <= moved["fill2"]
+
+
 def _first_deficit_column(table, p, q, k):
     """(R, V) the column of each code's first deficit neighbour among its k nearest (k when none)."""
     needy = (q > p)[:, table[:, :k]]  # (R, V, k)
@@ -258,15 +302,16 @@ def test_transport_scan_narrows_the_receiver_search_only(lam):
     table, p, q, _, _ = _setup(5, rows=64)
     k, delta = V - 1, (0.3 if lam is None else None)
     active = torch.ones(64, dtype=torch.bool)
-    full = NeighbourRelaxation(k, table, delta=delta, lam=lam, scan=None).transport(p, q, active)
-    assert torch.equal(NeighbourRelaxation(k, table, delta=delta, lam=lam, scan=k).transport(p, q, active).target, full.target)
+    one = dict(delta=delta, lam=lam, receivers="first", rounds=1)  # the law whose first receiver the scan decides
+    full = NeighbourRelaxation(k, table, scan=None, **one).transport(p, q, active)
+    assert torch.equal(NeighbourRelaxation(k, table, scan=k, **one).transport(p, q, active).target, full.target)
     first = _first_deficit_column(table, p, q, k)  # (R, V)
     surplus = p > q
     deepest = int(first[surplus].max())
     assert deepest >= 2  # the case below is not vacuous
-    within = NeighbourRelaxation(k, table, delta=delta, lam=lam, scan=deepest + 1).transport(p, q, active)
+    within = NeighbourRelaxation(k, table, scan=deepest + 1, **one).transport(p, q, active)
     assert torch.equal(within.target, full.target)
-    short = NeighbourRelaxation(k, table, delta=delta, lam=lam, scan=1).transport(p, q, active)
+    short = NeighbourRelaxation(k, table, scan=1, **one).transport(p, q, active)
     assert not torch.equal(short.target, full.target)
     if delta is not None:
         assert (short.tv <= delta + 1e-12).all()
@@ -279,6 +324,15 @@ def test_bad_scan_is_refused(scan):
     table, *_ = _setup(0)
     with pytest.raises(ConfigError, match="scan="):
         lantern(5, 0.1, table, scan=scan)
+
+
+@pytest.mark.parametrize("bad", [dict(receivers="nearest"), dict(receivers=None), dict(rounds=0), dict(rounds=1.5), dict(rounds=True)])
+def test_bad_transport_is_refused(bad):
+    table, *_ = _setup(0)
+    with pytest.raises(ConfigError, match=f"{next(iter(bad))}="):
+        lantern(5, 0.1, table, **bad)
+    with pytest.raises(ConfigError, match=f"{next(iter(bad))}="):
+        lantern_pp(5, 3.0, table, **bad)
 
 
 # ----------------------------------------------------------------------------- exact tests

@@ -30,7 +30,7 @@ import torch
 
 from lantern.errors import ConfigError
 from lantern.sampling import SamplingConfig, race
-from lantern.speculative.relaxation import NeighbourRelaxation, NeighbourTable, Relaxed, check_delta, check_lambda, check_scan, identity, SCAN
+from lantern.speculative.relaxation import NeighbourRelaxation, NeighbourTable, Relaxed, check_delta, check_lambda, check_receivers, check_rounds, check_scan, identity, RECEIVERS, ROUNDS, SCAN
 
 CANDIDATES = ("sampled", "deterministic", "greedy")
 SEMANTICS = ("bounded", "reference")
@@ -347,7 +347,8 @@ def _check_audit(tv_audit_every) -> int:
 
 
 def _neighbour_rule(
-    settings: dict, neighbours, semantics: str, candidates: str, tv_audit_every: int, scan: int | None = SCAN, **bound
+    settings: dict, neighbours, semantics: str, candidates: str, tv_audit_every: int, scan: int | None = SCAN,
+    receivers: str = RECEIVERS, rounds: int = ROUNDS, **bound
 ) -> AcceptanceRule:
     """The rule for a neighbour relaxation with ``bound`` (``delta=`` or ``lam=``) under ``semantics``."""
     semantics, kind, every = _check_semantics(semantics), _check_kind(candidates), _check_audit(tv_audit_every)
@@ -356,13 +357,14 @@ def _neighbour_rule(
         from lantern.speculative.reference import LanternReference
 
         return LanternReference(settings["k"], table, settings, candidates=kind, tv_audit_every=every, **bound)
-    settings = {**settings, "scan": scan}  # the receiver search of sampled candidates' transport
-    return RelaxedRule(NeighbourRelaxation(settings["k"], table, scan=scan, **bound), _EXACT[kind](), settings)
+    settings = {**settings, "scan": scan, "receivers": receivers, "rounds": rounds}  # sampled candidates' transport
+    relaxation = NeighbourRelaxation(settings["k"], table, scan=scan, receivers=receivers, rounds=rounds, **bound)
+    return RelaxedRule(relaxation, _EXACT[kind](), settings)
 
 
 def lantern(
     k: int, delta: float, neighbours, semantics: str = "bounded", candidates: str = "deterministic", tv_audit_every: int = 1,
-    scan: int | None = SCAN,
+    scan: int | None = SCAN, receivers: str = RECEIVERS, rounds: int = ROUNDS,
 ) -> AcceptanceRule:
     """LANTERN (k, delta).
 
@@ -371,22 +373,24 @@ def lantern(
     (:class:`~lantern.speculative.reference.LanternReference`); its realised TV is measured, every
     ``tv_audit_every``-th step where that needs a sum over the vocabulary. ``scan``: bounded semantics,
     sampled candidates: how many of a surplus code's nearest neighbours are searched for a receiver
-    (None: all k; see :mod:`lantern.speculative.relaxation`).
+    (None: all k); ``receivers``: ``fill`` tops up those neighbours' deficits nearest first, ``first``
+    gives everything to the first one in deficit; ``rounds``: how often leftovers are offered again
+    (see :mod:`lantern.speculative.relaxation`).
     """
-    delta, scan = check_delta(delta), check_scan(scan)
+    delta, scan, receivers, rounds = check_delta(delta), check_scan(scan), check_receivers(receivers), check_rounds(rounds)
     settings = {"acceptance": "lantern", "k": k, "delta": delta}
-    return _neighbour_rule(settings, neighbours, semantics, candidates, tv_audit_every, scan, delta=delta)
+    return _neighbour_rule(settings, neighbours, semantics, candidates, tv_audit_every, scan, receivers, rounds, delta=delta)
 
 
 def lantern_pp(
     k: int, lam: float, neighbours, semantics: str = "bounded", candidates: str = "deterministic", tv_audit_every: int = 1,
-    scan: int | None = SCAN,
+    scan: int | None = SCAN, receivers: str = RECEIVERS, rounds: int = ROUNDS,
 ) -> AcceptanceRule:
     """LANTERN++ (k, lambda): as :func:`lantern` with the cap ``p'(x) <= lambda p(x)`` at each receiving
     token instead of a shared TV budget (its realised TV is recorded, not bounded by a delta)."""
-    lam, scan = check_lambda(lam), check_scan(scan)
+    lam, scan, receivers, rounds = check_lambda(lam), check_scan(scan), check_receivers(receivers), check_rounds(rounds)
     settings = {"acceptance": "lantern_pp", "k": k, "lambda": lam}
-    return _neighbour_rule(settings, neighbours, semantics, candidates, tv_audit_every, scan, lam=lam)
+    return _neighbour_rule(settings, neighbours, semantics, candidates, tv_audit_every, scan, receivers, rounds, lam=lam)
 
 
 _EXACT = {"sampled": ExactSampled, "deterministic": ExactDeterministic, "greedy": Greedy}
