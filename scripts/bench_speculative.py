@@ -10,7 +10,9 @@ mode decode the same images at batch 1; runs are interleaved image by image (AR,
 then the next image) so machine noise hits all modes alike, after one untimed warm-up per mode.
 Latency per image is the median over ``--runs`` repeats; a mode's latency is the mean over images.
 Speed-up = AR latency / mode latency, measured in this run; speed-up / tau shows how much of the
-step compression survives the drafter and tree overheads.
+step compression survives the drafter and tree overheads. The spread is the range of the speed-ups of
+the single runs (run j: mean over images of AR's j-th time / the mode's j-th time); every time is kept
+in the JSON record.
 """
 
 from __future__ import annotations
@@ -90,6 +92,7 @@ def bench_setting(name: str, base: list[str], rows, args) -> list[dict]:
                 results[label][i] = result
     records = []
     ar_latency = statistics.mean(statistics.median(t) for t in times["ar"])
+    ar_runs = [statistics.mean(t[j] for t in times["ar"]) for j in range(args.runs)]  # run j's mean latency
     for label, decoder in decoders:
         latency = statistics.mean(statistics.median(t) for t in times[label])
         steps = sum(int(r.per_sample["steps"].sum()) for r in results[label])
@@ -98,6 +101,8 @@ def bench_setting(name: str, base: list[str], rows, args) -> list[dict]:
         record = {
             "setting": name, "mode": label, "latency_s": latency, "speedup": ar_latency / latency, "tau": tau,
             "speedup_per_tau": ar_latency / latency / tau,
+            "speedup_runs": [a / statistics.mean(t[j] for t in times[label]) for j, a in enumerate(ar_runs)],
+            "times_s": times[label],  # (image, run)
             "describe": decoder.describe(),
         }
         if label != "ar":
@@ -111,9 +116,14 @@ def bench_setting(name: str, base: list[str], rows, args) -> list[dict]:
             record["tv_realised_max"] = max(float(r.per_sample["tv_realised_max"].max()) for r in results[label])
             record["same_tokens_as_ar"] = all(torch.equal(a.codes, b.codes) for a, b in zip(results[label], results["ar"]))
         records.append(record)
-        print(f"{name:9s} {label:32s} latency {latency * 1000:7.1f} ms  tau {tau:5.2f}  speed-up {record['speedup']:5.2f}x  "
-              f"speed-up/tau {record['speedup_per_tau']:4.2f}", flush=True)
+        print(f"{name:9s} {label:32s} latency {latency * 1000:7.1f} ms  tau {tau:5.2f}  speed-up {record['speedup']:5.2f}x "
+              f"({_spread(record)})  speed-up/tau {record['speedup_per_tau']:4.2f}", flush=True)
     return records
+
+
+def _spread(record: dict) -> str:
+    runs = record["speedup_runs"]
+    return f"{min(runs):.2f}-{max(runs):.2f}"
 
 
 def markdown(records: list[dict], env: dict, args) -> str:
@@ -124,8 +134,8 @@ def markdown(records: list[dict], env: dict, args) -> str:
         f"{env['device_name']} ({env['num_threads']} threads), torch {env['versions']['torch']}. Batch 1, {args.images} prompts, "
         f"median of {args.runs} interleaved runs per image after a warm-up; speed-up against AR in the same run.",
         "",
-        "| setting | mode | tau | latency ms/image | speed-up | speed-up / tau | drafter share of time (phases per step) | realised TV mean / max |",
-        "|---|---|---|---|---|---|---|---|",
+        "| setting | mode | tau | latency ms/image | speed-up | runs' range | speed-up / tau | drafter share of time (phases per step) | realised TV mean / max |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
         share = f"{r['drafter_share']:.0%}" if "drafter_share" in r else ""
@@ -133,7 +143,7 @@ def markdown(records: list[dict], env: dict, args) -> str:
             share += " (" + ", ".join(f"{k} {v:.2f}" for k, v in r["phase_ms_per_step"].items()) + " ms/step)"
         tv = f"{r['tv_realised_mean']:.3f} / {r['tv_realised_max']:.3f}" if "tv_realised_mean" in r else ""
         lines.append(f"| {r['setting']} | {r['mode']} | {r['tau']:.2f} | {r['latency_s'] * 1000:.1f} | {r['speedup']:.2f}x | "
-                     f"{r['speedup_per_tau']:.2f} | {share} | {tv} |")
+                     f"{_spread(r)} | {r['speedup_per_tau']:.2f} | {share} | {tv} |")
     return "\n".join(lines) + "\n"
 
 
