@@ -75,6 +75,23 @@ def test_speculative_step_captures_as_one_graph_and_matches_eager(name, sampling
     assert backend.graphs == 1, "one graph per decoder and batch shape (the audit flag is constant here)"
 
 
+@pytest.mark.parametrize("every,graphs", [(3, 2), (10**6, 1)])
+def test_an_audit_schedule_compiles_every_graph_in_the_first_call(every, graphs):
+    """Reference semantics audit the realised TV on every N-th step: the first call compiles the step
+    graphs it needs (audited and not, or only the unaudited one when no step is audited); a second call
+    of the same shape compiles nothing."""
+    model, drafter = tiny()
+    sampling = SamplingConfig(temperature=1.0, cfg_scale=3.0)
+    rule = lantern(4, 0.3, CodebookNeighbours(codebook=torch.randn(8, 4), k_max=7), semantics="reference",
+                   candidates="sampled", tv_audit_every=every)
+    backend = CountingBackend()
+    decoder = SpeculativeDecoder(sampling, drafter, chain(2, "sampled"), rule, compile="default", backend=backend)
+    cond, keys = text_condition(), keys_tensor(0, range(4))
+    for _ in range(2):
+        decoder.generate(model, cond, keys)
+        assert backend.graphs == graphs
+
+
 def test_a_smaller_last_batch_adds_one_graph_only():
     model, drafter = tiny()
     sampling = SamplingConfig(temperature=1.0, cfg_scale=3.0)

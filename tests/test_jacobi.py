@@ -153,6 +153,20 @@ def test_jacobi_step_captures_as_one_graph_and_matches_eager(name, sampling, fac
     assert backend.graphs == 1
 
 
+@pytest.mark.parametrize("every", [3, 10**6])
+def test_an_audit_schedule_compiles_every_graph_in_the_first_call(every):
+    """With the TV audit on every N-th step only, the first call compiles both step graphs (audited and
+    not) it needs, or just the unaudited one when no step is audited; a second call compiles nothing."""
+    model, _ = tiny()
+    cond, keys = text_condition(), keys_tensor(0, range(4))
+    backend = CountingBackend()
+    decoder = gsd(SAMPLED, window=3, p_thr=1.0, d_thr=None, tv_audit_every=every, compile="default", backend=backend)
+    decoder.generate(model, cond, keys)
+    assert backend.graphs == (2 if every == 3 else 1)
+    decoder.generate(model, cond, keys)
+    assert backend.graphs == (2 if every == 3 else 1)
+
+
 # ----- losslessness on the world ------------------------------------------------------------------
 
 PASS, FAIL = 1e-3, 1e-6

@@ -138,7 +138,9 @@ class JacobiDecoder:
         sync_every = self.sync_every or (8 if device.type == "cuda" else 1)
         logs = []
         for step_index in range(num_tokens - 1):  # every step decides at least one token per active row
-            audit = step_index % self.tv_audit_every == 0
+            # Audit steps N-1, 2N-1, ...: never the first step, which runs eagerly in a context's first
+            # call, so every graph a later call uses is compiled in the first one.
+            audit = (step_index + 1) % self.tv_audit_every == 0
             if self.compile == "none":
                 state, log = jacobi_step(ctx, state, audit)
             elif not ctx.warm:  # the first step of a batch shape fills lazy tables eagerly

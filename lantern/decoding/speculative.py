@@ -159,7 +159,9 @@ class SpeculativeDecoder:
         sync_every = self.sync_every or (8 if device.type == "cuda" else 1)
         logs: list[StepLog] = []
         for step_index in range(num_tokens - 1):  # every step decides at least one token per active row
-            audit = step_index % self.rule.tv_audit_every == 0
+            # Audit steps N-1, 2N-1, ...: never the first step, which runs eagerly in a context's first
+            # call, so every graph a later call uses is compiled in the first one.
+            audit = (step_index + 1) % self.rule.tv_audit_every == 0
             if not (timer or ctx.warm):
                 # The first step of a batch shape runs eagerly and unguarded: it fills the pieces' lazy
                 # per-device tables (tree index tensors, neighbour columns), which a graph must find ready.
