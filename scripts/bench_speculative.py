@@ -44,13 +44,15 @@ def modes(structures: tuple[str, ...], lantern_structures: tuple[str, ...], delt
           candidates: tuple[str, ...] = ("deterministic",)) -> list[tuple[str, list[str]]]:
     """(label, Hydra overrides) of every speculative mode in the benchmark, for each candidate kind."""
     rows = []
+    structures, lantern_structures = tuple(s for s in structures if s), tuple(s for s in lantern_structures if s)
     for kind in candidates:
         tag, extra = ("", []) if kind == "deterministic" else (f" {kind}", [f"draft.candidates={kind}"])
         rows += [(f"eagle {s}{tag}", ["decoding=eagle", f"draft={s}", *extra]) for s in structures]
         for s in lantern_structures:
             rows += [(f"lantern d={d} {s}{tag}", ["decoding=lantern", f"draft={s}", f"delta={d}", *extra]) for d in deltas]
-        rows.append((f"lantern_pp l=3 k=10 {lantern_structures[0]}{tag}",
-                     ["decoding=lantern_pp", f"draft={lantern_structures[0]}", *extra]))
+        if lantern_structures:
+            rows.append((f"lantern_pp l=3 k=10 {lantern_structures[0]}{tag}",
+                         ["decoding=lantern_pp", f"draft={lantern_structures[0]}", *extra]))
     return rows
 
 
@@ -105,7 +107,7 @@ def bench_setting(name: str, base: list[str], rows, args) -> list[dict]:
             "times_s": times[label],  # (image, run)
             "describe": decoder.describe(),
         }
-        if label != "ar":
+        if "tv_measured" in results[label][0].per_sample:  # speculative modes (AR rows, compiled or not, have none)
             stats = {k: sum(r.stats[k] for r in results[label]) for k in results[label][0].stats}
             phases = {k.removesuffix("_time_s"): v for k, v in stats.items() if k.endswith("_time_s")}
             if phases:  # eager runs time each phase (compiled steps are timed as a whole)
@@ -163,6 +165,9 @@ def main() -> None:
     parser.add_argument("--candidates", default="deterministic,sampled", help="candidate kinds (sampled ones in the sampling setting only)")
     parser.add_argument("--settings", default="greedy,sampling", help="greedy and/or sampling (the model's recommended)")
     parser.add_argument("--peers", default="", help="training-free peers to add, comma-separated: sjd, gsd, gsd_audit_off (their yaml defaults)")
+    parser.add_argument("--mode", action="append", default=[], metavar="LABEL::OVERRIDES",
+                        help="an extra row: its label, '::', then space-separated Hydra overrides on top of the setting's "
+                             "(e.g. 'ar compiled::compile=default' or 'lantern d=0.4 chain(5)::decoding=lantern delta=0.4 draft.depth=5')")
     parser.add_argument("--overrides", default="", help="extra Hydra overrides for AR and every mode, comma-separated (e.g. draft.depth=3)")
     parser.add_argument("--out", default=None, help="write OUT.md and OUT.json")
     args = parser.parse_args()
@@ -180,6 +185,11 @@ def main() -> None:
         if peer not in PEERS:
             parser.error(f"--peers {peer!r}: allowed {', '.join(PEERS)}")
         rows.append((peer, PEERS[peer]))
+    for mode in args.mode:
+        label, sep, overrides = mode.partition("::")
+        if not sep or not label.strip() or not overrides.split():
+            parser.error(f"--mode {mode!r}: expected LABEL::OVERRIDES")
+        rows.append((label.strip(), overrides.split()))
     extra = [o for o in args.overrides.split(",") if o]
     settings = {"greedy": ["temperature=0"], "sampling": []}
     records = []

@@ -12,10 +12,13 @@ def test_bench_keeps_every_run_and_reports_the_spread(tmp_path):
     out = tmp_path / "bench"
     cmd = [sys.executable, str(REPO_ROOT / "scripts" / "bench_speculative.py"), "--model", "tiny_random_c2i", "--images", "2",
            "--runs", "3", "--settings", "sampling", "--structures", "chain", "--lantern-structures", "chain", "--deltas", "0.4",
-           "--candidates", "deterministic", "--threads", "1", "--out", str(out)]
+           "--candidates", "deterministic", "--threads", "1", "--out", str(out),
+           "--mode", "lantern d=0.4 chain(2)::decoding=lantern delta=0.4 draft.depth=2"]
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=300)
     records = json.loads(out.with_suffix(".json").read_text())["records"]
-    assert [r["mode"] for r in records] == ["ar", "eagle chain", "lantern d=0.4 chain", "lantern_pp l=3 k=10 chain"]
+    assert [r["mode"] for r in records] == ["ar", "eagle chain", "lantern d=0.4 chain", "lantern_pp l=3 k=10 chain",
+                                            "lantern d=0.4 chain(2)"]
+    assert records[-1]["describe"]["depth"] == 2 and records[2]["describe"]["depth"] == 3  # --mode's overrides apply
     for record in records:
         times = record["times_s"]
         assert len(times) == 2 and all(len(t) == 3 and min(t) > 0 for t in times)  # (image, run)
