@@ -21,12 +21,8 @@ property of the relaxation alone, whatever the draft structure or candidate kind
   among askers in proportion; LANTERN stops when the moved mass reaches ``delta``. Offers and deficits
   left over go round again, ``rounds`` times (default 2). Each unit moved raises ``sum min(p', q)``,
   the acceptance probability of a sampled candidate, by one unit.
-  Measured on the deep world (20 images, d 0.4, sampled chain(3); commands in docs/acceptance.md): ``first``
-  gives tau 2.13 and realised TV mean 0.075, because the nearest deficit is often tiny and the rest
-  of the offer stays put; ``fill`` gives 2.73 (TV 0.191) in one round, 3.09 (0.249) in two, 3.19
-  (0.268) in four. ``scan`` bounds the walk's largest cost (gathers over donors x columns): with two
-  rounds, 32, 64 and 128 columns give tau 2.72, 2.97 and 3.09; with one round, 128 and all 1000 gave
-  2.73 and 2.69.
+  Why ``fill`` and two rounds, and what ``scan`` (the gathers' width) costs in tau: measured in
+  docs/acceptance.md.
 
 Every function is vectorised over rows and loops only over the siblings of a node (at most top-k).
 """
