@@ -8,6 +8,11 @@ CLIP score, and the relaxation's promise (delta) beside the realised total varia
 the AR record of the same setting (model, prompts, images, batch size, seed and sampling) and machine
 found among the records. Every row names the run it comes from; rows whose settings differ say how.
 Records are read through :class:`lantern.run_record.RunRecord`, so a malformed one is refused.
+
+Latency from other runs: the papers time batch 1, while quality needs many images, which a large batch
+decodes faster and (per-sample seeds) identically. ``table_rows(records, latency=...)`` takes each row's
+latency and speed-up from the latency run of the same method and setting (any image count and batch
+size) and keeps the quality run's own speed-up as the throughput column.
 """
 
 from __future__ import annotations
@@ -26,7 +31,10 @@ from lantern.run_record import RECORD_NAME, RunRecord, read_record
 FAILED_NAME = ".failed.json"  # beside a sweep job's images when the job raised (written by SweepTable)
 FAMILY_ORDER = {"ar": 0, "eagle": 1, "lantern": 2, "lantern_pp": 3, "sjd": 4, "gsd": 5}
 COLUMNS = ("method", "tau", "latency_ms", "latency_iqr_ms", "speedup", "speedup_iqr", "baseline_ms", "fid", "clip_score",
-           "delta", "tv_realised", "tv_realised_max", "baseline", "run")
+           "delta", "tv_realised", "tv_realised_max", "baseline", "run", "latency_batch", "latency_run", "throughput_speedup",
+           "throughput_batch")
+# What a latency run must share with a quality run to lend it its timing (not the image count or batch size).
+LATENCY_KEYS = tuple(key for key in SETTING_KEYS if key not in ("num_images", "batch_size"))
 
 
 def load_records(paths: Iterable[str | Path]) -> list[RunRecord]:
@@ -114,41 +122,83 @@ def _batch_ratios(baseline: RunRecord, record: RunRecord) -> list[float]:
             if b.get("seconds") and tuple(b["indices"]) in times]
 
 
-def table_rows(records: list[RunRecord]) -> list[dict]:
-    """One row per record in the paper's order, with speed-up (and its spread) from the record or a matching AR run."""
+def _speed(record: RunRecord, baselines: dict) -> dict:
+    """Latency, speed-up (with its spread) and the AR time behind it: the record's own, or a matching AR run's."""
+    latency = record.latency_s_per_image
+    speedup, spread, baseline_s = record.speedup, record.speedup_iqr, record.baseline_latency_s_per_image
+    source = record.speedup_baseline
+    if speedup is None and latency and record.decoding != "ar":
+        match = baselines.get(_setting(record))
+        if match is not None:
+            speedup, baseline_s, source = match.latency_s_per_image / latency, match.latency_s_per_image, match.run_dir
+            spread = _quartiles(_batch_ratios(match, record))
+    if record.decoding == "ar":
+        speedup, spread, baseline_s, source = 1.0, None, latency, f"itself ({record.run_dir})"
+    iqr = record.latency_s_iqr
+    return {
+        "latency_ms": None if latency is None else 1000 * latency,
+        "latency_iqr_ms": None if iqr is None else [1000 * v for v in iqr],
+        "speedup": speedup,
+        "speedup_iqr": spread,
+        "baseline_ms": None if baseline_s is None else 1000 * baseline_s,
+        "baseline": source,
+        "latency_batch": record.get("batch_size"),
+        "latency_run": record.run_dir,
+    }
+
+
+def _baselines(records: list[RunRecord]) -> dict:
     baselines = {}
     for record in records:
         if record.decoding == "ar" and record.latency_s_per_image:
             baselines.setdefault(_setting(record), record)
+    return baselines
+
+
+def _method_key(record: RunRecord) -> tuple:
+    """A method under one setting, whatever the image count and batch size (matches quality and latency runs)."""
+    return ((method_label(record),) + tuple(repr(record.get(key)) for key in LATENCY_KEYS)
+            + tuple(record.environment.get(key) for key in MACHINE_KEYS))
+
+
+def table_rows(records: list[RunRecord], latency: list[RunRecord] | None = None) -> list[dict]:
+    """One row per record in the paper's order, with speed-up (and its spread) from the record or a matching AR run.
+
+    ``latency``: runs that time the same methods in another batch size (batch 1, as the papers do). A row
+    whose method and setting one of them shares takes its latency and speed-up from it; the record's own
+    speed-up becomes ``throughput_speedup`` at ``throughput_batch``. Two latency runs of one method are refused.
+    """
+    baselines = _baselines(records)
+    timing: dict[tuple, dict] = {}
+    if latency:
+        latency_baselines = _baselines(latency)
+        for record in latency:
+            key = _method_key(record)
+            if key in timing:
+                raise ConfigError(f"two latency runs of {method_label(record)}: {timing[key]['latency_run']} and {record.run_dir}")
+            timing[key] = _speed(record, latency_baselines)
     notes = _setting_notes(records)
     rows = []
     for record in records:
-        latency = record.latency_s_per_image
-        speedup, spread, baseline_s = record.speedup, record.speedup_iqr, record.baseline_latency_s_per_image
-        source = record.speedup_baseline
-        if speedup is None and latency and record.decoding != "ar":
-            match = baselines.get(_setting(record))
-            if match is not None:
-                speedup, baseline_s, source = match.latency_s_per_image / latency, match.latency_s_per_image, match.run_dir
-                spread = _quartiles(_batch_ratios(match, record))
-        if record.decoding == "ar":
-            speedup, spread, baseline_s, source = 1.0, None, latency, f"itself ({record.run_dir})"
-        iqr = record.latency_s_iqr
+        own = _speed(record, baselines)
+        speed, throughput = own, {"throughput_speedup": None, "throughput_batch": None}
+        if latency:
+            throughput = {"throughput_speedup": own["speedup"], "throughput_batch": record.get("batch_size")}
+            speed = timing.get(_method_key(record), {key: None for key in own})
         rows.append({
             "method": method_label(record) + notes[id(record)],
             "tau": record.mean_accepted_length,
-            "latency_ms": None if latency is None else 1000 * latency,
-            "latency_iqr_ms": None if iqr is None else [1000 * v for v in iqr],
-            "speedup": speedup,
-            "speedup_iqr": spread,
-            "baseline_ms": None if baseline_s is None else 1000 * baseline_s,
+            **{key: speed[key] for key in ("latency_ms", "latency_iqr_ms", "speedup", "speedup_iqr", "baseline_ms")},
             "fid": record.fid,
             "clip_score": record.clip_score,
             "delta": record.delta,
             "tv_realised": 0.0 if record.decoding == "ar" else record.tv_realised_mean,  # AR samples p itself
             "tv_realised_max": 0.0 if record.decoding == "ar" else record.tv_realised_max,
-            "baseline": source,
+            "baseline": speed["baseline"],
             "run": record.run_dir,
+            "latency_batch": speed["latency_batch"],
+            "latency_run": speed["latency_run"],
+            **throughput,
             "_order": (FAMILY_ORDER.get(record.decoding, 9), record.semantics or "", record.draft or "",
                        record.candidates or "", record.k or 0, record.delta or 0, record.lambda_ or 0, record.run_dir),
         })
@@ -189,10 +239,28 @@ def _short_run(run: str, root: Path | None) -> str:
     return run
 
 
-def _notes(failed: list[dict], root: Path | None) -> list[str]:
+def _joined(rows: list[dict]) -> bool:
+    """Whether the rows carry latency from separate runs (``table_rows(..., latency=...)``)."""
+    return any(r.get("throughput_batch") is not None for r in rows)
+
+
+def _batches(rows: list[dict], key: str) -> str:
+    return "/".join(str(b) for b in sorted({r[key] for r in rows if r.get(key) is not None})) or "-"
+
+
+def _throughput_cell(row: dict, times: str = "x") -> str:
+    return "-" if row.get("throughput_speedup") is None else f"{row['throughput_speedup']:.2f}{times}"
+
+
+def _notes(failed: list[dict], root: Path | None, rows: list[dict] | None = None) -> list[str]:
     lines = ["Latency: decode time per image, mean [interquartile range over batches]. Speed-up: AR time / "
              "decoder time [interquartile range of per-batch ratios]; AR ms/image is the AR time it was measured "
              "against (interleaved in the same run, or the named AR run)."]
+    if rows and _joined(rows):
+        lines.append(f"Latency, speed-up and AR ms/image come from the latency runs at batch {_batches(rows, 'latency_batch')} "
+                     f"(latency run column); tau, FID, CLIP and TV from the quality runs (run column); throughput "
+                     f"speed-up is the quality run's own, at batch {_batches(rows, 'throughput_batch')}. Per-sample seeds "
+                     "make a sample the same at any batch size.")
     for job in failed:
         lines.append(f"FAILED job {_short_run(job['run'], root)} ({' '.join(job['overrides'])}): {job['error']}")
     return lines
@@ -202,15 +270,20 @@ def to_markdown(rows: list[dict], failed: list[dict] | None = None, root: Path |
     """The table as markdown (speed-up with an x, missing values as -), then notes and any failed jobs.
 
     ``root``: run folders are shown relative to it (the sweep or output folder) where they lie under it.
+    Rows with latency from separate runs add a throughput column and the latency run.
     """
-    lines = ["| method | tau | latency ms/image [IQR] | speed-up [IQR] | AR ms/image | FID | CLIP | delta "
-             "| realised TV mean / max | run |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    joined = _joined(rows)
+    lines = ["| method | tau | latency ms/image [IQR] | speed-up [IQR] | AR ms/image | "
+             + ("throughput speed-up | " if joined else "") + "FID | CLIP | delta | realised TV mean / max | run |"
+             + (" latency run |" if joined else ""),
+             "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if joined else "")]
     for r in rows:
         lines.append(f"| {r['method']} | {_fmt(r['tau'])} | {_fmt(r['latency_ms'], 1)}{_range(r['latency_iqr_ms'], 1)} | "
-                     f"{_speedup_cell(r)} | {_fmt(r['baseline_ms'], 1)} | {_fmt(r['fid'])} | {_fmt(r['clip_score'], 4)} | "
-                     f"{_fmt(r['delta'])} | {_tv_cell(r)} | {_short_run(r['run'], root)} |")
-    return "\n".join(lines + [""] + _notes(failed or [], root)) + "\n"
+                     f"{_speedup_cell(r)} | {_fmt(r['baseline_ms'], 1)} | " + (f"{_throughput_cell(r)} | " if joined else "")
+                     + f"{_fmt(r['fid'])} | {_fmt(r['clip_score'], 4)} | "
+                     f"{_fmt(r['delta'])} | {_tv_cell(r)} | {_short_run(r['run'], root)} |"
+                     + (f" {_short_run(r['latency_run'] or '-', root)} |" if joined else ""))
+    return "\n".join(lines + [""] + _notes(failed or [], root, rows)) + "\n"
 
 
 def _tex(text: str) -> str:
@@ -219,15 +292,18 @@ def _tex(text: str) -> str:
 
 def to_latex(rows: list[dict], failed: list[dict] | None = None, root: Path | None = None) -> str:
     """The table as a LaTeX tabular (booktabs rules), its notes and failed jobs as comments."""
+    joined = _joined(rows)
     lines = ["% Needs \\usepackage{booktabs} (\\toprule, \\midrule, \\bottomrule).",
-             *(f"% {_tex(note)}" for note in _notes(failed or [], root)),
-             r"\begin{tabular}{lrrrrrrrr}", r"\toprule",
-             r"Method & $\tau$ & Latency (ms) & Speed-up & AR (ms) & FID & CLIP & $\delta$ & TV (mean / max) \\",
+             *(f"% {_tex(note)}" for note in _notes(failed or [], root, rows)),
+             r"\begin{tabular}{lrrrrrrrr" + ("r" if joined else "") + "}", r"\toprule",
+             r"Method & $\tau$ & Latency (ms) & Speed-up & AR (ms) & " + (r"Throughput & " if joined else "")
+             + r"FID & CLIP & $\delta$ & TV (mean / max) \\",
              r"\midrule"]
     times = r"$\times$"
     for r in rows:
         lines.append(f"{_tex(r['method'])} & {_fmt(r['tau'])} & {_fmt(r['latency_ms'], 1)}{_range(r['latency_iqr_ms'], 1)} & "
-                     f"{_speedup_cell(r, times)} & {_fmt(r['baseline_ms'], 1)} & {_fmt(r['fid'])} & "
+                     f"{_speedup_cell(r, times)} & {_fmt(r['baseline_ms'], 1)} & " + (f"{_throughput_cell(r, times)} & " if joined else "")
+                     + f"{_fmt(r['fid'])} & "
                      f"{_fmt(r['clip_score'], 4)} & {_fmt(r['delta'])} & {_tv_cell(r)} \\\\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"
@@ -275,18 +351,20 @@ def pareto_plot(rows: list[dict], path: Path) -> Path:
 
 
 def write_tables(records: list[RunRecord], out_dir: str | Path, stem: str = "table",
-                 failed: list[dict] | None = None) -> dict[str, Path]:
+                 failed: list[dict] | None = None, latency: list[RunRecord] | None = None) -> dict[str, Path]:
     """Write ``stem.md``, ``stem.csv``, ``stem.tex``, ``stem.json`` and ``stem_pareto.png`` into ``out_dir``.
 
-    ``failed``: sweep jobs without a record (:func:`failed_jobs`), named under the table.
+    ``failed``: sweep jobs without a record (:func:`failed_jobs`), named under the table. ``latency``: runs
+    that lend the rows their latency and speed-up (see :func:`table_rows`).
     """
     out = Path(out_dir)
+    rows, failed = table_rows(records, latency), failed or []  # a refused join writes nothing
     out.mkdir(parents=True, exist_ok=True)
-    rows, failed = table_rows(records), failed or []
     paths = {}
     for suffix, text in (("md", to_markdown(rows, failed, out)), ("csv", to_csv(rows)), ("tex", to_latex(rows, failed, out))):
         paths[suffix] = write_text_atomic(out / f"{stem}.{suffix}", text)
     paths["json"] = write_json_atomic(out / f"{stem}.json", {"rows": rows, "runs": [r.run_dir for r in records],
+                                                            "latency_runs": [r.run_dir for r in latency or []],
                                                             "failed": failed})
     paths["png"] = write_atomic(out / f"{stem}_pareto.png", lambda tmp: pareto_plot(rows, tmp))
     return paths

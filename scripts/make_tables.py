@@ -4,8 +4,11 @@
 
 Every ``metrics.json`` under the given folders is one row (AR, exact speculative decoding, LANTERN at
 each (k, delta), LANTERN++). Speed-up comes from the record, or from the AR record of the same setting.
-Each record is validated first (lantern.run_record): a malformed one is refused with one line naming the
-file and the field, and nothing is written. ``--out`` is a folder.
+``--latency FOLDER`` (repeatable) takes each row's latency and speed-up from the run of the same method
+and setting in those folders (the papers' batch-1 timing, e.g. ``+experiment=paper_table_latency``) and
+keeps the quality run's own speed-up as a throughput column. Each record is validated first
+(lantern.run_record): a malformed one is refused with one line naming the file and the field, and
+nothing is written. ``--out`` is a folder.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ def main() -> None:
                         help="folder for table.{md,csv,tex,json} and table_pareto.png (created if missing; "
                              "default: the first runs folder)")
     parser.add_argument("--stem", default="table")
+    parser.add_argument("--latency", action="append", default=[], metavar="RUNS",
+                        help="run or sweep folders whose latency and speed-up the rows take (same method and setting)")
     args = parser.parse_args()
 
     def make() -> dict:
@@ -32,8 +37,9 @@ def main() -> None:
         if out.exists() and not out.is_dir():
             raise ConfigError(f"--out={str(out)!r} is a file; give a folder (the tables are written into it)")
         records = load_records(args.runs)  # every record validated before anything is written
-        paths = write_tables(records, out, args.stem, failed=failed_jobs(args.runs))
-        print(to_markdown(table_rows(records), failed_jobs(args.runs), out))
+        latency = load_records(args.latency) if args.latency else None
+        paths = write_tables(records, out, args.stem, failed=failed_jobs(args.runs), latency=latency)
+        print(to_markdown(table_rows(records, latency), failed_jobs(args.runs), out))
         return paths
 
     paths = run_or_exit(make)

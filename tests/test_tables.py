@@ -110,6 +110,52 @@ def test_speedup_spread_and_the_ar_time_behind_it(tmp_path):
     assert "| 1.50x [2.50, 3.50] | 150.0 |" in markdown and markdown.splitlines()[2].endswith("| ar |")
 
 
+def test_latency_runs_lend_rows_their_latency_and_speedup_and_quality_runs_keep_theirs_as_throughput(tmp_path):
+    quality, latency = tmp_path / "quality", tmp_path / "latency"
+    quality.mkdir(), latency.mkdir()
+    big = {"num_images": 1000, "batch_size": 50}
+    record(quality, "ar", decoding="ar", latency_s_per_image=0.02, mean_accepted_length=1.0, fid=60.0, **big)
+    record(quality, "lantern", decoding="lantern", draft="chain", k=1000, delta=0.1, latency_s_per_image=0.04, fid=61.0,
+           mean_accepted_length=2.2, speedup=0.5, baseline_latency_s_per_image=0.02, **big)
+    record(quality, "sjd", decoding="sjd", window=16, init="random", latency_s_per_image=0.03, speedup=0.7, **big)
+    small = {"num_images": 30, "batch_size": 1}
+    record(latency, "ar", decoding="ar", latency_s_per_image=0.66, mean_accepted_length=1.0, **small)
+    record(latency, "lantern", decoding="lantern", draft="chain", k=1000, delta=0.1, latency_s_per_image=0.6,
+           speedup=1.1, speedup_iqr=[1.0, 1.2], baseline_latency_s_per_image=0.66, **small)
+    record(latency, "other", decoding="lantern", draft="chain", k=1000, delta=0.4, latency_s_per_image=0.4, **small)
+    rows = table_rows(load_records([quality]), latency=load_records([latency]))
+    assert [r["method"] for r in rows] == ["AR", "LANTERN k=1000 d=0.1 (chain)", "SJD W=16 random"]  # no setting notes
+    ar, lantern, sjd = rows
+    assert ar["latency_ms"] == pytest.approx(660.0) and ar["speedup"] == 1.0 and ar["latency_batch"] == 1
+    assert ar["throughput_speedup"] == 1.0 and ar["throughput_batch"] == 50 and ar["fid"] == 60.0
+    assert lantern["speedup"] == 1.1 and lantern["speedup_iqr"] == [1.0, 1.2] and lantern["baseline_ms"] == pytest.approx(660.0)
+    assert lantern["throughput_speedup"] == 0.5 and lantern["tau"] == 2.2 and lantern["latency_run"] == str(latency / "lantern")
+    assert lantern["run"] == str(quality / "lantern")
+    assert sjd["latency_ms"] is None and sjd["speedup"] is None and sjd["throughput_speedup"] == 0.7  # no latency run of it
+    markdown = to_markdown(rows, root=tmp_path)
+    assert "| AR ms/image | throughput speed-up | FID |" in markdown and markdown.splitlines()[2].endswith("| quality/ar | latency/ar |")
+    assert "| 600.0 | 1.10x [1.00, 1.20] | 660.0 | 0.50x | 61.00 |" in markdown
+    assert "at batch 1 (latency run column)" in markdown and "at batch 50." in markdown
+    assert "Throughput &" in to_latex(rows) and "{lrrrrrrrrr}" in to_latex(rows)
+    assert "throughput speed-up" not in to_markdown(table_rows(load_records([quality])))  # no join, no extra column
+    record(latency, "again", decoding="lantern", draft="chain", k=1000, delta=0.1, latency_s_per_image=0.5, **small)
+    with pytest.raises(ConfigError, match="two latency runs of LANTERN k=1000 d=0.1"):
+        table_rows(load_records([quality]), latency=load_records([latency]))
+
+
+def test_make_tables_joins_latency_runs(tmp_path):
+    quality, latency = tmp_path / "quality", tmp_path / "latency"
+    quality.mkdir(), latency.mkdir()
+    record(quality, "ar", decoding="ar", latency_s_per_image=0.02, num_images=1000, batch_size=50)
+    record(latency, "ar", decoding="ar", latency_s_per_image=0.5, batch_size=1)
+    out = tmp_path / "tables"
+    proc = subprocess.run([sys.executable, "scripts/make_tables.py", str(quality), "--latency", str(latency), "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    table = json.loads((out / "table.json").read_text())
+    assert table["rows"][0]["latency_ms"] == pytest.approx(500.0) and table["latency_runs"] == [str(latency / "ar")]
+
+
 def test_runs_of_different_settings_are_told_apart(tmp_path):
     record(tmp_path, "a", decoding="ar", latency_s_per_image=0.1)
     record(tmp_path, "b", decoding="ar", latency_s_per_image=0.1, seed=1)
