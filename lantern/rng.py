@@ -3,8 +3,10 @@
 Every sample owns a 64-bit key derived from ``(seed, prompt index)``; a uniform number is a hash of
 that key, the decoding step, a stream id (what the number is for) and its index. So an image never
 depends on batch size, batch composition, sharding or device, and drawing needs no generator state
-and no host synchronisation. The hash works on 32-bit lanes held in int64 tensors; products are split
-into 16-bit halves so no intermediate overflows.
+and no host synchronisation. The hash works on 32-bit lanes held in int64 tensors. A product with a
+32-bit constant ``c`` uses ``c`` or ``c - 2**32``, whichever is below ``2**31`` in magnitude: both agree
+mod ``2**32``, and a 32-bit lane times it stays inside int64, so no intermediate overflows and one
+multiply and one mask give the low 32 bits (two ops; the hash is op-bound on small tensors).
 """
 
 from __future__ import annotations
@@ -27,10 +29,16 @@ JACOBI_RESIDUAL = 8  # the token drawn at the first rejection (or after a full w
 JACOBI_INIT = 9  # uniform codes initialising fresh window slots
 
 
+def _signed(c: int) -> int:
+    """``c`` (a 32-bit constant) as the residue mod ``2**32`` of magnitude below ``2**31``."""
+    c &= _MASK32
+    return c - (1 << 32) if c >= 1 << 31 else c
+
+
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
-    """``(x * c) mod 2**32`` for ``x`` in [0, 2**32) without int64 overflow."""
-    lo, hi = c & 0xFFFF, c >> 16
-    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & _MASK32
+    """``(x * c) mod 2**32`` for ``x`` in [0, 2**32): ``|x * signed(c)| < 2**63``, and the mask of a negative
+    int64 (two's complement) keeps the same low 32 bits."""
+    return (x * _signed(c)) & _MASK32
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
@@ -67,7 +75,7 @@ def uniform(keys: torch.Tensor, step, stream: int, n: int) -> torch.Tensor:
     base = _mix32(keys & _MASK32)
     base = _mix32(base ^ (keys >> 32))
     base = _mix32(base ^ (step & _MASK32))
-    base = _mix32(base ^ _mul32(torch.full_like(base, stream), _GOLDEN))  # (B,)
+    base = _mix32(base ^ ((stream * _GOLDEN) & _MASK32))  # (B,); the stream's constant on the host
     index = _mul32(torch.arange(n, device=keys.device, dtype=torch.long), _GOLDEN)  # (n,)
     bits = _mix32(_mix32((base[:, None] + index[None, :]) & _MASK32) ^ base[:, None])  # (B, n)
     return ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))
