@@ -22,7 +22,7 @@ def tree_attention_mask(valid: torch.Tensor, base: torch.Tensor, ancestors: torc
     """Attention mask (B, 1, n, W) over every cache column for ``n`` tree queries.
 
     ``valid`` (B, W) says which columns hold real keys (padded condition slots do not); ``base`` (B,)
-    is each row's prefix length ``L``; ``ancestors`` (B, n, E) bool says which tree entries each query
+    is each row's prefix length ``L``; ``ancestors`` (B, n, E) bool (or 0/1) says which tree entries each query
     sees (itself and its ancestors). Entry ``e`` lives at column ``L + e - offset``; columns before
     ``L`` are the prefix every query sees. Entries at columns below ``L`` (the drafter's root,
     ``offset = 1``) are already part of the prefix.
@@ -109,7 +109,9 @@ class DraftSession:
         self.features = torch.zeros(rows, max_entries, root_feature.shape[-1], dtype=root_feature.dtype, device=device)
         self.features[:, 0] = root_feature
         self.depth = torch.zeros(batch, max_entries, dtype=torch.long, device=device)
-        self.ancestors = torch.eye(max_entries, dtype=torch.bool, device=device).repeat(batch, 1, 1)  # (B, E, E)
+        # (B, E, E) 0/1 in float32, not bool: Inductor's CPU code for the masked bool or-update below does
+        # not compile (torch 2.14, a VecMask type clash), and the mask builder multiplies it as float anyway.
+        self.ancestors = torch.eye(max_entries, dtype=torch.float32, device=device).repeat(batch, 1, 1)
         self.count = 1  # entries so far (a host integer: the same sequence every step)
         self.forwards = 0
         logits = model.head(root_feature)[:, None]  # (rows, 1, V)
@@ -122,7 +124,7 @@ class DraftSession:
         depth = self.depth.gather(1, parents) + 1  # (B, n)
         self.depth[:, start:stop] = depth
         inherited = self.ancestors.gather(1, parents[:, :, None].expand(-1, -1, self.ancestors.shape[2]))
-        self.ancestors[:, start:stop] |= inherited
+        self.ancestors[:, start:stop] = torch.maximum(self.ancestors[:, start:stop], inherited)
         # Entries not yet written (>= stop) are not ancestors of anything, so the full table is safe.
         mask = tree_attention_mask(self.valid, self.base, self.ancestors[:, start:stop], offset=1)  # (B, 1, n, W)
         slots = self.base[:, None] + torch.arange(start - 1, stop - 1, device=tokens.device)  # (B, n)
