@@ -5,8 +5,8 @@ LANTERN++ at each (k, lambda), under either semantics. Columns: tau, latency wit
 over batches, speed-up with its interquartile range, the AR time the speed-up was measured against, FID,
 CLIP score, and the relaxation's promise (delta) beside the realised total variation. A record's own
 ``speedup`` (AR interleaved in the same run) is used when it has one; otherwise it is computed against
-the AR record of the same setting (model, prompts, images, batch size, seed and sampling) and machine
-found among the records. Every row names the run it comes from; rows whose settings differ say how.
+the AR record of the same setting (model, prompts, images, batch size, seed and sampling), machine and
+thread count found among the records. Every row names the run it comes from; rows whose settings differ say how.
 Records are read through :class:`lantern.run_record.RunRecord`, so a malformed one is refused.
 
 Latency from other runs: the papers time batch 1, while quality needs many images, which a large batch
@@ -94,6 +94,11 @@ def _setting(record: RunRecord) -> tuple:
     return tuple(record.get(key) for key in SETTING_KEYS) + tuple(record.environment.get(key) for key in MACHINE_KEYS)
 
 
+def _timing_setting(record: RunRecord) -> tuple:
+    """What an AR run must share with a record to time it: the setting, the machine and its thread count."""
+    return _setting(record) + (record.environment.get("num_threads"),)
+
+
 def _setting_notes(records: list[RunRecord]) -> dict[int, str]:
     """For each record (by id), the setting entries in which the records differ: ``[seed=1, batch_size=4]``.
 
@@ -128,7 +133,7 @@ def _speed(record: RunRecord, baselines: dict) -> dict:
     speedup, spread, baseline_s = record.speedup, record.speedup_iqr, record.baseline_latency_s_per_image
     source = record.speedup_baseline
     if speedup is None and latency and record.decoding != "ar":
-        match = baselines.get(_setting(record))
+        match = baselines.get(_timing_setting(record))
         if match is not None:
             speedup, baseline_s, source = match.latency_s_per_image / latency, match.latency_s_per_image, match.run_dir
             spread = _quartiles(_batch_ratios(match, record))
@@ -151,7 +156,7 @@ def _baselines(records: list[RunRecord]) -> dict:
     baselines = {}
     for record in records:
         if record.decoding == "ar" and record.latency_s_per_image:
-            baselines.setdefault(_setting(record), record)
+            baselines.setdefault(_timing_setting(record), record)
     return baselines
 
 

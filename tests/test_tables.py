@@ -63,6 +63,8 @@ def test_no_speedup_without_a_matching_baseline(tmp_path):
     record(tmp_path, "b", decoding="ar", latency_s_per_image=0.1, **{"seed": 1})
     record(tmp_path, "c", decoding="ar", latency_s_per_image=0.1, batch_size=4)
     record(tmp_path, "d", decoding="ar", latency_s_per_image=0.1, environment={"device": "cpu", "device_name": "cpu B"})
+    record(tmp_path, "e", decoding="ar", latency_s_per_image=0.1,
+           environment={"device": "cpu", "device_name": "cpu A (2 cores)", "num_threads": 2})  # other threads
     rows = table_rows(load_records([tmp_path]))
     assert rows[-1]["method"] == "EAGLE exact (chain) [batch_size=2, seed=0, device_name=cpu A (2 cores)]"
     assert rows[-1]["speedup"] is None
