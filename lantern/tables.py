@@ -326,6 +326,14 @@ def to_csv(rows: list[dict]) -> str:
     return buffer.getvalue()
 
 
+def _far_outliers(values: list[float]) -> set[float]:
+    """Values above twice the median (a broken mode's FID beside working ones)."""
+    if len(values) < 3:
+        return set()
+    median = statistics.median(values)
+    return {v for v in values if v > 2 * median}
+
+
 def pareto_plot(rows: list[dict], path: Path) -> Path:
     """Speed-up against FID (or against tau when no run has a FID), Pareto front marked, as a PNG."""
     import matplotlib
@@ -337,10 +345,15 @@ def pareto_plot(rows: list[dict], path: Path) -> Path:
     key, label = ("fid", "FID (lower is better)") if use_fid else ("tau", "tau (mean accepted length)")
     points = [(r["speedup"], r[key], r["method"] + ("" if not r.get("tv_realised") else f" [TV {r['tv_realised']:.3f}]"))
               for r in rows if r["speedup"] is not None and r[key] is not None]
-    figure, axis = plt.subplots(figsize=(6, 4.5))
-    for x, y, name in points:
+    figure, axis = plt.subplots(figsize=(9, 6))
+    outliers = _far_outliers([y for _, y, _ in points]) if use_fid else set()
+    shown = [p for p in points if p[1] not in outliers]
+    for i, (x, y, name) in enumerate(shown):
         axis.scatter(x, y, color="tab:blue")
-        axis.annotate(name, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        axis.annotate(name, (x, y), fontsize=6, xytext=(3, 3 + 7 * (i % 3)), textcoords="offset points")
+    if outliers:  # rows far above the rest would squash every other point into one line
+        off = [f"{name}: FID {y:.1f}, {x:.2f}x" for x, y, name in points if y in outliers]
+        axis.text(0.01, 0.99, "off the chart:\n" + "\n".join(off), transform=axis.transAxes, fontsize=6, va="top")
     better = (lambda a, b: a <= b) if use_fid else (lambda a, b: a >= b)
     front = sorted((p for p in points if not any(q[0] >= p[0] and better(q[1], p[1]) and q[:2] != p[:2] for q in points)))
     if len(front) > 1:

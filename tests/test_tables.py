@@ -228,3 +228,12 @@ def test_a_sweep_with_a_failed_job_still_writes_the_table_naming_it_and_a_rerun_
     lines = [line for line in other.stderr.splitlines() if line.strip()]
     assert other.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: sweep folder '{folder}' holds a sweep of other overrides")
     assert "job._target_" in (folder / "multirun.yaml").read_text()
+
+
+def test_the_pareto_plot_lists_far_outliers_instead_of_squashing_the_axis(tmp_path):
+    from lantern.tables import _far_outliers, pareto_plot
+
+    assert _far_outliers([60.0, 62.0, 64.0, 187.0]) == {187.0} and _far_outliers([60.0, 100.0, 110.0]) == set()
+    rows = [{"speedup": s, "fid": f, "tau": 1.0, "method": m, "tv_realised": 0.0}
+            for s, f, m in ((1.0, 64.0, "AR"), (1.1, 62.0, "exact"), (1.4, 66.0, "lantern"), (0.6, 187.0, "broken"))]
+    assert pareto_plot(rows, tmp_path / "p.png").stat().st_size > 0
