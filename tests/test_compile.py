@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from lantern.decoding.ar import ARDecoder
-from lantern.decoding.compile import check_compile, compiled
+from lantern.decoding.compile import check_compile
 from lantern.decoding.speculative import SpeculativeDecoder
 from lantern.errors import ConfigError
 from lantern.rng import keys_tensor
@@ -181,26 +181,6 @@ def test_a_perfect_drafter_on_a_dynamic_tree_accepts_in_every_step(compile):
     assert torch.equal(result.codes, ARDecoder(sampling).generate(model, cond, keys).codes)
     histogram = result.per_sample["histogram"]
     assert (histogram[:, 0] == 0).all(), histogram.tolist()
-
-
-@pytest.mark.parametrize("mode,expected", [
-    ("default", {"options": {"freezing": True}}),
-    ("max-autotune", {"options": {"max_autotune": True, "coordinate_descent_tuning": True, "freezing": True}}),
-    ("reduce-overhead", {"mode": "reduce-overhead"}),
-])
-def test_cpu_compile_modes_freeze_the_weights(monkeypatch, mode, expected):
-    """default and max-autotune compile with Inductor's freezing on top of the mode's own options; CUDA graphs keep torch's."""
-    seen = {}
-    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: seen.update(kwargs) or fn)
-    compiled(len, mode)
-    assert seen["fullgraph"] is True and seen["backend"] == "inductor"
-    for key, value in expected.items():
-        got = seen[key]
-        assert got == value if key == "mode" else all(got[k] == v for k, v in value.items()), (key, got)
-    assert ("mode" in seen) != ("options" in seen)  # torch.compile takes one or the other
-    seen.clear()
-    compiled(len, mode, backend="eager")  # capture-only backends take no Inductor options
-    assert seen["backend"] == "eager" and "options" not in seen and "mode" not in seen
 
 
 def test_compile_modes_are_checked():

@@ -3,12 +3,6 @@
 Modes are torch.compile's: ``default``, ``reduce-overhead`` (CUDA graphs; CUDA only) and
 ``max-autotune``; ``none`` runs eagerly. A speed-up is only meaningful against a baseline compiled
 the same way, so decoders and their AR baseline take the same knob and records say which it was.
-
-``default`` and ``max-autotune`` also turn on Inductor's ``freezing``: decode steps run under
-inference mode with fixed weights, so the weights become constants of the graph (folded, and on the
-CPU pre-packed for oneDNN). On the world's AR step at one CPU thread it gave 350 ms/image against 381
-without it and 468 eager; on an exact chain 300 against 401 eager (one probe each, 12 timed images).
-``reduce-overhead`` (CUDA graphs) keeps torch's own options.
 """
 
 from __future__ import annotations
@@ -17,12 +11,10 @@ import shutil
 
 import torch
 import torch._dynamo
-import torch._inductor
 
 from lantern.errors import ConfigError
 
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
-FROZEN_MODES = ("default", "max-autotune")  # compiled with Inductor's freezing (weights as graph constants)
 
 
 def check_compile(mode: str, device: torch.device | str | None = None, backend: str = "inductor") -> str:
@@ -54,11 +46,8 @@ def compiled(fn, mode: str, backend: str = "inductor"):
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 4096)
     options = {"fullgraph": True, "dynamic": False, "backend": backend}
-    if backend == "inductor":
-        if mode in FROZEN_MODES:
-            options["options"] = {**torch._inductor.list_mode_options(mode), "freezing": True}
-        elif mode != "default":
-            options["mode"] = mode
+    if backend == "inductor" and mode != "default":
+        options["mode"] = mode
     return torch.compile(fn, **options)
 
 
