@@ -13,11 +13,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from lantern.cli import run_hydra, run_or_exit
-from lantern.distributed import World, check_world, rank_device, world_from_env
-from lantern.preflight import check_run_config
-from lantern.rundir import claim_run_folder
-from lantern.tracking import run_identity
+from lantern.cli.main import run_hydra, run_or_exit
+from lantern.cli.preflight import check_run_config
+from lantern.run.distributed import World, check_world, rank_device, world_from_env
+from lantern.run.rundir import claim_run_folder
+from lantern.run.tracking import run_identity
 
 
 def generate(cfg: DictConfig, out_dir: Path, world: World) -> dict | None:

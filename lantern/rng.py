@@ -22,7 +22,7 @@ ACCEPT = 2
 # 3: unused since the residual draw became part of LEVEL; not reassigned, so old streams never recur.
 DRAFT = 4
 LEVEL = 5  # the per-level target draw of a tree walk
-# Speculative Jacobi decoding (lantern/speculative/jacobi.py); step = the row's decided count.
+# Speculative Jacobi decoding (lantern/decoding/jacobi/step.py); step = the row's decided count.
 JACOBI_ACCEPT = 6  # the test of each window draft
 JACOBI_DRAFT = 7  # Jacobi redraws of the untested window positions
 JACOBI_RESIDUAL = 8  # the token drawn at the first rejection (or after a full window)

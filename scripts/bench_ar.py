@@ -18,13 +18,13 @@ import time
 
 import torch
 
-from lantern.conditioning import ClassConditioner
 from lantern.decoding.ar import ARDecoder
-from lantern.generate import synchronize
-from lantern.models.gpt import Transformer, gpt_config
-from lantern.records import environment
+from lantern.models.condition import ClassConditioner
+from lantern.models.llamagen.gpt import Transformer, gpt_config
+from lantern.models.sampling import SamplingConfig
+from lantern.results.provenance import environment
 from lantern.rng import keys_tensor
-from lantern.sampling import SamplingConfig
+from lantern.run.job import synchronize
 
 
 def timed(fns: dict, runs: int, warmup: int, device: torch.device) -> dict[str, float]:

@@ -28,13 +28,15 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from lantern.generate import synchronize
-from lantern.records import REPO_ROOT, environment, write_json_atomic
+from lantern import REPO_ROOT
+from lantern.files import write_json_atomic
+from lantern.results.provenance import environment
 from lantern.rng import keys_tensor
+from lantern.run.job import synchronize
 
 EXACT_STRUCTURES = ("chain", "static_tree", "dynamic_tree")
 DELTAS = (0.05, 0.1, 0.2, 0.4)
-# Drafter-free decoders (lantern.decoding.jacobi). GSD measures its realised TV over the whole vocabulary at
+# Drafter-free decoders (lantern.decoding.jacobi.decoder). GSD measures its realised TV over the whole vocabulary at
 # every step by default (half its step time on the world); gsd_audit_off never audits (every 10^6-th step),
 # the cost of the method alone, and records no TV.
 PEERS = {"sjd": ["decoding=sjd"], "gsd": ["decoding=gsd"], "gsd_audit_off": ["decoding=gsd", "decoding.tv_audit_every=1000000"]}

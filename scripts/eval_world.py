@@ -21,15 +21,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lantern.checkpoint import load_weights
-from lantern.data.fashion_mnist import load_split
 from lantern.errors import ConfigError, LanternError
-from lantern.images import image_name
+from lantern.files import image_name, write_json_atomic
 from lantern.metrics.classifier import load_classifier, pad_to_world, predict
-from lantern.metrics.fid import InceptionFeatures, fid_from_stats, FIDStats, reference_stats
-from lantern.models.vq import VQModel, to_uint8, vq_config
-from lantern.records import environment, write_json_atomic
-from lantern.world import DEFAULT_WORLD, read_manifest, verify_world
+from lantern.metrics.fid import (
+    FIDStats,
+    InceptionFeatures,
+    fid_from_stats,
+    reference_stats,
+)
+from lantern.models.checkpoint import load_weights
+from lantern.models.llamagen.vq import VQModel, to_uint8, vq_config
+from lantern.models.world.fashion_mnist import load_split
+from lantern.models.world.load import DEFAULT_WORLD, read_manifest, verify_world
+from lantern.results.provenance import environment
 
 REFERENCE_NAME = "fashion_mnist_test_32"
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from PIL import Image
 from tqdm import tqdm
 
-from lantern.cli import run_or_exit
+from lantern.cli.main import run_or_exit
 from lantern.errors import ConfigError
 
 SUFFIXES = (".jpg", ".jpeg", ".png")

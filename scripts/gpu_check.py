@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import statistics
 import sys
 import time
@@ -28,19 +27,21 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from lantern.conditioning import Condition  # noqa: E402
 from lantern.decoding.ar import ARDecoder  # noqa: E402
 from lantern.decoding.compile import COMPILE_MODES  # noqa: E402
-from lantern.decoding.speculative import SpeculativeDecoder  # noqa: E402
+from lantern.decoding.tree.decoder import SpeculativeDecoder  # noqa: E402
+from lantern.decoding.tree.draft import chain  # noqa: E402
 from lantern.errors import ConfigError  # noqa: E402
-from lantern.models.gpt import Transformer, gpt_config  # noqa: E402
-from lantern.records import environment, write_json_atomic  # noqa: E402
+from lantern.files import write_json_atomic
+from lantern.models.condition import Condition  # noqa: E402
+from lantern.models.drafter import Drafter, DrafterConfig  # noqa: E402
+from lantern.models.llamagen.gpt import Transformer, gpt_config  # noqa: E402
+from lantern.models.sampling import SamplingConfig  # noqa: E402
+from lantern.results.provenance import environment  # noqa: E402
 from lantern.rng import keys_tensor  # noqa: E402
-from lantern.sampling import SamplingConfig  # noqa: E402
-from lantern.speculative.acceptance import ExactSampled, lantern  # noqa: E402
-from lantern.speculative.draft import chain  # noqa: E402
-from lantern.speculative.drafter import Drafter, DrafterConfig  # noqa: E402
-from lantern.speculative.neighbours import CodebookNeighbours  # noqa: E402
+from lantern.rules.exact import ExactSampled
+from lantern.rules.factory import lantern  # noqa: E402
+from lantern.rules.neighbours import CodebookNeighbours  # noqa: E402
 
 
 @contextlib.contextmanager

@@ -7,7 +7,7 @@ each (k, delta), LANTERN++). Speed-up comes from the record, or from the AR reco
 ``--latency FOLDER`` (repeatable) takes each row's latency and speed-up from the run of the same method
 and setting in those folders (the papers' batch-1 timing, e.g. ``+experiment=paper_table_latency``) and
 keeps the quality run's own speed-up as a throughput column. Each record is validated first
-(lantern.run_record): a malformed one is refused with one line naming the file and the field, and
+(lantern.results.record): a malformed one is refused with one line naming the file and the field, and
 nothing is written. ``--out`` is a folder.
 """
 
@@ -16,9 +16,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lantern.cli import run_or_exit
+from lantern.cli.main import run_or_exit
 from lantern.errors import ConfigError
-from lantern.tables import failed_jobs, load_records, table_rows, to_markdown, write_tables
+from lantern.results.tables import (
+    failed_jobs,
+    load_records,
+    table_rows,
+    to_markdown,
+    write_tables,
+)
 
 
 def main() -> None:

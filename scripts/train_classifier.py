@@ -22,14 +22,32 @@ from pathlib import Path
 
 import torch
 
-from lantern.devices import resolve_device
-from lantern.data.fashion_mnist import CLASS_NAMES, NUM_CLASSES, SYSTEM_DATA_ROOT, load_split
-from lantern.cli import run_or_exit
+from lantern.cli.main import run_or_exit
 from lantern.errors import ConfigError
-from lantern.metrics.classifier import WEIGHTS_NAME, FashionClassifier, load_classifier, pad_to_world, predict
+from lantern.files import write_json_atomic
+from lantern.metrics.classifier import (
+    WEIGHTS_NAME,
+    FashionClassifier,
+    load_classifier,
+    pad_to_world,
+    predict,
+)
+from lantern.models.devices import resolve_device
+from lantern.models.world.fashion_mnist import (
+    CLASS_NAMES,
+    NUM_CLASSES,
+    SYSTEM_DATA_ROOT,
+    load_split,
+)
+from lantern.results.provenance import environment
 from lantern.training.classifier import ClassifierObjective, training_batch
-from lantern.records import environment, write_json_atomic
-from lantern.training.loop import DEFAULT_RESUME_IGNORE, EpochBatches, Trainer, training_summary, warmup_cosine
+from lantern.training.loop import (
+    DEFAULT_RESUME_IGNORE,
+    EpochBatches,
+    Trainer,
+    training_summary,
+    warmup_cosine,
+)
 
 REPORT_NAME = "classifier_report.json"
 RESUME_IGNORE = (*DEFAULT_RESUME_IGNORE, "epochs", "eval_batch_size", "device")

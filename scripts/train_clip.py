@@ -28,13 +28,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lantern.devices import resolve_device
-from lantern.cli import run_or_exit
-from lantern.data.fashion_mnist import NUM_CLASSES, SYSTEM_DATA_ROOT, all_captions, caption_for, load_split
+from lantern.cli.main import run_or_exit
 from lantern.errors import ConfigError
+from lantern.files import write_json_atomic
 from lantern.metrics.classifier import pad_to_world
 from lantern.metrics.clip import CONVENTIONS, CLIPScore, encode_images, encode_texts
-from lantern.records import environment, write_json_atomic
+from lantern.models.devices import resolve_device
+from lantern.models.world.fashion_mnist import (
+    NUM_CLASSES,
+    SYSTEM_DATA_ROOT,
+    all_captions,
+    caption_for,
+    load_split,
+)
+from lantern.results.provenance import environment
 from lantern.training.clip import (
     CONFIG_NAME,
     MODEL_NAME,
@@ -48,7 +55,13 @@ from lantern.training.clip import (
     tokenize_captions,
     zero_shot_scores,
 )
-from lantern.training.loop import DEFAULT_RESUME_IGNORE, EpochBatches, Trainer, training_summary, warmup_cosine
+from lantern.training.loop import (
+    DEFAULT_RESUME_IGNORE,
+    EpochBatches,
+    Trainer,
+    training_summary,
+    warmup_cosine,
+)
 
 REPORT_NAME = "clip_report.json"
 RESUME_IGNORE = (*DEFAULT_RESUME_IGNORE, "test_root", "eval_batch_size", "eval_limit", "score_images")

@@ -32,17 +32,29 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from lantern.cli import run_or_exit
-from lantern.conditioning import load_minilm_conditioner
-from lantern.data.fashion_mnist import NUM_CLASSES, FashionMNISTImages
+from lantern.cli.main import run_or_exit
 from lantern.errors import ConfigError
-from lantern.records import environment, sha256_file, write_json_atomic
-from lantern.sampling import SamplingConfig
-from lantern.speculative.drafter import Drafter, DrafterConfig, drafter_metadata, load_drafter
+from lantern.files import sha256_file, write_json_atomic
+from lantern.models.condition import load_minilm_conditioner
+from lantern.models.drafter import (
+    Drafter,
+    DrafterConfig,
+    drafter_metadata,
+    load_drafter,
+)
+from lantern.models.sampling import SamplingConfig
+from lantern.models.world.fashion_mnist import NUM_CLASSES, FashionMNISTImages
+from lantern.models.world.load import DEFAULT_WORLD, load_world
+from lantern.results.provenance import environment
 from lantern.training.drafter import DrafterObjective, evaluate_drafter, generate_codes
 from lantern.training.fashion import caption_table, tokenize
-from lantern.training.loop import DEFAULT_RESUME_IGNORE, EpochBatches, Trainer, training_summary, warmup_cosine
-from lantern.world import DEFAULT_WORLD, load_world
+from lantern.training.loop import (
+    DEFAULT_RESUME_IGNORE,
+    EpochBatches,
+    Trainer,
+    training_summary,
+    warmup_cosine,
+)
 
 WEIGHTS_NAME = "drafter.safetensors"
 REPORT_NAME = "drafter_report.json"

@@ -17,12 +17,12 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from lantern.checkpoint import load_weights
-from lantern.data.fashion_mnist import FashionMNISTImages
-from lantern.cli import run_or_exit
-from lantern.models.gpt import Transformer, gpt_config
-from lantern.models.vq import VQModel, vq_config
-from lantern.records import sha256_file
+from lantern.cli.main import run_or_exit
+from lantern.files import sha256_file
+from lantern.models.checkpoint import load_weights
+from lantern.models.llamagen.gpt import Transformer, gpt_config
+from lantern.models.llamagen.vq import VQModel, vq_config
+from lantern.models.world.fashion_mnist import FashionMNISTImages
 from lantern.training.fashion import caption_table, tokenize
 from lantern.training.gpt import GPTObjective
 from lantern.training.loop import EpochBatches, Trainer, warmup_cosine

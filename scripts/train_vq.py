@@ -21,13 +21,13 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from lantern.checkpoint import load_weights
-from lantern.data.fashion_mnist import NUM_CLASSES, FashionMNISTImages
-from lantern.cli import run_or_exit
+from lantern.cli.main import run_or_exit
 from lantern.errors import ConfigError
-from lantern.images import save_png
-from lantern.models.vq import VQModel, to_uint8, vq_config
-from lantern.records import environment, write_json_atomic
+from lantern.files import save_png, write_json_atomic
+from lantern.models.checkpoint import load_weights
+from lantern.models.llamagen.vq import VQModel, to_uint8, vq_config
+from lantern.models.world.fashion_mnist import NUM_CLASSES, FashionMNISTImages
+from lantern.results.provenance import environment
 from lantern.training.loop import EpochBatches, Trainer, training_summary, warmup_cosine
 from lantern.training.vq import VQObjective, evaluate_vq, image_batch
 

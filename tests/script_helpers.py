@@ -4,7 +4,6 @@ import importlib.util
 from pathlib import Path
 
 import numpy as np
-
 from test_run import REPO
 
 

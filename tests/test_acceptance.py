@@ -6,19 +6,20 @@ import pytest
 import torch
 from scipy.stats import chi2
 
+from lantern.decoding.tree.draft import finish_draft
 from lantern.errors import ConfigError
-from lantern.speculative import neighbours as nbm
-from lantern.sampling import SamplingConfig
-from lantern.speculative.acceptance import ExactDeterministic, ExactSampled, Greedy, lantern, lantern_pp
-from lantern.speculative.draft import finish_draft
-from lantern.speculative.relaxation import NeighbourRelaxation
-from lantern.speculative.neighbours import (
+from lantern.models.sampling import SamplingConfig
+from lantern.rules import neighbours as nbm
+from lantern.rules.exact import ExactDeterministic, ExactSampled
+from lantern.rules.factory import lantern, lantern_pp
+from lantern.rules.neighbours import (
     check_table,
     codebook_hash,
     load_or_build_table,
     neighbour_table,
     to_storage,
 )
+from lantern.rules.relaxation import NeighbourRelaxation
 
 V = 24
 

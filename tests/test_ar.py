@@ -1,12 +1,12 @@
 import pytest
 import torch
 
-from lantern.conditioning import ClassConditioner, TextConditioner
 from lantern.decoding.ar import ARDecoder
-from lantern.models.gpt import Transformer, gpt_config
+from lantern.models.condition import ClassConditioner, TextConditioner
+from lantern.models.llamagen.gpt import Transformer, gpt_config
+from lantern.models.sampling import SamplingConfig, combine_cfg
+from lantern.models.text.base import TextEmbedding, TextEncoder
 from lantern.rng import keys_tensor
-from lantern.sampling import SamplingConfig, combine_cfg
-from lantern.text.base import TextEmbedding, TextEncoder
 
 
 def tiny(model_type="c2i", seed=0):

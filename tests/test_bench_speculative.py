@@ -5,7 +5,7 @@ import json
 import subprocess
 import sys
 
-from lantern.records import REPO_ROOT
+from lantern import REPO_ROOT
 
 
 def test_bench_keeps_every_run_and_reports_the_spread(tmp_path):

@@ -6,10 +6,10 @@ import sys
 from pathlib import Path
 
 import torch
-
-from lantern.models.gpt import Transformer, gpt_config
-from lantern.models.vq import VQModel, vq_config
 from test_text import T5_DIM, _tiny_t5_folder
+
+from lantern.models.llamagen.gpt import Transformer, gpt_config
+from lantern.models.llamagen.vq import VQModel, vq_config
 
 REPO = Path(__file__).resolve().parents[1]
 

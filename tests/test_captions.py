@@ -1,10 +1,10 @@
-"""LlamaGen's caption cleaning for the T5 path (lantern.text.captions) and its use by the T5 encoder."""
+"""LlamaGen's caption cleaning for the T5 path (lantern.models.text.captions) and its use by the T5 encoder."""
 
 import pytest
 import torch
 
 from lantern.errors import ConfigError
-from lantern.text.captions import MODES, clean_once, preprocess
+from lantern.models.text.captions import MODES, clean_once, preprocess
 
 # (caption, what LlamaGen's T5Embedder(use_text_preprocessing=True) hands its tokenizer), computed with
 # LlamaGen's language/t5.py (commit 5a50452), ftfy 6.3.1 and beautifulsoup4 4.15.0.
@@ -99,7 +99,7 @@ def t5_folder(tmp_path_factory):
 
 
 def test_t5_encoder_cleans_captions_by_default(t5_folder):
-    from lantern.text import load_t5_encoder
+    from lantern.models.text.t5 import load_t5_encoder
 
     clean = load_t5_encoder(t5_folder, max_length=12)
     assert clean.preprocessing == "clean"
@@ -115,7 +115,6 @@ def test_t5_encoder_cleans_captions_by_default(t5_folder):
 
 def test_t5_config_defaults_are_llamagens():
     from hydra import compose, initialize_config_dir
-
     from test_run import REPO
 
     for model in ("llamagen_t2i_xl_256", "llamagen_t2i_xl_512"):
@@ -130,8 +129,8 @@ def test_t5_config_defaults_are_llamagens():
 
 
 def test_a_long_prompt_keeps_the_same_tokens_when_cut_early_and_warns_once(t5_folder, capsys):
-    from lantern.conditioning import TextConditioner
-    from lantern.text import load_t5_encoder
+    from lantern.models.condition import TextConditioner
+    from lantern.models.text.t5 import load_t5_encoder
 
     encoder = load_t5_encoder(t5_folder, max_length=12)
     capsys.readouterr()

@@ -10,14 +10,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
+from script_helpers import fashion_root, load_script
 from torch import nn
 
-from lantern.data.fashion_mnist import FashionMNISTImages, load_split
 from lantern.errors import CheckpointError, ConfigError
-from lantern.metrics.classifier import FashionClassifier, load_classifier, pad_to_world, prompt_accuracy, to_classifier_input
+from lantern.metrics.classifier import (
+    FashionClassifier,
+    load_classifier,
+    pad_to_world,
+    prompt_accuracy,
+    to_classifier_input,
+)
+from lantern.models.world.fashion_mnist import FashionMNISTImages, load_split
 from lantern.training.classifier import ClassifierObjective, training_batch
 from lantern.training.loop import EpochBatches, Trainer
-from script_helpers import fashion_root, load_script
 
 
 @pytest.fixture(scope="module")

@@ -7,18 +7,19 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_speculative import text_condition, tiny
 from torch import nn
 
 from lantern.decoding.ar import ARDecoder
 from lantern.decoding.compile import check_compile
-from lantern.decoding.speculative import SpeculativeDecoder
+from lantern.decoding.tree.decoder import SpeculativeDecoder
+from lantern.decoding.tree.draft import DynamicTree, chain, prior_tree
 from lantern.errors import ConfigError
+from lantern.models.sampling import SamplingConfig
 from lantern.rng import keys_tensor
-from lantern.sampling import SamplingConfig
-from lantern.speculative.acceptance import ExactDeterministic, ExactSampled, lantern
-from lantern.speculative.draft import DynamicTree, chain, prior_tree
-from lantern.speculative.neighbours import CodebookNeighbours
-from test_speculative import text_condition, tiny
+from lantern.rules.exact import ExactDeterministic, ExactSampled
+from lantern.rules.factory import lantern
+from lantern.rules.neighbours import CodebookNeighbours
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -210,7 +211,8 @@ def test_reference_attention_uses_llamagens_cache_length_and_the_math_kernel(mon
     """attention=reference: every attention call sees find_multiple(T + N, 8) keys under the math SDPA
     backend (what LlamaGen's generate() does, and what makes bf16 samples agree token for token)."""
     import torch.nn.functional as F
-    from lantern.models import gpt
+
+    from lantern.models.llamagen import gpt
 
     model, _ = tiny()
     cond, keys = text_condition(), keys_tensor(0, range(4))

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from lantern.data import (
+from lantern.errors import ConfigError
+from lantern.models.world.fashion_mnist import (
     CLASS_NAMES,
     FashionMNISTImages,
     all_captions,
@@ -21,7 +22,6 @@ from lantern.data import (
     prompt_set,
     read_idx,
 )
-from lantern.errors import ConfigError
 
 
 @pytest.fixture(scope="module")

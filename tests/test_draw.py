@@ -3,8 +3,8 @@
 import torch
 from scipy.stats import chisquare
 
+from lantern.models.sampling import sample
 from lantern.rng import keys_tensor
-from lantern.sampling import sample
 
 
 def test_sample_draws_the_distribution_and_never_a_zero_mass_token():

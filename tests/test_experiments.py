@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from test_run import REPO
 
 EXPERIMENTS = sorted(p.stem for p in (REPO / "experiments" / "experiment").glob("*.yaml"))
@@ -154,7 +153,7 @@ def test_the_coco_experiment_measures_fid_and_clip_on_the_world(tmp_path):
     """The LlamaGen COCO experiment's metrics run end to end, with the world's images, captions and CLIP."""
     from PIL import Image
 
-    from lantern.evaluation import fashion_test_images
+    from lantern.metrics.classifier import fashion_test_images
 
     sys.path.insert(0, str(REPO / "scripts"))
     from fid_reference import make_reference

@@ -10,7 +10,6 @@ import pytest
 import torch
 from PIL import Image
 
-from lantern.data.fashion_mnist import load_split
 from lantern.errors import ConfigError
 from lantern.metrics import fid as fid_module
 from lantern.metrics.classifier import pad_to_world
@@ -27,6 +26,7 @@ from lantern.metrics.fid import (
     inception_path,
     reference_stats,
 )
+from lantern.models.world.fashion_mnist import load_split
 
 COUNT = 24  # images per set: Inception costs ~0.1-0.3 s per image on one busy CPU core
 

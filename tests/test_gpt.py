@@ -1,12 +1,11 @@
 import pytest
 import torch
-
-from lantern.checkpoint import load_weights
-from lantern.errors import CheckpointError, ConfigError
-from lantern.models.gpt import Transformer, gpt_config, prefix_causal_mask
-from lantern.models.rope import rope_table_2d
-
 from conftest import read_layout
+
+from lantern.errors import CheckpointError, ConfigError
+from lantern.models.checkpoint import load_weights
+from lantern.models.llamagen.gpt import Transformer, gpt_config, prefix_causal_mask
+from lantern.models.llamagen.rope import rope_table_2d
 
 
 def layout_of(model):
@@ -73,7 +72,7 @@ def test_condition_queries_and_keys_are_zero():
         captured["qkv"] = output
 
     handle = layer.wqkv.register_forward_hook(hook)
-    from lantern.models.rope import apply_rope
+    from lantern.models.llamagen.rope import apply_rope
 
     cache = model.new_cache(1)
     cond = model.embed_condition(torch.tensor([3]))
@@ -218,7 +217,7 @@ def test_rows_can_write_different_slots():
 
 
 def test_apply_rope_matches_the_pairwise_formula():
-    from lantern.models.rope import apply_rope
+    from lantern.models.llamagen.rope import apply_rope
 
     torch.manual_seed(0)
     x = torch.randn(2, 5, 3, 8)

@@ -10,16 +10,17 @@ import json
 import pytest
 import torch
 from scipy.stats import chisquare, kstest
-
-from lantern.decoding.ar import ARDecoder
-from lantern.decoding.jacobi import JacobiDecoder, gsd, sjd
-from lantern.errors import ConfigError
-from lantern.rng import keys_tensor
-from lantern.sampling import SamplingConfig
-from lantern.speculative.jacobi import Grouping, grouped_law, residual
 from test_compile import CountingBackend
 from test_run import run
 from test_speculative import text_condition, tiny
+
+from lantern.decoding.ar import ARDecoder
+from lantern.decoding.jacobi.decoder import gsd, sjd
+from lantern.decoding.jacobi.grouping import Grouping, grouped_law
+from lantern.errors import ConfigError
+from lantern.models.sampling import SamplingConfig
+from lantern.rng import keys_tensor
+from lantern.rules.exact import residual
 
 GREEDY = SamplingConfig(temperature=0, cfg_scale=3.0)
 SAMPLED = SamplingConfig(temperature=1.0, cfg_scale=3.0)
@@ -225,7 +226,7 @@ def test_configs_compose_and_decode(tmp_path, overrides, fields):
     assert metrics["tv_realised_coverage"] == 1.0
     if fields["decoding"] == "sjd":
         assert metrics["tv_realised_max"] == 0.0
-    from lantern.tables import load_records, method_label
+    from lantern.results.tables import load_records, method_label
 
     assert method_label(load_records([out])[0]).startswith(f"{fields['decoding'].upper()} W=4 ")
 
@@ -264,7 +265,7 @@ def test_fresh_window_slots_follow_the_initialisation(init):
     token one row up (decided, or earlier in this window); initialised slots get point-mass laws."""
     from types import SimpleNamespace
 
-    from lantern.speculative.jacobi import _refill
+    from lantern.decoding.jacobi.step import _refill
 
     vocab = 50
     model = SimpleNamespace(config=SimpleNamespace(vocab_size=vocab, grid_size=3))

@@ -7,10 +7,9 @@ import sys
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
+from test_run import REPO
 
 import lantern  # noqa: F401 - registers the resolvers the configs use
-
-from test_run import REPO
 
 
 def composed(*overrides: str):

@@ -14,12 +14,13 @@ import dataclasses
 import pytest
 import torch
 from scipy.stats import kstest
+from world_fixture import WORLD_SAMPLING, World, randomised_pit
 
 from lantern.decoding.ar import ARDecoder
-from lantern.decoding.speculative import SpeculativeDecoder
-from lantern.speculative.acceptance import ExactDeterministic, ExactSampled, lantern, lantern_pp
-from lantern.speculative.draft import DynamicTree, chain, prior_tree
-from world_fixture import WORLD_SAMPLING, World, randomised_pit
+from lantern.decoding.tree.decoder import SpeculativeDecoder
+from lantern.decoding.tree.draft import DynamicTree, chain, prior_tree
+from lantern.rules.exact import ExactDeterministic, ExactSampled
+from lantern.rules.factory import lantern, lantern_pp
 
 PASS = 1e-3  # a lossless decoder's p-value stays above this
 FAIL = 1e-6  # a negative control's p-value falls below this

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from lantern.errors import ConfigError
-from lantern.prompts import coco_captions, parti_prompts
+from lantern.run.prompts import coco_captions, parti_prompts
 
 
 @pytest.fixture()
@@ -68,7 +68,7 @@ def test_bad_ranges_and_parti_files_are_refused(tmp_path, coco_file):
     ("caption_file", "prompt file"), ("coco_captions", "COCO caption file"), ("parti_prompts", "PartiPrompts file"),
 ])
 def test_binary_or_non_utf8_prompt_files_name_the_file_and_line(tmp_path, loader, what):
-    import lantern.prompts as prompts
+    import lantern.run.prompts as prompts
 
     latin = tmp_path / "latin1.txt"
     latin.write_bytes("a cat\nthe second line\na caf\u00e9 sign\n".encode("latin-1"))

@@ -11,7 +11,7 @@ from test_run import REPO
 
 WRITER = """
 import sys, time
-from lantern.records import write_json_atomic
+from lantern.files import write_json_atomic
 
 class Slow:
     def __str__(self):

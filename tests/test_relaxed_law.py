@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-import lantern.speculative.step as speculative_module  # where the step calls walk_tree
-from lantern.decoding.speculative import SpeculativeDecoder
-from lantern.sampling import SamplingConfig
-from lantern.speculative.acceptance import ExactDeterministic, ExactSampled, lantern, lantern_pp
-from lantern.speculative.draft import DynamicTree, chain
 from world_fixture import WORLD_SAMPLING, World
+
+import lantern.decoding.tree.step as speculative_module  # where the step calls walk_tree
+from lantern.decoding.tree.decoder import SpeculativeDecoder
+from lantern.decoding.tree.draft import DynamicTree, chain
+from lantern.models.sampling import SamplingConfig
+from lantern.rules.exact import ExactDeterministic, ExactSampled
+from lantern.rules.factory import lantern, lantern_pp
 
 NODES = 8  # nodes per kind, each enumerated over the whole vocabulary
 

@@ -3,9 +3,16 @@
 import json
 
 import pytest
-
-from lantern.run_record import SCHEMA_VERSION, RecordError, build_record, json_schema, read_record, write_record
 from test_run import REPO
+
+from lantern.results.record import (
+    SCHEMA_VERSION,
+    RecordError,
+    build_record,
+    json_schema,
+    read_record,
+    write_record,
+)
 
 FIELDS = {"decoding": "lantern", "model": "m", "prompts": "p", "num_images": 2, "batch_size": 1, "seed": 0,
           "temperature": 1.0, "top_k": 0, "top_p": 1.0, "cfg_scale": 3.0, "k": 1000, "delta": 0.1, "lambda": None,
@@ -50,5 +57,5 @@ def test_records_before_versioning_read_as_version_0(tmp_path):
 def test_the_shipped_json_schema_is_the_current_one():
     shipped = json.loads((REPO / "docs" / "run_record.schema.json").read_text())
     assert shipped == json.loads(json.dumps(json_schema())), (
-        "regenerate docs/run_record.schema.json: python -c \"import json; from lantern.run_record import json_schema; "
+        "regenerate docs/run_record.schema.json: python -c \"import json; from lantern.results.record import json_schema; "
         "open('docs/run_record.schema.json','w').write(json.dumps(json_schema(), indent=2) + '\\n')\"")

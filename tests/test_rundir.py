@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
-
-from lantern.lock import FolderLock
-from lantern.rundir import first_difference
 from test_run import REPO
+
+from lantern.run.lock import FolderLock
+from lantern.run.rundir import first_difference
 
 IMAGES = 48  # enough that a signal sent after image 2 lands before the run ends (the tiny model does ~20 images/s)
 BASE = ("model=tiny_random_c2i", f"num_images={IMAGES}", "batch_size=1", "warmup=0", "speedup_baseline=null", "wandb.mode=disabled")

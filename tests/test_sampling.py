@@ -5,7 +5,7 @@ import torch
 
 from lantern import rng
 from lantern.errors import ConfigError
-from lantern.sampling import (
+from lantern.models.sampling import (
     SamplingConfig,
     combine_cfg,
     filter_logits,

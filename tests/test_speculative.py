@@ -4,19 +4,20 @@ LANTERN's degenerate cases, and the cache left behind."""
 import pytest
 import torch
 from scipy.stats import chi2
-
-from lantern.conditioning import ClassConditioner, TextConditioner
-from lantern.decoding.ar import ARDecoder
-from lantern.decoding.speculative import SpeculativeDecoder
-from lantern.errors import ConfigError
-from lantern.models.gpt import Transformer, gpt_config, prefix_causal_mask
-from lantern.models.kv_cache import KVCache
-from lantern.rng import keys_tensor
-from lantern.sampling import SamplingConfig, guided_logits, probabilities
-from lantern.speculative.acceptance import AcceptanceRule, ExactDeterministic, ExactSampled, lantern, lantern_pp
-from lantern.speculative.draft import DynamicTree, chain, prior_tree
-from lantern.speculative.drafter import Drafter, DrafterConfig
 from test_ar import FakeEncoder
+
+from lantern.decoding.ar import ARDecoder
+from lantern.decoding.tree.decoder import SpeculativeDecoder
+from lantern.decoding.tree.draft import DynamicTree, chain, prior_tree
+from lantern.errors import ConfigError
+from lantern.models.condition import ClassConditioner, TextConditioner
+from lantern.models.drafter import Drafter, DrafterConfig
+from lantern.models.kv_cache import KVCache
+from lantern.models.llamagen.gpt import Transformer, gpt_config, prefix_causal_mask
+from lantern.models.sampling import SamplingConfig, guided_logits, probabilities
+from lantern.rng import keys_tensor
+from lantern.rules.exact import AcceptanceRule, ExactDeterministic, ExactSampled
+from lantern.rules.factory import lantern, lantern_pp
 
 VOCAB = 8
 
@@ -355,7 +356,6 @@ def test_condition_inputs_follow_the_drafter_config():
 def test_every_decoding_and_draft_config_instantiates_and_decodes(decoding, draft):
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
-
     from test_run import REPO
 
     with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):

@@ -7,10 +7,19 @@ import subprocess
 import sys
 
 import pytest
+from test_run import REPO
 
 from lantern.errors import ConfigError
-from lantern.tables import FAILED_NAME, failed_jobs, load_records, table_rows, to_csv, to_latex, to_markdown, write_tables
-from test_run import REPO
+from lantern.results.tables import (
+    FAILED_NAME,
+    failed_jobs,
+    load_records,
+    table_rows,
+    to_csv,
+    to_latex,
+    to_markdown,
+    write_tables,
+)
 
 SETTING = {"model": "m", "prompts": "p", "num_images": 4, "batch_size": 2, "seed": 0, "temperature": 1.0, "top_k": 0,
            "top_p": 1.0, "cfg_scale": 3.0, "environment": {"device": "cpu", "device_name": "cpu A (2 cores)"}}
@@ -213,14 +222,14 @@ def sweep(tmp_path, *overrides):
 
 
 def test_a_sweep_with_a_failed_job_still_writes_the_table_naming_it_and_a_rerun_skips_finished_jobs(tmp_path):
-    jobs = "job._target_=lantern.generate.GenerationJob,lantern.generate.NoSuchJob"
+    jobs = "job._target_=lantern.run.job.GenerationJob,lantern.run.job.NoSuchJob"
     first = sweep(tmp_path, jobs)
     assert first.returncode != 0  # Hydra raises the failed job's error after the sweep
     folder = tmp_path / "sweep"
     table = json.loads((folder / "table.json").read_text())
     assert [row["method"] for row in table["rows"]] == ["AR"] and table["failed"][0]["run"] == str(folder / "1")
     failed = [line for line in (folder / "table.md").read_text().splitlines() if line.startswith("FAILED")]
-    assert len(failed) == 1 and failed[0].startswith("FAILED job 1 (") and "Error locating target 'lantern.generate.NoSuchJob'" in failed[0]
+    assert len(failed) == 1 and failed[0].startswith("FAILED job 1 (") and "Error locating target 'lantern.run.job.NoSuchJob'" in failed[0]
     record_mtime = (folder / "0" / "metrics.json").stat().st_mtime_ns
     again = sweep(tmp_path, jobs)
     assert "already finished" in again.stdout and (folder / "0" / "metrics.json").stat().st_mtime_ns == record_mtime
@@ -231,7 +240,7 @@ def test_a_sweep_with_a_failed_job_still_writes_the_table_naming_it_and_a_rerun_
 
 
 def test_the_pareto_plot_lists_far_outliers_instead_of_squashing_the_axis(tmp_path):
-    from lantern.tables import _far_outliers, pareto_plot
+    from lantern.results.tables import _far_outliers, pareto_plot
 
     assert _far_outliers([60.0, 62.0, 64.0, 187.0]) == {187.0} and _far_outliers([60.0, 100.0, 110.0]) == set()
     rows = [{"speedup": s, "fid": f, "tau": 1.0, "method": m, "tv_realised": 0.0}

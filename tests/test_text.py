@@ -11,15 +11,9 @@ import pytest
 import torch
 
 from lantern.errors import CheckpointError, ConfigError
-from lantern.text import (
-    MiniLMTextEncoder,
-    T5TextEncoder,
-    TextEmbedding,
-    TextEncoder,
-    left_pad,
-    load_minilm_encoder,
-    load_t5_encoder,
-)
+from lantern.models.text.base import TextEmbedding, TextEncoder, left_pad
+from lantern.models.text.minilm import MiniLMTextEncoder, load_minilm_encoder
+from lantern.models.text.t5 import T5TextEncoder, load_t5_encoder
 
 WORDS = ["a", "red", "cat", "sits", "on", "the", "mat", "blue", "dog", "runs", "in", "park", "big", "small"]
 T5_MAX_LENGTH = 12

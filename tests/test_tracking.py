@@ -3,7 +3,7 @@
 import pytest
 
 from lantern.errors import ConfigError
-from lantern.tracking import WandbLogger, scalars
+from lantern.run.tracking import WandbLogger, scalars
 
 
 def test_offline_logging_writes_a_local_run(tmp_path, monkeypatch):

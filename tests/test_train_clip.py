@@ -10,10 +10,18 @@ import pytest
 import torch
 from PIL import Image
 from safetensors.torch import load_file
+from script_helpers import fashion_root, load_script
 
-from lantern.data.fashion_mnist import CLASS_NAMES, NUM_CLASSES, all_captions, caption_for, load_split
 from lantern.metrics.classifier import pad_to_world
 from lantern.metrics.clip import CLIPScore, encode_images, encode_texts
+from lantern.models.world.fashion_mnist import (
+    CLASS_NAMES,
+    NUM_CLASSES,
+    all_captions,
+    caption_for,
+    load_split,
+)
+from lantern.models.world.load import DEFAULT_WORLD, verify_world, world_file
 from lantern.training.clip import (
     CONFIG_NAME,
     MODEL_NAME,
@@ -24,8 +32,6 @@ from lantern.training.clip import (
     soft_clip_loss,
     zero_shot_scores,
 )
-from lantern.world import DEFAULT_WORLD, verify_world, world_file
-from script_helpers import fashion_root, load_script
 
 TINY_ARGS = ["--embed-dim", "16", "--vision-width", "32", "--vision-layers", "1", "--vision-head-width", "16",
              "--text-width", "16", "--text-heads", "2", "--text-layers", "1"]

@@ -5,18 +5,23 @@ import sys
 
 import pytest
 import torch
+from conftest import REPO
 from omegaconf import OmegaConf
 from safetensors.torch import save_file
 
 from lantern.errors import ConfigError
-from lantern.models.gpt import Transformer, gpt_config, prefix_causal_mask
+from lantern.models.drafter import (
+    VOCAB_KEY,
+    Drafter,
+    DrafterConfig,
+    drafter_metadata,
+    load_drafter,
+)
 from lantern.models.kv_cache import NoCache
-from lantern.sampling import SamplingConfig
-from lantern.speculative.drafter import VOCAB_KEY, Drafter, DrafterConfig, drafter_metadata, load_drafter
+from lantern.models.llamagen.gpt import Transformer, gpt_config, prefix_causal_mask
+from lantern.models.sampling import SamplingConfig
 from lantern.training.drafter import DrafterObjective, evaluate_drafter, generate_codes
 from lantern.training.loop import EpochBatches, Trainer
-
-from conftest import REPO
 
 T, N, VOCAB, CAPTION_DIM = 4, 64, 64, 16
 TINY_GPT = {"preset": "GPT-nano", "model_type": "t2i", "image_size": 32,

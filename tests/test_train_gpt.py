@@ -1,6 +1,6 @@
 import torch
 
-from lantern.models.gpt import Transformer, gpt_config
+from lantern.models.llamagen.gpt import Transformer, gpt_config
 from lantern.training.gpt import GPTObjective
 from lantern.training.loop import EpochBatches, Trainer
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from lantern.checkpoint import load_weights
 from lantern.errors import CheckpointError, ConfigError
-from lantern.models.vq import (
+from lantern.models.checkpoint import load_weights
+from lantern.models.llamagen.vq import (
     CODEBOOK_USED_SIZE,
     VQ_PRESETS,
     Downsample,

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from lantern.errors import CheckpointError
-from lantern.world import read_manifest, sha256_file, verify_world
+from lantern.models.world.load import read_manifest, sha256_file, verify_world
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -53,7 +53,7 @@ def test_manifest_names_outside_the_world_folder_are_refused_unhashed(tmp_path, 
     (tmp_path / "outside.bin").write_bytes(b"secret")
     (world / "manifest.json").write_text(json.dumps({"files": {name: {"sha256": "0" * 64, "command": "x"}}}))
     hashed = []
-    monkeypatch.setattr("lantern.world.sha256_file", lambda path: hashed.append(path) or "f" * 64)
+    monkeypatch.setattr("lantern.models.world.load.sha256_file", lambda path: hashed.append(path) or "f" * 64)
     with pytest.raises(CheckpointError, match="only (relative paths|files) inside"):
         verify_world(world)
     assert hashed == []  # nothing outside the folder is read
@@ -75,7 +75,7 @@ def test_restore_advice_suggests_git_only_for_tracked_files_of_this_repository(t
     with pytest.raises(CheckpointError) as outside:
         verify_world(tmp_path)
     assert "git checkout" not in str(outside.value) and "restore it from where the world folder came from" in str(outside.value)
-    from lantern.world import restore_hint
+    from lantern.models.world.load import restore_hint
 
     shipped = REPO / "worlds" / "fashion_mnist" / "gpt.safetensors"
     if shipped.is_file():

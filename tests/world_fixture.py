@@ -6,11 +6,11 @@ from __future__ import annotations
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
-
-from lantern.decoding.base import guided_inputs
-from lantern.rng import keys_tensor
-from lantern.sampling import SamplingConfig, guided_logits_at, probabilities
 from test_run import REPO
+
+from lantern.decoding.batch import guided_inputs
+from lantern.models.sampling import SamplingConfig, guided_logits_at, probabilities
+from lantern.rng import keys_tensor
 
 WORLD_SAMPLING = SamplingConfig(temperature=1.0, cfg_scale=3.0)  # the world's recommended sampling
 

@@ -1,1 +1,1 @@
-"""Decoding strategies over the target-model interface (one file each)."""
+"""Decoders: plain AR, tree speculative decoding (tree/) and Jacobi decoding (jacobi/), over one decode loop."""

@@ -6,13 +6,19 @@ import contextlib
 
 import torch
 
-from lantern.conditioning import Condition
-from lantern.decoding.base import DecodeResult, guided_inputs
+from lantern.decoding.api import DecodeResult
+from lantern.decoding.batch import guided_inputs
 from lantern.decoding.compile import check_compile, compiled, mark_static
-from lantern.models.gpt import Transformer, prefix_causal_mask
-from lantern.models.kv_cache import KVCache
 from lantern.errors import ConfigError
-from lantern.sampling import SamplingConfig, guided_logits, guided_logits_at, next_token
+from lantern.models.condition import Condition
+from lantern.models.kv_cache import KVCache
+from lantern.models.llamagen.gpt import Transformer, prefix_causal_mask
+from lantern.models.sampling import (
+    SamplingConfig,
+    guided_logits,
+    guided_logits_at,
+    next_token,
+)
 
 # How attention runs. fast: PyTorch's default SDPA kernel over this decoder's cache (T + N - 1 slots).
 # reference: as LlamaGen's generate(): the math SDPA backend over find_multiple(T + N, 8) cache slots, so

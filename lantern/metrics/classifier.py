@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
-from lantern.checkpoint import load_weights
-from lantern.data.fashion_mnist import IMAGE_SIZE, NUM_CLASSES
+from lantern import REPO_ROOT
 from lantern.errors import ConfigError
-from lantern.records import REPO_ROOT
+from lantern.files import read_images
+from lantern.models.checkpoint import load_weights
+from lantern.models.world.fashion_mnist import IMAGE_SIZE, NUM_CLASSES, load_split
 
 RESOLUTION = 32
 DEFAULT_WIDTH = 16
@@ -139,3 +141,30 @@ def pad_to_world(images: np.ndarray) -> np.ndarray:
         raise ConfigError(f"expected uint8 (N, {IMAGE_SIZE}, {IMAGE_SIZE}) images, got {images.dtype} {images.shape}")
     padded = np.pad(images, ((0, 0), (PAD, PAD), (PAD, PAD)))  # (N, 32, 32)
     return np.repeat(padded[..., None], 3, axis=3)  # (N, 32, 32, 3)
+
+
+
+def fashion_test_images(count: int | None = None) -> np.ndarray:
+    """The shipped Fashion-MNIST test split as the world's images: uint8 (N, 32, 32, 3)."""
+    images, _ = load_split(None, "test")
+    return pad_to_world(images[:count] if count else images)
+
+
+class PromptFaithfulness:
+    """Share of images the world's classifier assigns to the prompted class (labelled prompt sets only)."""
+
+    def __init__(self, classifier_path: str):
+        self.classifier_path = classifier_path
+        self._classifier = None
+
+    def check(self, prompts: Sequence, labels: Sequence[int] | None = None) -> None:
+        """Before the first image: the prompts carry labels and the classifier loads (it is kept)."""
+        if labels is None:
+            raise ConfigError("prompt faithfulness needs a labelled prompt set (the world's prompts), not this one")
+        self._classifier = load_classifier(self.classifier_path)
+
+    def __call__(self, run_dir: Path, prompts: Sequence, labels: Sequence[int] | None) -> dict:
+        if self._classifier is None:
+            self.check(prompts, labels)
+        predicted = predict(self._classifier, read_images(run_dir, len(prompts)))
+        return {"prompt_accuracy": float((predicted == np.asarray(labels)).mean())}

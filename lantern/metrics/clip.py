@@ -22,8 +22,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lantern.checkpoint import unreadable_reason
 from lantern.errors import CheckpointError, ConfigError, LanternError
+from lantern.files import read_images
+from lantern.models.checkpoint import unreadable_reason
 
 CONVENTIONS = {"lantern": ("A photo depicts ", 1.0, False), "torchmetrics": ("", 100.0, True)}
 
@@ -147,7 +148,5 @@ class CLIPScore:
         return float(scale * cosines.mean())
 
     def __call__(self, run_dir: Path, prompts: Sequence, labels: Sequence[int] | None) -> dict:
-        from lantern.evaluation import read_images
-
         return {"clip_score": self.score(read_images(run_dir, len(prompts)), list(prompts)),
                 "clip_convention": self.convention, "clip_model": self.model}

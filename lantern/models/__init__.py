@@ -1,1 +1,1 @@
-"""Model definitions: the LlamaGen GPT target, its KV cache and the VQ tokenizer."""
+"""Models: the target-model protocol, model families (llamagen/), drafters, sampling, conditions and the world."""

@@ -37,10 +37,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from lantern.data.fashion_mnist import CLASS_NAMES, NUM_CLASSES, all_captions
 from lantern.errors import ConfigError
-from lantern.training.classifier import training_batch
 from lantern.metrics.clip import CONVENTIONS
+from lantern.models.world.fashion_mnist import CLASS_NAMES, NUM_CLASSES, all_captions
+from lantern.training.classifier import training_batch
 
 MODEL_NAME = "lantern-fashion-clip"
 CONFIG_NAME = f"{MODEL_NAME}.json"
@@ -206,7 +206,7 @@ def zero_shot_scores(image_emb: torch.Tensor, text_emb: torch.Tensor, labels: np
     """Zero-shot accuracy and matched/mismatched cosines of unit-norm image (N, E) embeddings.
 
     ``text_emb`` (10 * templates, E) holds the unit-norm embeddings of every template of every class
-    (class-major, as :func:`lantern.data.fashion_mnist.all_captions` lists them). A class's zero-shot
+    (class-major, as :func:`lantern.models.world.fashion_mnist.all_captions` lists them). A class's zero-shot
     embedding is the normalised mean of its templates'; an image is classified by the nearest one.
     Matched cosines are those of each image with its class's captions, mismatched those with the
     other classes' captions. Cosines are also reported as torchmetrics' ``100 * max(cos, 0)``.

@@ -1,6 +1,6 @@
 """Training an EAGLE-style drafter against a frozen target GPT.
 
-Alignment (see :mod:`lantern.speculative.drafter`): with ``T`` condition tokens and ``N`` image tokens
+Alignment (see :mod:`lantern.models.drafter`): with ``T`` condition tokens and ``N`` image tokens
 the target's teacher-forced final-norm states ``f`` cover positions ``0 .. T+N-2``. Drafter entry
 ``i = 0 .. T+N-3`` reads ``[e_{i+1}; f_i]`` (``e`` the target's input embeddings: condition
 embeddings, then image-token embeddings) and estimates ``f_{i+1}``. Only entries ``i >= T-1`` are
@@ -25,15 +25,15 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from lantern.atomic import write_atomic
-from lantern.conditioning import Condition
 from lantern.decoding.ar import ARDecoder
 from lantern.errors import ConfigError
-from lantern.models.gpt import Transformer, prefix_causal_mask
+from lantern.files import write_atomic
+from lantern.models.condition import Condition
+from lantern.models.drafter import Drafter
 from lantern.models.kv_cache import NoCache
+from lantern.models.llamagen.gpt import Transformer, prefix_causal_mask
+from lantern.models.sampling import SamplingConfig
 from lantern.rng import keys_tensor
-from lantern.sampling import SamplingConfig
-from lantern.speculative.drafter import Drafter
 from lantern.training.gpt import draw_conditions
 
 

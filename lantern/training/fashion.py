@@ -12,9 +12,13 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from lantern.atomic import write_atomic
-from lantern.data.fashion_mnist import NUM_CLASSES, FashionMNISTImages, all_captions
-from lantern.models.vq import VQModel
+from lantern.files import write_atomic
+from lantern.models.llamagen.vq import VQModel
+from lantern.models.world.fashion_mnist import (
+    NUM_CLASSES,
+    FashionMNISTImages,
+    all_captions,
+)
 from lantern.training.vq import image_batch
 
 
@@ -51,7 +55,7 @@ def caption_table(max_length: int, encoder=None) -> tuple[torch.Tensor, torch.Te
     per_class = len(captions[0])
     flat = [c for group in captions for c in group]
     if encoder is None:
-        from lantern.text.minilm import load_minilm_encoder
+        from lantern.models.text.minilm import load_minilm_encoder
 
         encoder = load_minilm_encoder(max_length=max_length)
     embedding = encoder.encode(flat)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lantern.models.gpt import Transformer
+from lantern.models.llamagen.gpt import Transformer
 
 
 def draw_conditions(

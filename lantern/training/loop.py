@@ -30,7 +30,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from lantern.errors import CheckpointError, ConfigError
-from lantern.atomic import write_atomic, write_text_atomic
+from lantern.files import write_atomic, write_text_atomic
 
 CHECKPOINT_NAME = "checkpoint.pt"
 CONFIG_NAME = "config.yaml"

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from lantern.errors import ConfigError
-from lantern.models.vq import VQModel
+from lantern.models.llamagen.vq import VQModel
 
 
 def image_batch(dataset: Sequence, indices: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,1 @@
+"""Entry-point behaviour: one-line errors and exit codes, Hydra error messages, preflight checks."""

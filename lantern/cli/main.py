@@ -1,0 +1,99 @@
+"""Shared behaviour of the command-line entry points."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from lantern.cli.hydra_errors import hydra_message
+from lantern.errors import one_line, user_message
+
+T = TypeVar("T")
+
+
+class Terminated(BaseException):
+    """SIGTERM (what SLURM sends a job before killing it), raised like Ctrl-C's KeyboardInterrupt."""
+
+
+def _terminate(signum, frame):
+    raise Terminated()
+
+
+def run_or_exit(task: Callable[[], T], out_dir: str | Path | None = None) -> T:
+    """Run ``task``; on a user error print ``error: <one line>`` to stderr and exit with status 2.
+
+    ``out_dir``, when given, is removed if the failed task left it empty, so bad input writes nothing.
+    Ctrl-C (SIGINT) or SIGTERM print one line and exit with 130 or 143; writers are atomic, so what was
+    finished stays and nothing is half-written. Under torchrun only rank 0 prints. Any other exception is
+    a bug and propagates with its traceback.
+    """
+    speaks = os.environ.get("RANK", "0") == "0"  # one line per run, not one per torchrun process
+    previous = signal.signal(signal.SIGTERM, _terminate) if threading.current_thread() is threading.main_thread() else None
+    try:
+        return task()
+    except (KeyboardInterrupt, Terminated) as exc:
+        _remove_if_empty(out_dir)
+        if speaks:
+            where = f"; finished images in {out_dir} are kept, rerun the same command to resume" if out_dir else ""
+            print(f"interrupted by {'Ctrl-C' if isinstance(exc, KeyboardInterrupt) else 'SIGTERM'}{where}", file=sys.stderr)
+        sys.exit(130 if isinstance(exc, KeyboardInterrupt) else 143)
+    except Exception as exc:
+        message = user_message(exc)
+        if message is None:
+            raise
+        _remove_if_empty(out_dir)
+        if speaks:
+            print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _remove_if_empty(out_dir: str | Path | None) -> None:
+    if out_dir is not None:
+        folder = Path(out_dir)
+        if folder.is_dir() and not any(folder.iterdir()):
+            try:
+                folder.rmdir()
+            except OSError:  # a read-only parent: the error being reported says so already
+                pass
+
+
+def run_hydra(main: Callable[[], None]) -> None:
+    """Call a ``@hydra.main`` function so that a command-line mistake is one ``error:`` line and exit 2.
+
+    Hydra reports unknown keys, unknown options and unparsable overrides over several lines and exits
+    with 1, unless HYDRA_FULL_ERROR is set, in which case it re-raises them: it is set here so they reach
+    :func:`lantern.cli.hydra_errors.hydra_message`. Anything it does not recognise (a bug) keeps its traceback.
+    """
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    task = getattr(getattr(main, "__wrapped__", None), "__code__", None)
+    try:
+        main()
+    except Exception as exc:
+        message = hydra_message(exc) or user_message(exc)
+        if message is None and task is not None and not _raised_in(exc, task):
+            # Hydra failed before the task started: composing the command line's overrides.
+            overrides = " ".join(sys.argv[1:])
+            message = one_line(f"cannot compose the config from the overrides {overrides!r}: {type(exc).__name__}: {exc}")
+        if message is None:
+            raise
+        if os.environ.get("RANK", "0") == "0":
+            print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _raised_in(exc: BaseException, code) -> bool:
+    """Whether ``exc`` passed through a frame running ``code``."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is code:
+            return True
+        tb = tb.tb_next
+    return False

@@ -1,0 +1,155 @@
+"""Checks of a composed run config that need no model and no file: they run before anything is built.
+
+* Every interpolation resolves (``temperature=${nope}`` is one line, not an OmegaConf traceback).
+* No number anywhere is ``inf`` or ``nan``.
+* A command-line value has the kind of its default: text where the default is a number
+  (``top_k=abc``) or a bool is refused with the key, the value and the default. Ranges stay with
+  the code that uses each value (e.g. :class:`lantern.models.sampling.SamplingConfig`).
+* LANTERN's top-level knobs ``k``, ``delta`` and ``lambda`` are valid whichever decoder runs
+  (a decoder that ignores them records them as null, but a bad value is still bad input), and so
+  are the job's integers (``num_images``, ``batch_size``, ...).
+* ``+key=value`` for a top-level key nothing reads is refused (Hydra would add it silently).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from lantern.errors import ConfigError
+
+# The knobs whose default is null (so their kind cannot come from the default): name -> (test, allowed).
+NULLABLE_KNOBS = {
+    "k": (lambda v: _number(v) and float(v).is_integer() and v >= 1, "must be an integer >= 1 (LANTERN's neighbours) or null"),
+    "delta": (lambda v: _number(v) and 0 <= v <= 1, "must be a number in [0, 1] (LANTERN's TV budget) or null"),
+    "lambda": (lambda v: _number(v) and v >= 1, "must be a number >= 1 (LANTERN++'s cap) or null"),
+}
+
+
+# Top-level integers of every run, checked here so the first message about them is about them.
+TOP_LEVEL_INTEGERS = {"num_images": 1, "batch_size": 1, "seed": 0, "warmup": 0, "speedup_every": 1}
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _shown(value) -> str:
+    text = str(value).lower() if isinstance(value, bool) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def resolve(cfg: DictConfig) -> dict:
+    """``cfg`` resolved to plain containers; an interpolation that does not resolve is one ConfigError.
+
+    A mandatory value left as ``???`` propagates as OmegaConf's MissingMandatoryValue (the entry point
+    turns it into "KEY is required").
+    """
+    from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+
+    try:
+        for key in cfg:  # top-level knobs first, so an error names the key the user set
+            if not OmegaConf.is_config(cfg._get_node(key)):
+                cfg[key]
+        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except MissingMandatoryValue:
+        raise
+    except OmegaConfBaseException as exc:  # an interpolation to a missing key, an unknown resolver, ...
+        key = getattr(exc, "full_key", None) or "a config value"
+        reason = str(getattr(exc, "msg", None) or exc).strip().splitlines()[0]
+        raise ConfigError(f"{key} cannot be resolved: {reason}") from exc
+
+
+def non_finite(tree, prefix: str = "") -> list[tuple[str, float]]:
+    """Every (dotted key, value) in a resolved config whose value is an infinite or NaN float."""
+    if isinstance(tree, dict):
+        items = tree.items()
+    elif isinstance(tree, (list, tuple)):
+        items = enumerate(tree)
+    else:
+        return [(prefix.rstrip("."), tree)] if isinstance(tree, float) and not math.isfinite(tree) else []
+    return [found for key, value in items for found in non_finite(value, f"{prefix}{key}.")]
+
+
+def check_kind(key: str, value, default) -> None:
+    """Raise ConfigError when ``value`` (from the command line) is not of the kind of ``default``."""
+    if value is None or default is None:
+        return
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}={_shown(value)} must be true or false (default {default})")
+    elif _number(default):
+        if not _number(value):
+            raise ConfigError(f"{key}={_shown(value)} must be a number (default {default!r})")
+
+
+def check_knobs(resolved: dict) -> None:
+    """Raise ConfigError for a non-finite number anywhere or a bad top-level ``k``/``delta``/``lambda``."""
+    found = non_finite(resolved)
+    if found:
+        key, value = min(found, key=lambda item: item[0].count("."))  # a top-level knob before its copies
+        raise ConfigError(f"{key}={value} must be a finite number")
+    for name, low in TOP_LEVEL_INTEGERS.items():
+        value = resolved.get(name, low)
+        if not _number(value) or not float(value).is_integer() or value < low:
+            raise ConfigError(f"{name}={_shown(value)} must be an integer >= {low}")
+    for name, (ok, allowed) in NULLABLE_KNOBS.items():
+        value = resolved.get(name)
+        if value is not None and not ok(value):
+            raise ConfigError(f"{name}={_shown(value)} {allowed}")
+
+
+def value_overrides(overrides: Sequence[str], groups: set[str]) -> tuple[list[str], list[str]]:
+    """Split command-line ``overrides`` into (group choices, value overrides); hydra.* ones are dropped."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    choices, values = [], []
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        key = override.key_or_group
+        if override.is_hydra_override():
+            continue
+        if "." not in key and key.split("/")[0] in groups:
+            choices.append(override.input_line)
+        elif override.is_add() and "." not in key:
+            # Hydra adds any top-level key given as +key=value, and nothing reads it: refuse it here.
+            raise ConfigError(f"unknown key {key!r} (added with +{key}=...): no part of a run reads it")
+        elif not override.is_delete():
+            values.append(key)
+    return choices, values
+
+
+def check_overrides(cfg: DictConfig, overrides: Sequence[str]) -> None:
+    """Compare every value set on the command line with its default (the config composed with the same
+    group choices but no values) and refuse one of another kind (:func:`check_kind`).
+
+    Runs inside a Hydra app (it composes through Hydra's global state).
+    """
+    from hydra import compose
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    loader = GlobalHydra.instance().config_loader()
+    # Config groups: those of the primary search path and those this run chose (searchpath ones included).
+    groups = set(loader.list_groups("")) | {group.split("/")[0] for group in HydraConfig.get().runtime.choices}
+    choices, keys = value_overrides(overrides, groups)
+    if not keys:
+        return
+    defaults = compose(config_name=HydraConfig.get().job.config_name, overrides=choices)
+    for key in keys:
+        try:
+            default = OmegaConf.select(defaults, key, throw_on_missing=False)
+        except Exception:  # noqa: BLE001 - a default that does not resolve on its own has no kind to compare
+            continue
+        check_kind(key, OmegaConf.select(cfg, key, throw_on_missing=False), default)
+
+
+def check_run_config(cfg: DictConfig, overrides: Sequence[str] = ()) -> dict:
+    """All the checks above, for a run's composed ``cfg`` and its command-line ``overrides``; returns the
+    resolved config."""
+    resolved = resolve(cfg)
+    check_knobs(resolved)
+    if overrides:
+        check_overrides(cfg, overrides)
+    return resolved

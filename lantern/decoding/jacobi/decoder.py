@@ -1,0 +1,181 @@
+"""Speculative Jacobi decoding (SJD, optionally with SJD++-style draft reuse) and grouped speculative
+decoding (GSD): training-free peers of LANTERN, each step one target forward over a window of drafts.
+
+Each step is :func:`~lantern.decoding.jacobi.step.jacobi_step`, a pure static-shape function (compiled
+as ``compile`` says); this file prefills, loops and summarises, as
+:class:`~lantern.decoding.tree.decoder.SpeculativeDecoder` does. Records use the same per-sample
+tensors (``steps``, ``tokens``, ``histogram`` (B, W+1), realised TV...), so ``mean_accepted_length``
+is tokens per target forward after the first token. Paper-vs-code choices: docs/jacobi.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+
+from lantern.decoding.api import DecodeResult
+from lantern.decoding.batch import column_validity, guided_inputs, prefill_condition
+from lantern.decoding.compile import check_compile, compiled, mark_static
+from lantern.decoding.jacobi.grouping import Grouping
+from lantern.decoding.jacobi.step import (
+    INITS,
+    JacobiContext,
+    JacobiState,
+    initial_tokens,
+    jacobi_step,
+)
+from lantern.decoding.tree.decoder import summarise
+from lantern.errors import ConfigError
+from lantern.models.condition import Condition
+from lantern.models.llamagen.gpt import Transformer
+from lantern.models.sampling import SamplingConfig, guided_logits, next_token
+
+
+def _check_window(window) -> int:
+    if isinstance(window, bool) or not isinstance(window, (int, float)) or not float(window).is_integer() or window < 1:
+        raise ConfigError(f"window={window!r} must be an integer >= 1 (draft tokens verified per target forward)")
+    return int(window)
+
+
+class JacobiDecoder:
+    """SJD over a window of ``window`` drafts; ``grouping`` (a :class:`Grouping`) makes it GSD.
+
+    ``init``: how fresh window slots start (``random``, ``horizon``, ``vertical``; see
+    :data:`lantern.decoding.jacobi.step.INITS`). ``reuse`` (None or a number in (0, 1]): keep an untested
+    draft when its law's top mass is at least this, instead of redrawing it (SJD++'s token reuse, in a
+    form that stays lossless). ``tv_audit_every``: GSD computes the realised TV of every position's law
+    (a vocabulary-wide pass) on every N-th step.
+    """
+
+    def __init__(
+        self, sampling: SamplingConfig, window: int = 16, init: str = "random", reuse: float | None = None,
+        grouping: Grouping | None = None, name: str = "sjd", compile: str = "none", backend: str = "inductor",
+        sync_every: int | None = None, tv_audit_every: int = 1, guard=None,
+    ):
+        self.sampling = sampling
+        self.window = _check_window(window)
+        if init not in INITS:
+            raise ConfigError(f"init={init!r} is not a window initialisation; allowed: {', '.join(INITS)}")
+        self.init = init
+        if reuse is not None and (isinstance(reuse, bool) or not isinstance(reuse, (int, float))
+                                  or not math.isfinite(reuse) or not 0 < reuse <= 1):
+            raise ConfigError(f"reuse={reuse!r} must be a number in (0, 1] (top draft mass to keep a draft) or null (off)")
+        self.reuse = None if reuse is None else float(reuse)
+        if isinstance(tv_audit_every, bool) or not isinstance(tv_audit_every, int) or tv_audit_every < 1:
+            raise ConfigError(f"tv_audit_every={tv_audit_every!r} must be an integer >= 1")
+        self.tv_audit_every = tv_audit_every
+        self.grouping = grouping
+        self.name = name
+        self.compile = check_compile(compile)
+        self.backend = backend
+        self.sync_every = sync_every
+        self.guard = guard or contextlib.nullcontext
+        self._step = compiled(jacobi_step, compile, backend)
+        self._contexts: dict[tuple, JacobiContext] = {}
+
+    def check_device(self, device: torch.device | str) -> None:
+        """ConfigError unless this decoder's compile mode runs on ``device`` (checked before any work)."""
+        check_compile(self.compile, device, self.backend)
+
+    def check_model(self, config) -> None:
+        """ConfigError when the window is longer than the image."""
+        if self.window > config.num_image_tokens:
+            raise ConfigError(f"window={self.window} is larger than the image ({config.num_image_tokens} tokens); "
+                              f"allowed: 1..{config.num_image_tokens}")
+
+    def describe(self) -> dict:
+        """Decoder settings recorded with results."""
+        exact = self.grouping is None
+        settings = {
+            "acceptance": ("greedy" if self.sampling.greedy else "exact") if exact else "gsd",
+            "draft": "jacobi", "window": self.window, "init": self.init, "reuse": self.reuse,
+            "candidates": "greedy" if self.sampling.greedy else "sampled", "compile": self.compile,
+        }
+        if not exact:
+            settings.update(self.grouping.describe())
+        return settings
+
+    def _context(self, model: Transformer, rows: int, batch: int, capacity: int, device) -> JacobiContext:
+        shape = (model.config, rows, batch, capacity, model.tok_embeddings.weight.dtype, device)
+        if shape not in self._contexts:
+            cache = model.new_cache(rows, capacity)
+            if self.compile != "none":
+                mark_static(cache.k, cache.v)
+            close = self.grouping.close_table(model.tok_embeddings.weight) if self.grouping is not None else None
+            self._contexts[shape] = JacobiContext(
+                model=model, cache=cache, sampling=self.sampling, window=self.window, init=self.init,
+                num_tokens=model.config.num_image_tokens, groups=rows // batch, grouping=self.grouping, close=close,
+                reuse=self.reuse,
+            )
+        return self._contexts[shape]
+
+    @torch.inference_mode()
+    def generate(self, model: Transformer, condition: Condition, keys: torch.Tensor) -> DecodeResult:
+        """Decode all image tokens for ``condition`` (B prompts) with per-sample RNG ``keys`` (B,)."""
+        cfg, sampling, width = model.config, self.sampling, self.window
+        self.check_model(cfg)
+        cond_len, num_tokens, vocab = cfg.cls_token_num, cfg.num_image_tokens, cfg.vocab_size
+        cond_emb, cond_mask = guided_inputs(model, condition, sampling)
+        rows, batch = cond_emb.shape[0], len(condition)
+        device = cond_emb.device
+        self.check_device(device)
+        # Rows may run W+1 tokens past the image before the loop notices; the window needs W+1 slots.
+        capacity = cond_len + num_tokens + 2 * width + 2
+        ctx = self._context(model, rows, batch, capacity, device)
+
+        hidden = prefill_condition(model, cond_emb, cond_mask, ctx.cache, capacity)  # (rows, T, D)
+        codes = torch.zeros(batch, num_tokens + 2 * width + 2, dtype=torch.long, device=device)
+        codes[:, 0] = next_token(guided_logits(model.head(hidden[:, -1]), sampling, 0), sampling, keys, 0)
+        # The first window: initialised tokens (point-mass laws) for tokens 1..W. Step 0 of the init
+        # stream is never reused: every step's ``decided`` is >= 1.
+        decided = torch.ones(batch, dtype=torch.long, device=device)
+        window = initial_tokens(ctx, keys, torch.zeros_like(decided), width)
+        if self.init != "random":  # repeat inits start from token 0 (row 0: horizon copies it, vertical has no row above)
+            if self.init == "horizon":
+                column = torch.arange(1, width + 1, device=device) % cfg.grid_size
+                window = torch.where(column == 0, window, codes[:, :1])
+        draft_q = torch.zeros(batch, width, vocab, device=device).scatter(2, window[:, :, None], 1.0)
+        state = JacobiState(
+            codes=codes, decided=decided, length=torch.full((batch,), cond_len, dtype=torch.long, device=device),
+            window=window, draft_q=draft_q, keys=keys, target_valid=column_validity(cond_mask, capacity),
+        )
+
+        sync_every = self.sync_every or (8 if device.type == "cuda" else 1)
+        logs = []
+        for step_index in range(num_tokens - 1):  # every step decides at least one token per active row
+            # Audit steps N-1, 2N-1, ...: never the first step, which runs eagerly in a context's first
+            # call, so every graph a later call uses is compiled in the first one.
+            audit = (step_index + 1) % self.tv_audit_every == 0
+            if self.compile == "none":
+                state, log = jacobi_step(ctx, state, audit)
+            elif not ctx.warm:  # the first step of a batch shape fills lazy tables eagerly
+                state, log = jacobi_step(ctx, state, audit)
+                ctx.warm = True
+            else:
+                with self.guard():
+                    state, log = self._step(ctx, state, audit)
+            logs.append(log)
+            if (step_index + 1) % sync_every == 0 and bool((state.decided >= num_tokens).all()):
+                break
+        steps_run = len(logs)
+        per_sample = summarise(logs, num_tokens, width)
+        if self.grouping is None:
+            # Exact rules: every emitted token's law is the target's (TV 0, measured by construction).
+            per_sample["merged_sum"].zero_()
+            per_sample["merged_max"].zero_()
+        stats = {"target_forwards": float(1 + steps_run), "steps": float(1 + steps_run)}
+        return DecodeResult(state.codes[:, :num_tokens], stats, per_sample)
+
+
+def sjd(sampling: SamplingConfig, window: int = 16, init: str = "random", reuse: float | None = None, **kwargs) -> JacobiDecoder:
+    """Speculative Jacobi decoding (``reuse`` set: with SJD++-style draft reuse)."""
+    return JacobiDecoder(sampling, window=window, init=init, reuse=reuse, name=kwargs.pop("name", "sjd"), **kwargs)
+
+
+def gsd(sampling: SamplingConfig, window: int = 16, init: str = "random", radius: int = 7, p_thr: float = 0.15,
+        d_thr: float | None = 0.5, **kwargs) -> JacobiDecoder:
+    """Grouped speculative decoding: SJD whose test reads the mass of the draft's dynamic group."""
+    return JacobiDecoder(sampling, window=window, init=init, grouping=Grouping(radius, p_thr, d_thr),
+                         name=kwargs.pop("name", "gsd"), **kwargs)

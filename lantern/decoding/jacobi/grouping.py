@@ -1,0 +1,104 @@
+"""GSD's dynamic groups: which tokens share a draft's acceptance mass, and the law that results.
+
+Grouped speculative decoding (So et al. 2025, arXiv 2508.07747) replaces the speculative test's ratio
+``p(x) / q(x)`` by ``p(G) / q(G)`` over a dynamic group ``G`` of the draft token ``x`` (see
+:class:`Grouping`). That is not lossless: :func:`grouped_law` gives the law each emitted token is
+drawn from, so the step can record its realised TV.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from lantern.errors import ConfigError
+from lantern.rules.exact import residual
+
+
+def _positive(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+class Grouping:
+    """GSD's dynamic groups (``scheduler/jacobi_iteration_lumina_mgpt.py``, ``SpeculativeSampler.__call__``).
+
+    The group of a token ``x`` under a target law ``p``: the tokens whose rank in ``p`` (ascending,
+    stable) lies in ``[r - radius, r + radius - 1]`` around ``x``'s rank ``r`` (the released code's
+    slice ``[r-7 : r+7]``, so 7 ranks below and 6 above; ``radius=0`` is the group ``{x}``: plain
+    SJD), kept when ``|p(y) - p(x)| < p_thr`` and (``d_thr`` not None) the squared Euclidean distance
+    between the target's input embeddings of ``x`` and ``y`` is below ``d_thr``. ``x`` is always in
+    its group (it passes both tests in the released code too).
+    """
+
+    def __init__(self, radius: int = 7, p_thr: float = 0.15, d_thr: float | None = 0.5):
+        if isinstance(radius, bool) or not isinstance(radius, int) or radius < 0:
+            raise ConfigError(f"gsd_radius={radius!r} must be an integer >= 0 (ranks each side of the draft; 0 = no grouping)")
+        if not _positive(p_thr) or p_thr > 1:
+            raise ConfigError(f"gsd_p_thr={p_thr!r} must be a number in (0, 1] (largest |p(y) - p(x)| inside a group)")
+        if d_thr is not None and not _positive(d_thr):
+            raise ConfigError(f"gsd_d_thr={d_thr!r} must be a number > 0 (squared embedding distance) or null (no distance test)")
+        self.radius, self.p_thr, self.d_thr = radius, float(p_thr), (None if d_thr is None else float(d_thr))
+        self._close: dict[tuple, torch.Tensor] = {}  # (table identity, device) -> (V, V) bool
+
+    def describe(self) -> dict:
+        return {"gsd_radius": self.radius, "gsd_p_thr": self.p_thr, "gsd_d_thr": self.d_thr}
+
+    @property
+    def offsets(self) -> list[int]:
+        """Rank offsets of the group window (host constants)."""
+        return [0] if self.radius == 0 else list(range(-self.radius, self.radius))
+
+    def close_table(self, embeddings: torch.Tensor) -> torch.Tensor | None:
+        """(V, V) bool: squared embedding distance below ``d_thr`` (built once per table, in row chunks
+        so V = 16384 needs no V x V float matrix at once). None when there is no distance test."""
+        if self.d_thr is None or self.radius == 0:
+            return None
+        key = (id(embeddings), embeddings.device, embeddings.shape)
+        if key not in self._close:
+            e = embeddings.detach().float()
+            norms = (e * e).sum(1)  # (V,)
+            rows = []
+            for start in range(0, e.shape[0], 1024):
+                block = e[start : start + 1024]
+                dist = norms[start : start + 1024, None] + norms[None, :] - 2 * block @ e.T  # (b, V)
+                rows.append(dist < self.d_thr)
+            table = torch.cat(rows)
+            table.fill_diagonal_(True)
+            self._close[key] = table
+        return self._close[key]
+
+    def group_masses(self, p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, close: torch.Tensor | None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``p(G_x)`` and ``q(G_x)`` (R, K) for tokens ``x`` (R, K) under laws ``p``, ``q`` (R, V)."""
+        vocab = p.shape[-1]
+        order = p.argsort(dim=-1, stable=True)  # (R, V) ascending, as the released code's sort
+        ranks = torch.arange(vocab, device=p.device).expand_as(order)
+        rank = torch.empty_like(order).scatter_(1, order, ranks)  # (R, V) each token's position in ``order``
+        r = rank.gather(1, tokens)  # (R, K)
+        offsets = torch.tensor(self.offsets, device=p.device)
+        where = r[:, :, None] + offsets  # (R, K, O)
+        inside = (where >= 0) & (where < vocab)
+        members = order.gather(1, where.clamp(0, vocab - 1).flatten(1)).view(where.shape)  # (R, K, O)
+        p_y = p.gather(1, members.flatten(1)).view(where.shape)
+        q_y = q.gather(1, members.flatten(1)).view(where.shape)
+        p_x = p.gather(1, tokens)[:, :, None]
+        keep = inside & ((p_y - p_x).abs() < self.p_thr)
+        if close is not None:
+            keep &= close.view(-1)[(tokens[:, :, None] * vocab + members).flatten()].view(where.shape)
+        keep |= offsets == 0  # x itself (offset 0 is x's own rank), whatever rounding says
+        return (p_y * keep).sum(-1), (q_y * keep).sum(-1)
+
+
+def grouped_law(p: torch.Tensor, q: torch.Tensor, grouping: Grouping, close: torch.Tensor | None) -> torch.Tensor:
+    """The law GSD draws a position's token from: ``P = q a + (1 - sum q a) r`` (R, V).
+
+    ``a(x) = min(1, p(G_x) / q(G_x))`` is the chance a draft ``x ~ q`` passes; ``r = norm(max(0, p - q))``
+    the residual a rejection draws from (``p`` when it is empty, as the step does).
+    """
+    vocab = p.shape[-1]
+    every = torch.arange(vocab, device=p.device).expand(p.shape[0], -1)
+    p_g, q_g = grouping.group_masses(p, q, every, close)  # (R, V)
+    accept = torch.where(q_g > 0, (p_g / q_g.clamp_min(1e-30)).clamp_max(1.0), torch.ones_like(q_g))
+    taken = q * accept  # (R, V)
+    return taken + (1 - taken.sum(-1, keepdim=True)).clamp_min(0) * residual(p, q)

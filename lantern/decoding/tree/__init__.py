@@ -1,0 +1,1 @@
+"""Tree speculative decoding: draft structures, the drafter session, the walk with a rule, the step and its decoder."""

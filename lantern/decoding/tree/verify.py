@@ -1,0 +1,98 @@
+"""Walking a draft tree with an acceptance rule: which path is accepted and what comes next.
+
+From the root, the candidates of the current node are handed to the rule
+(:meth:`~lantern.rules.exact.AcceptanceRule.level`), which relaxes the node's target
+(or not), draws the node's token ``y`` where its test has a closed form, and tries the candidates in
+order. An accepted candidate that is a tree node becomes the current node; an accepted candidate
+outside the tree (a sampled draw the tree dropped) is the step's last token; when none is accepted
+the node's token is ``y`` or a draw from the rule's residual. After a full path the next token is
+drawn at its last node. Everything is vectorised over rows; the loop runs over depth only, and
+nothing synchronises with the device. A rule with ``longest_path`` (the authors' greedy LANTERN)
+chooses among whole paths instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from lantern import rng
+from lantern.decoding.tree.draft import Draft
+from lantern.models.sampling import SamplingConfig, exponentials, race
+from lantern.rules.exact import AcceptanceRule
+
+
+@dataclass
+class Walk:
+    """The outcome for B rows.
+
+    ``path`` (B, D) accepted tree nodes by depth (-1 past the end); ``accepted`` (B,) how many;
+    ``next_token`` (B,) the token after the last accepted node; ``tv`` (B, D+1) the realised total
+    variation of the law each emitted token was drawn from (entry j for the j-th token of the step,
+    j <= accepted; NaN where not measured); ``merged`` (B, D) the mass the relaxation moved onto each
+    accepted candidate (0 for exact rules).
+    """
+
+    path: torch.Tensor
+    accepted: torch.Tensor
+    next_token: torch.Tensor
+    tv: torch.Tensor
+    merged: torch.Tensor
+
+
+def walk_tree(
+    draft: Draft, p: torch.Tensor, rule: AcceptanceRule, sampling: SamplingConfig, keys: torch.Tensor, step: torch.Tensor,
+    audit: bool = True,
+) -> Walk:
+    """Verify ``draft`` against the target distributions ``p`` (B, N+1, V) at every node.
+
+    ``rule`` must already be set for the draft's kind of candidates. Uniforms come from the
+    counter-based generator keyed by ``(keys, step)`` (one ``step`` (B,) per verification step), so a
+    row's outcome depends only on its own sample. ``audit``: measure costly realised TVs this step.
+    """
+    batch, count, vocab = p.shape
+    depth_max = draft.max_depth
+    if rule.longest_path:
+        path, next_token, tv, merged = rule.select_path(draft, p)
+        return Walk(path=path, accepted=(path >= 0).sum(-1), next_token=next_token, tv=tv, merged=merged)
+    siblings = draft.candidates.shape[2]
+    device = p.device
+    rows = torch.arange(batch, device=device)
+    uniforms = rng.uniform(keys, step, rng.ACCEPT, max(1, depth_max * siblings))  # (B, D*K)
+    races = None if sampling.greedy else exponentials(keys, step, rng.LEVEL, depth_max + 1, vocab)  # (B, D+1, V)
+    current = torch.zeros(batch, dtype=torch.long, device=device)
+    alive = torch.ones(batch, dtype=torch.bool, device=device)
+    path = torch.full((batch, depth_max), -1, dtype=torch.long, device=device)
+    tv = torch.zeros(batch, depth_max + 1, dtype=p.dtype, device=device)
+    merged = torch.zeros(batch, depth_max, dtype=p.dtype, device=device)
+    stop_token = torch.full((batch,), -1, dtype=torch.long, device=device)  # token fixed at the stopping level
+    target = p[:, 0]  # (B, V) the law to draw the final token from if nothing fixed it
+    for level in range(depth_max):
+        kids = draft.children[rows, current]  # (B, K) tree nodes (-1: not in the tree)
+        tokens = draft.candidates[rows, current]  # (B, K)
+        valid = alive[:, None] & (tokens >= 0)
+        outcome = rule.level(
+            p[rows, current], tokens, valid, draft.q[rows, current], uniforms[:, level * siblings : (level + 1) * siblings],
+            None if races is None else races[:, level], sampling, audit,
+        )
+        got = outcome.chosen >= 0
+        slot = outcome.chosen.clamp_min(0)[:, None]
+        node = torch.where(got, kids.gather(1, slot)[:, 0], -1)
+        descend = alive & got & (node >= 0)
+        ends_here = alive & ~descend  # this node's token ends the step
+        tv[:, level] = torch.where(alive, outcome.tv, tv[:, level])
+        fixed = torch.where(got, tokens.gather(1, slot)[:, 0], -1)  # a dropped draw that was accepted
+        if outcome.emitted is not None:
+            fixed = torch.where(got, fixed, outcome.emitted)
+        stop_token = torch.where(ends_here, fixed, stop_token)
+        target = torch.where(ends_here[:, None], outcome.target, target)
+        path[:, level] = torch.where(descend, node, -1)
+        merged[:, level] = torch.where(descend, outcome.merged, 0.0)
+        alive = descend
+        current = torch.where(descend, node, current)
+    target = torch.where(alive[:, None], p[rows, current], target)  # rows that reached the deepest level
+    accepted = (path >= 0).sum(-1)
+    drawn = race(target, None if races is None else races[:, depth_max], sampling)
+    next_token = torch.where(stop_token >= 0, stop_token, drawn)
+    return Walk(path=path, accepted=accepted, next_token=next_token, tv=tv, merged=merged)

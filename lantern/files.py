@@ -1,0 +1,133 @@
+"""Files: atomic writes (the one mechanism every writer of the project uses), index-named PNGs and hashes.
+
+A file is written under a temporary name beside its final path, unique to the writing process and
+thread (``.<name>.<host>.<pid>.<thread>.tmp``), then renamed over the path. Readers see the old file
+or the whole new one; two processes writing the same path never share a temporary file; a killed
+writer leaves at most its own ``.tmp`` file, which :func:`remove_stale_temps` clears.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import socket
+import textwrap
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+TEMP_SUFFIX = ".tmp"
+
+
+def temp_name(path: str | os.PathLike) -> Path:
+    """The temporary name this process and thread write ``path`` under (same folder: the rename is atomic)."""
+    path = Path(path)
+    host = socket.gethostname().split(".")[0] or "host"  # pids repeat across the nodes of a cluster
+    return path.with_name(f".{path.name}.{host}.{os.getpid()}.{threading.get_ident()}{TEMP_SUFFIX}")
+
+
+def write_atomic(path: str | os.PathLike, write: Callable[[str], None], mode: int = 0o644) -> Path:
+    """Call ``write(tmp_path)`` on this process's temporary file beside ``path``, then rename it over ``path``.
+
+    The file is flushed to disk before the rename, so a crash never leaves an empty file under the
+    final name. On any failure (a full disk, an exception, Ctrl-C) the temporary file is removed and
+    ``path`` is left as it was.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_name(path)
+    try:
+        write(str(tmp))
+        with open(tmp, "rb+") as handle:  # some writers (torch.save, PIL) close without fsync
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)  # mkstemp-style writers create 0600 files; outputs are meant to be shared
+        os.replace(tmp, path)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno is not None and exc.filename is None:
+            # name the file a full disk or a read-only folder refused (an errno-less OSError would then
+            # print as "[Errno None] None: path" and lose its own message)
+            exc.filename = str(path)
+        raise
+    return path
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (:func:`write_atomic`)."""
+    return write_atomic(path, lambda tmp: Path(tmp).write_bytes(data))
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically (:func:`write_atomic`)."""
+    return write_atomic(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def write_json_atomic(path: str | os.PathLike, payload) -> Path:
+    """Write ``payload`` as indented JSON to ``path`` atomically (:func:`write_atomic`)."""
+    return write_text_atomic(path, json.dumps(payload, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def copy_atomic(source: str | os.PathLike, target: str | os.PathLike) -> Path:
+    """Copy ``source`` to ``target`` atomically (:func:`write_atomic`)."""
+    import shutil
+
+    return write_atomic(target, lambda tmp: shutil.copyfile(source, tmp))
+
+
+def remove_stale_temps(folder: str | os.PathLike) -> int:
+    """Remove the temporary files killed writers left directly in ``folder``; return how many.
+
+    Only safe while the caller holds the folder's lock (:mod:`lantern.runlock`): no live writer then.
+    """
+    removed = 0
+    for tmp in Path(folder).glob(f".*{TEMP_SUFFIX}"):
+        tmp.unlink(missing_ok=True)
+        removed += 1
+    return removed
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex sha256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def image_name(index: int) -> str:
+    """File name of image ``index``: ``000042.png``."""
+    return f"{index:06d}.png"
+
+
+def save_png(pixels: np.ndarray, path: str | os.PathLike) -> None:
+    """Save (H, W, 3) uint8 pixels as PNG atomically, so a killed run leaves no broken file."""
+    write_atomic(path, lambda tmp: Image.fromarray(pixels).save(tmp, format="PNG"))
+
+
+def labelled_grid(images: list[np.ndarray], labels: list[str], columns: int = 8, cell: int = 128) -> Image.Image:
+    """A grid of (H, W, 3) uint8 images, each scaled to ``cell`` px with its label printed underneath."""
+    font = ImageFont.load_default()
+    columns = max(1, min(columns, len(images)))
+    rows = math.ceil(len(images) / columns)
+    chars = max(8, cell // 6)
+    # Three lines are shown: wrap only what fits in them (a prompt may be megabytes long).
+    wrapped = ["\n".join(textwrap.wrap(str(label)[: 3 * chars + 1], chars)[:3]) for label in labels]
+    text_height = 12 * max(1, max(w.count("\n") + 1 for w in wrapped)) + 4
+    grid = Image.new("RGB", (columns * cell, rows * (cell + text_height)), "white")
+    draw = ImageDraw.Draw(grid)
+    for i, (pixels, text) in enumerate(zip(images, wrapped)):
+        x, y = (i % columns) * cell, (i // columns) * (cell + text_height)
+        grid.paste(Image.fromarray(pixels).resize((cell, cell), Image.NEAREST), (x, y))
+        draw.multiline_text((x + 2, y + cell + 2), text, fill="black", font=font, spacing=1)
+    return grid
+
+
+def read_images(run_dir: str | os.PathLike, count: int) -> np.ndarray:
+    """A run's first ``count`` index-named images as uint8 (N, H, W, 3)."""
+    return np.stack([np.asarray(Image.open(Path(run_dir) / image_name(i)).convert("RGB")) for i in range(count)])

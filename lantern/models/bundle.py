@@ -1,0 +1,97 @@
+"""A model bundle: target GPT + VQ tokenizer + conditioner, built from config and loaded from files.
+
+The functions here are the only place model files are read; constructors stay free of I/O.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+from lantern.errors import CheckpointError, ConfigError
+from lantern.models.checkpoint import load_weights
+from lantern.models.devices import resolve_device, resolve_dtype
+from lantern.models.llamagen.gpt import Transformer, gpt_config
+from lantern.models.llamagen.vq import VQModel, to_uint8, vq_config
+
+
+@dataclass
+class ModelBundle:
+    """Everything needed to turn prompts into images."""
+
+    name: str
+    gpt: Transformer
+    vq: VQModel
+    conditioner: object  # ClassConditioner | TextConditioner
+    device: torch.device
+
+    @torch.inference_mode()
+    def decode_images(self, codes: torch.Tensor) -> torch.Tensor:
+        """Codes (B, N) -> pixels (B, H, W, 3) uint8 (the VQ decoder runs in fp32)."""
+        return to_uint8(self.vq.decode_codes(codes))
+
+
+def _build(gpt: Mapping, vq: Mapping) -> tuple[Transformer, VQModel, str]:
+    vq_cfg = vq_config(vq["preset"], **dict(vq.get("overrides") or {}))
+    gpt_cfg = gpt_config(
+        gpt["preset"], gpt["model_type"], int(gpt["image_size"]), vq_cfg.downsample,
+        **dict(gpt.get("overrides") or {}),
+    )
+    if gpt_cfg.vocab_size != vq_cfg.codebook_size:
+        raise ConfigError(
+            f"GPT vocabulary {gpt_cfg.vocab_size} does not match the VQ codebook size {vq_cfg.codebook_size}"
+        )
+    return Transformer(gpt_cfg), VQModel(vq_cfg), f"{gpt['preset']} {gpt['model_type']}"
+
+
+def _finish(name, gpt_model, vq_model, conditioner, device, dtype) -> ModelBundle:
+    conditioner.check_model(gpt_model.config)
+    gpt_model = gpt_model.to(device=device, dtype=dtype).eval()
+    vq_model = vq_model.to(device=device).eval()
+    return ModelBundle(name, gpt_model, vq_model, conditioner, device)
+
+
+def _require_file(key: str, path) -> str:
+    if path is None or not os.path.isfile(os.fspath(path)):
+        raise CheckpointError(f"{key}: checkpoint file not found: {path!r}")
+    return os.fspath(path)
+
+
+def load_bundle(
+    name: str, gpt: Mapping, vq: Mapping, gpt_ckpt: str, vq_ckpt: str, conditioner: Callable,
+    device: str = "cpu", dtype: str = "float32",
+) -> ModelBundle:
+    """Build the configured architectures and load their weights strictly from ``gpt_ckpt`` / ``vq_ckpt``.
+
+    ``gpt`` holds ``preset``, ``model_type``, ``image_size`` (and optional ``overrides``); ``vq`` holds
+    ``preset``; ``conditioner`` is called with ``device=`` and returns the prompt conditioner.
+    """
+    device, dtype = resolve_device(device), resolve_dtype(dtype)
+    gpt_path, vq_path = _require_file("model.gpt_ckpt", gpt_ckpt), _require_file("model.vq_ckpt", vq_ckpt)
+    gpt_model, vq_model, label = _build(gpt, vq)
+    conditioner = conditioner(device=device)  # before the large loads: a missing text encoder fails fast
+    load_weights(vq_model, vq_path, expected=vq["preset"])
+    load_weights(gpt_model, gpt_path, expected=label)
+    return _finish(name, gpt_model, vq_model, conditioner, device, dtype)
+
+
+def random_bundle(
+    name: str, gpt: Mapping, vq: Mapping, conditioner: Callable, init_seed: int = 0,
+    device: str = "cpu", dtype: str = "float32",
+) -> ModelBundle:
+    """A bundle with randomly initialised weights (seeded): for tests, smoke runs and speed benchmarks."""
+    device, dtype = resolve_device(device), resolve_dtype(dtype)
+    torch.manual_seed(init_seed)
+    gpt_model, _, _ = _build(gpt, vq)
+    vq_model = random_vq(vq, init_seed)
+    conditioner = conditioner(device=device)
+    return _finish(name, gpt_model, vq_model, conditioner, device, dtype)
+
+
+def random_vq(vq: Mapping, init_seed: int = 0) -> VQModel:
+    """The seeded random tokenizer of :func:`random_bundle` (seed ``init_seed + 1``)."""
+    torch.manual_seed(init_seed + 1)
+    return VQModel(vq_config(vq["preset"], **dict(vq.get("overrides") or {})))

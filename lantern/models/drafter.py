@@ -1,0 +1,248 @@
+"""The EAGLE-style drafter: one decoder layer over [token embedding; target feature].
+
+Alignment (the drafter runs one position behind the target's input): drafter entry ``i`` reads
+``fc([e_{i+1}; f_i])`` where ``f_i`` is the target's final-norm hidden state at sequence position
+``i`` and ``e_{i+1}`` is the embedding of the target's input at position ``i + 1`` (a condition
+embedding for ``i + 1 < T``, else the token embedding of image token ``i + 1 - T``). Its output
+``f_hat_{i+1}`` estimates ``f_{i+1}``; the target's frozen head turns it into next-token logits.
+RoPE follows the input token: entry ``i`` uses the target's table row ``i + 1``, so a drafter entry
+and the target position of its input token share the same 2D coordinates.
+
+The drafter owns only ``fc`` and its layers. Token embeddings and the output head belong to the
+target and are passed in or applied by the caller, so they stay frozen and shared. The first layer
+has no input norm (the features it reads are already normalised). ``condition_input`` says what
+the condition entries read as ``e``: the condition embeddings (this project's drafters) or the
+embedding of code 0 (the LANTERN release for LlamaGen feeds zero token ids there).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+
+from lantern.errors import CheckpointError, ConfigError
+from lantern.models.checkpoint import check_state_dict, read_state_dict
+from lantern.models.devices import resolve_device, resolve_dtype
+from lantern.models.kv_cache import KVCache
+from lantern.models.llamagen.gpt import GPTConfig, TransformerBlock, gpt_config
+from lantern.models.llamagen.rope import rope_table_2d
+from lantern.models.llamagen.vq import vq_config
+
+VOCAB_KEY = "lantern.vocab_size"
+# What the drafter reads as the "next input" at condition entries: the target's condition embeddings
+# (this project), or the image-token embedding of code 0 (how the LANTERN release was trained).
+CONDITION_INPUTS = ("embedding", "token0")
+DIM_KEY = "lantern.dim"
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    """Drafter architecture: the target's width and heads, ``n_layer`` decoder layers of its own."""
+
+    target: GPTConfig
+    n_layer: int = 1
+    norm_eps: float = 1e-6
+    condition_input: str = "embedding"
+
+    def __post_init__(self):
+        if not isinstance(self.n_layer, int) or self.n_layer < 1:
+            raise ConfigError(f"drafter n_layer={self.n_layer!r} must be an integer >= 1")
+        if self.condition_input not in CONDITION_INPUTS:
+            raise ConfigError(f"drafter condition_input={self.condition_input!r} must be one of {', '.join(CONDITION_INPUTS)}")
+
+    @property
+    def dim(self) -> int:
+        return self.target.dim
+
+    @property
+    def vocab_size(self) -> int:
+        return self.target.vocab_size
+
+    def block_config(self) -> GPTConfig:
+        """The GPTConfig its decoder layers are built from (target width, drafter norm eps)."""
+        return replace(self.target, n_layer=self.n_layer, norm_eps=self.norm_eps)
+
+
+class Drafter(nn.Module):
+    """``fc`` (2D -> D, with bias) then ``n_layer`` LlamaGen blocks; no I/O in the constructor."""
+
+    def __init__(self, config: DrafterConfig):
+        super().__init__()
+        self.config = config
+        block = config.block_config()
+        self.fc = nn.Linear(2 * block.dim, block.dim, bias=True)
+        self.layers = nn.ModuleList(TransformerBlock(block) for _ in range(config.n_layer))
+        self.layers[0].attention_norm = nn.Identity()
+        self.register_buffer("rope", self._rope_table(), persistent=False)
+
+    def _rope_table(self) -> torch.Tensor:
+        target = self.config.target
+        table = rope_table_2d(target.grid_size, target.head_dim, target.cls_token_num, target.rope_base)
+        return table[1:]  # (T + N - 1, hd/2, 2): entry i takes the row of position i + 1
+
+    def _apply(self, fn, recurse=True):
+        # The RoPE table stays fp32 whatever dtype the weights are cast to (as in the target).
+        super()._apply(fn, recurse)
+        self.rope = self._rope_table().to(self.rope.device)
+        return self
+
+    def condition_inputs(self, target, cond_emb: torch.Tensor) -> torch.Tensor:
+        """The inputs ``e_1 .. e_{T-1}`` of the condition entries (B, T-1, D), from condition embeddings (B, T, D)."""
+        if self.config.condition_input == "embedding":
+            return cond_emb[:, 1:]
+        zeros = torch.zeros(cond_emb.shape[0], cond_emb.shape[1] - 1, dtype=torch.long, device=cond_emb.device)
+        return target.embed_tokens(zeros)
+
+    @property
+    def max_entries(self) -> int:
+        """Number of drafter entries with a RoPE row: ``T + N - 1``."""
+        return self.rope.shape[0]
+
+    def forward(self, embeds, features, entries, slots, mask, cache) -> torch.Tensor:
+        """Drafter features ``f_hat`` (B, S, D) for inputs ``embeds``, ``features`` (B, S, D).
+
+        ``entries`` (S,) or (B, S) are drafter entry indices (clamped into the RoPE table; entries past
+        the end only occur for discarded overshoot); ``slots`` (B, S) the cache slots written;
+        ``mask`` (B, 1, S, L) bool over the first L cache slots; ``cache`` a 1-layer-per-block
+        :class:`KVCache` or ``NoCache``.
+        """
+        x = self.fc(torch.cat([embeds.to(features.dtype), features], dim=-1))  # (B, S, D)
+        rope = self.rope[entries.clamp(0, self.max_entries - 1)]
+        for index, layer in enumerate(self.layers):
+            x = layer(x, rope, mask, slots, cache.layer(index))
+        return x
+
+    def new_cache(self, batch: int, max_len: int) -> KVCache:
+        """A zeroed cache for ``batch`` rows and ``max_len`` slots."""
+        block = self.config.block_config()
+        weight = self.fc.weight
+        return KVCache.allocate(
+            block.n_layer, batch, block.n_head, max_len, block.head_dim, weight.dtype, weight.device
+        )
+
+    def check_target(self, target_config: GPTConfig) -> None:
+        """ConfigError unless this drafter's width and vocabulary match ``target_config``."""
+        mine = self.config.target
+        if mine.dim != target_config.dim or mine.vocab_size != target_config.vocab_size:
+            raise ConfigError(
+                f"drafter (hidden size {mine.dim}, vocabulary {mine.vocab_size}) does not match the target "
+                f"(hidden size {target_config.dim}, vocabulary {target_config.vocab_size})"
+            )
+        if mine.grid_size != target_config.grid_size or mine.cls_token_num != target_config.cls_token_num:
+            raise ConfigError(
+                f"drafter was built for a {mine.grid_size}x{mine.grid_size} grid with {mine.cls_token_num} condition "
+                f"tokens, the target has {target_config.grid_size}x{target_config.grid_size} and {target_config.cls_token_num}"
+            )
+
+
+# Key names of EAGLE/LANTERN drafter checkpoints (HF Llama naming) -> this module's names.
+_HF_LAYER_NAMES = {
+    "self_attn.o_proj.weight": "attention.wo.weight",
+    "mlp.gate_proj.weight": "feed_forward.w1.weight",
+    "mlp.up_proj.weight": "feed_forward.w3.weight",
+    "mlp.down_proj.weight": "feed_forward.w2.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "input_layernorm.weight": "attention_norm.weight",
+}
+
+
+def from_reference_keys(state_dict: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+    """Rename a LANTERN/EAGLE drafter state dict (``layers.0.self_attn.q_proj.weight``...) to ours.
+
+    Separate q/k/v projections are concatenated into ``wqkv``. Returns the renamed dict and the
+    checkpoint's frozen ``embed_tokens.weight`` (or ``None``), which is only used for checking.
+    """
+    renamed, qkv = {}, {}
+    embed = None
+    for key, value in state_dict.items():
+        if key == "embed_tokens.weight":
+            embed = value
+            continue
+        if not key.startswith("layers."):
+            renamed[key] = value
+            continue
+        _, index, rest = key.split(".", 2)
+        if rest in ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"):
+            qkv.setdefault(index, {})[rest[10]] = value
+        elif rest in _HF_LAYER_NAMES:
+            renamed[f"layers.{index}.{_HF_LAYER_NAMES[rest]}"] = value
+        else:
+            renamed[key] = value
+    for index, parts in qkv.items():
+        if set(parts) != {"q", "k", "v"}:
+            raise CheckpointError(f"drafter layer {index} has only {sorted(parts)} of the q/k/v projections")
+        renamed[f"layers.{index}.attention.wqkv.weight"] = torch.cat([parts["q"], parts["k"], parts["v"]])
+    return renamed, embed
+
+
+def _target_config(gpt: Mapping, vq: Mapping) -> GPTConfig:
+    downsample = vq_config(vq["preset"], **dict(vq.get("overrides") or {})).downsample
+    return gpt_config(gpt["preset"], gpt["model_type"], int(gpt["image_size"]), downsample, **dict(gpt.get("overrides") or {}))
+
+
+def _layer_count(state_dict: Mapping[str, torch.Tensor]) -> int:
+    indices = {int(k.split(".")[1]) for k in state_dict if k.startswith("layers.") and k.split(".")[1].isdigit()}
+    return max(indices) + 1 if indices else 1
+
+
+def load_drafter(
+    path: str | os.PathLike | None, gpt: Mapping, vq: Mapping, device: str = "cpu", dtype: str = "float32",
+    norm_eps: float = 1e-6, condition_input: str = "embedding",
+) -> Drafter:
+    """Build the drafter for the target described by ``gpt``/``vq`` (model-config nodes) and load ``path``.
+
+    Accepts this project's files and the LANTERN/EAGLE release format (HF Llama key names). A file
+    for another hidden size or vocabulary is refused with one message naming both.
+    """
+    if path is None:
+        raise ConfigError(
+            "no drafter checkpoint given: pass model.drafter_ckpt=PATH (a drafter trained with "
+            "scripts/train_drafter.py, or the LANTERN release's drafter for LlamaGen-XL t2i)"
+        )
+    device, torch_dtype = resolve_device(device), resolve_dtype(dtype)
+    target = _target_config(gpt, vq)
+    state_dict, embed = from_reference_keys(read_state_dict(path))
+    fc = state_dict.get("fc.weight")
+    if fc is not None and tuple(fc.shape) != (target.dim, 2 * target.dim):
+        raise ConfigError(
+            f"drafter {os.fspath(path)!r} has hidden size {fc.shape[0]} (fc {tuple(fc.shape)}) but the target "
+            f"{gpt['preset']} has hidden size {target.dim}"
+        )
+    if embed is not None and embed.shape[0] != target.vocab_size:
+        raise ConfigError(
+            f"drafter {os.fspath(path)!r} was trained for a vocabulary of {embed.shape[0]} codes but the target has {target.vocab_size}"
+        )
+    vocab = _file_metadata(path).get(VOCAB_KEY)
+    if vocab is not None and int(vocab) != target.vocab_size:
+        raise ConfigError(
+            f"drafter {os.fspath(path)!r} was trained for a vocabulary of {vocab} codes but the target has {target.vocab_size}"
+        )
+    drafter = Drafter(DrafterConfig(target, _layer_count(state_dict), norm_eps, condition_input))
+    check_state_dict(drafter, state_dict, f"a 1-layer drafter for {gpt['preset']}", os.fspath(path))
+    drafter.load_state_dict(state_dict, strict=True)
+    return drafter.to(device=device, dtype=torch_dtype).eval()
+
+
+def random_drafter(gpt: Mapping, vq: Mapping, init_seed: int = 0, n_layer: int = 1, device: str = "cpu", dtype: str = "float32") -> Drafter:
+    """A seeded, randomly initialised drafter for the described target (smoke runs and tests)."""
+    torch.manual_seed(init_seed)
+    drafter = Drafter(DrafterConfig(_target_config(gpt, vq), n_layer=n_layer))
+    return drafter.to(device=resolve_device(device), dtype=resolve_dtype(dtype)).eval()
+
+
+def drafter_metadata(drafter: Drafter) -> dict[str, str]:
+    """Metadata stored in a drafter's safetensors file, checked on load."""
+    return {VOCAB_KEY: str(drafter.config.vocab_size), DIM_KEY: str(drafter.config.dim)}
+
+
+def _file_metadata(path) -> dict[str, str]:
+    if not os.fspath(path).endswith(".safetensors"):
+        return {}
+    from safetensors import safe_open
+
+    with safe_open(os.fspath(path), framework="pt") as handle:
+        return dict(handle.metadata() or {})

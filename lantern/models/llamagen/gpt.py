@@ -1,0 +1,328 @@
+"""The LlamaGen GPT target model (class- and text-conditional), with explicit decoding methods.
+
+Module and parameter names follow the released checkpoints exactly (see ``shared/llamagen_keys``).
+The model holds no decoding state: callers pass a :class:`~lantern.models.kv_cache.KVCache`, the
+positions (for RoPE), the cache slots to write, and a boolean attention mask over cache slots.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lantern.errors import ConfigError
+from lantern.models.kv_cache import KVCache, NoCache
+from lantern.models.llamagen.rope import apply_rope, rope_table_2d
+
+MODEL_TYPES = ("c2i", "t2i")
+
+
+def _ffn_hidden(dim: int, multiple_of: int = 256) -> int:
+    hidden = int(2 * 4 * dim / 3)
+    return multiple_of * math.ceil(hidden / multiple_of)
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Architecture of a LlamaGen GPT. ``grid_size`` (image side in tokens) is not stored in checkpoints."""
+
+    n_layer: int
+    n_head: int
+    dim: int
+    model_type: str = "c2i"
+    grid_size: int = 16
+    vocab_size: int = 16384
+    num_classes: int = 1000
+    caption_dim: int = 2048
+    cls_token_num: int = 1
+    norm_eps: float = 1e-5
+    rope_base: float = 10000.0
+    ffn_multiple_of: int = 256
+    ffn_hidden: int = field(default=0)
+
+    def __post_init__(self):
+        if self.model_type not in MODEL_TYPES:
+            raise ConfigError(f"model_type must be one of {', '.join(MODEL_TYPES)}, got {self.model_type!r}")
+        if self.dim % self.n_head or (self.dim // self.n_head) % 4:
+            raise ConfigError(f"dim {self.dim} must split into {self.n_head} heads with head_dim divisible by 4")
+        if self.grid_size < 1 or self.cls_token_num < 1:
+            raise ConfigError(f"grid_size and cls_token_num must be >= 1, got {self.grid_size}, {self.cls_token_num}")
+        if self.ffn_hidden == 0:
+            object.__setattr__(self, "ffn_hidden", _ffn_hidden(self.dim, self.ffn_multiple_of))
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_head
+
+    @property
+    def num_image_tokens(self) -> int:
+        return self.grid_size * self.grid_size
+
+    @property
+    def max_seq_len(self) -> int:
+        """Length of the RoPE table: condition slots plus one per image token."""
+        return self.cls_token_num + self.num_image_tokens
+
+
+# Named architectures: (n_layer, n_head, dim). The first five are LlamaGen's; the small ones are for
+# tiny worlds and tests.
+GPT_PRESETS: dict[str, tuple[int, int, int]] = {
+    "GPT-B": (12, 12, 768),
+    "GPT-L": (24, 16, 1024),
+    "GPT-XL": (36, 20, 1280),
+    "GPT-XXL": (48, 24, 1536),
+    "GPT-3B": (24, 32, 3200),
+    "GPT-tiny": (8, 6, 384),
+    "GPT-deep": (24, 4, 128),  # the world's target: LlamaGen's depth at a CPU's width (draft step ~1/24 of a target step)
+    "GPT-mini": (6, 6, 192),
+    "GPT-nano": (2, 2, 64),
+}
+
+
+def gpt_config(preset: str, model_type: str, image_size: int, downsample: int = 16, **overrides) -> GPTConfig:
+    """Build the :class:`GPTConfig` of a named preset for ``model_type`` at ``image_size`` pixels.
+
+    t2i models default to 120 condition tokens of dimension 2048 (FLAN-T5-XL), c2i to one class token.
+    """
+    if preset not in GPT_PRESETS:
+        raise ConfigError(f"unknown GPT preset {preset!r}; allowed: {', '.join(GPT_PRESETS)}")
+    if model_type not in MODEL_TYPES:
+        raise ConfigError(f"model_type must be one of {', '.join(MODEL_TYPES)}, got {model_type!r}")
+    if image_size < downsample or image_size % downsample:
+        raise ConfigError(
+            f"image_size {image_size} is not a multiple of the tokenizer's {downsample}x downsample "
+            f"(e.g. {downsample * 16} or {downsample * 24})"
+        )
+    n_layer, n_head, dim = GPT_PRESETS[preset]
+    base = GPTConfig(
+        n_layer=n_layer, n_head=n_head, dim=dim, model_type=model_type, grid_size=image_size // downsample,
+        cls_token_num=120 if model_type == "t2i" else 1,
+    )
+    return replace(base, **overrides)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in fp32 and cast back, then scaled."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.type_as(x) * self.weight
+
+
+class LabelEmbedder(nn.Module):
+    """Class id -> one condition token; row ``num_classes`` is the null class used for CFG."""
+
+    def __init__(self, num_classes: int, dim: int):
+        super().__init__()
+        self.num_classes = num_classes
+        self.embedding_table = nn.Embedding(num_classes + 1, dim)
+
+    def forward(self, labels: torch.Tensor) -> torch.Tensor:
+        return self.embedding_table(labels).unsqueeze(1)  # (B, 1, D)
+
+    def null(self, batch: int, device: torch.device) -> torch.Tensor:
+        return torch.full((batch,), self.num_classes, dtype=torch.long, device=device)
+
+
+class CaptionMLP(nn.Module):
+    def __init__(self, in_dim: int, dim: int):
+        super().__init__()
+        self.fc1 = nn.Linear(in_dim, dim, bias=False)
+        self.fc2 = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+
+
+class CaptionEmbedder(nn.Module):
+    """Caption token states (B, T, C) -> condition tokens (B, T, D); ``uncond_embedding`` is the null caption."""
+
+    def __init__(self, caption_dim: int, dim: int, token_num: int):
+        super().__init__()
+        self.register_buffer("uncond_embedding", torch.randn(token_num, caption_dim) / caption_dim**0.5)
+        self.cap_proj = CaptionMLP(caption_dim, dim)
+
+    def forward(self, captions: torch.Tensor) -> torch.Tensor:
+        return self.cap_proj(captions.to(self.cap_proj.fc1.weight.dtype))
+
+    def null(self, batch: int, device: torch.device) -> torch.Tensor:
+        return self.uncond_embedding.to(device).unsqueeze(0).expand(batch, -1, -1)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.n_head = config.n_head
+        self.head_dim = config.head_dim
+        self.wqkv = nn.Linear(config.dim, 3 * config.dim, bias=False)
+        self.wo = nn.Linear(config.dim, config.dim, bias=False)
+
+    def forward(self, x, rope, mask, slots, kv) -> torch.Tensor:
+        batch, seq, dim = x.shape
+        qkv = self.wqkv(x).view(batch, seq, 3 * self.n_head, self.head_dim)
+        q, k = apply_rope(qkv[:, :, : 2 * self.n_head], rope).transpose(1, 2).split(self.n_head, dim=1)  # (B, H, S, hd)
+        v = qkv[:, :, 2 * self.n_head :].transpose(1, 2)
+        keys, values = kv.update(slots, k, v, mask.shape[-1])  # (B, H, L, hd)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        return self.wo(out.transpose(1, 2).reshape(batch, seq, dim))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.w1 = nn.Linear(config.dim, config.ffn_hidden, bias=False)
+        self.w3 = nn.Linear(config.dim, config.ffn_hidden, bias=False)
+        self.w2 = nn.Linear(config.ffn_hidden, config.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.attention = Attention(config)
+        self.feed_forward = FeedForward(config)
+        self.attention_norm = RMSNorm(config.dim, config.norm_eps)
+        self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
+
+    def forward(self, x, rope, mask, slots, kv) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), rope, mask, slots, kv)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    """LlamaGen GPT. Build with :func:`gpt_config`; no I/O happens here (see ``lantern.models.checkpoint``).
+
+    Sequence layout: slots ``0 .. T-1`` hold the ``T = cls_token_num`` condition tokens; image token
+    ``n`` is fed at position ``T + n`` and its output predicts token ``n + 1``; the output at ``T - 1``
+    predicts token 0.
+    """
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        if config.model_type == "c2i":
+            self.cls_embedding = LabelEmbedder(config.num_classes, config.dim)
+        else:
+            self.cls_embedding = CaptionEmbedder(config.caption_dim, config.dim, config.cls_token_num)
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
+        self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layer))
+        self.norm = RMSNorm(config.dim, config.norm_eps)
+        self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
+        table = rope_table_2d(config.grid_size, config.head_dim, config.cls_token_num, config.rope_base)
+        self.register_buffer("rope", table, persistent=False)  # (max_seq_len, hd/2, 2)
+
+    def _apply(self, fn, recurse=True):
+        # Keep the RoPE table in fp32 whatever dtype the weights are cast to (in the reference it is a
+        # plain attribute that .to(dtype) leaves alone).
+        super()._apply(fn, recurse)
+        cfg = self.config
+        table = rope_table_2d(cfg.grid_size, cfg.head_dim, cfg.cls_token_num, cfg.rope_base)
+        self.rope = table.to(self.rope.device)
+        return self
+
+    # ----- inputs -------------------------------------------------------------------------------
+    def embed_condition(self, condition: torch.Tensor) -> torch.Tensor:
+        """Class ids (B,) or caption states (B, T, C) -> condition embeddings (B, T, D)."""
+        return self.cls_embedding(condition)
+
+    def null_condition(self, batch: int) -> torch.Tensor:
+        """The unconditional input for CFG: null class ids (B,) or the learned null caption (B, T, C)."""
+        return self.cls_embedding.null(batch, self.tok_embeddings.weight.device)
+
+    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Image token ids (B, S) -> embeddings (B, S, D)."""
+        return self.tok_embeddings(tokens)
+
+    # ----- core ---------------------------------------------------------------------------------
+    def forward_embeddings(self, x, positions, slots, mask, cache) -> torch.Tensor:
+        """Run the layers over embeddings ``x`` (B, S, D); return final-norm hidden states (B, S, D).
+
+        ``positions`` (S,) or (B, S) index the RoPE table; ``slots`` (B, S) are the cache slots each row writes;
+        ``mask`` (B, 1, S, L) bool says which of the first ``L`` cache slots each query may attend to.
+        ``cache`` is a :class:`KVCache` or :class:`NoCache`.
+        """
+        rope = self.rope[positions]
+        for index, layer in enumerate(self.layers):
+            x = layer(x, rope, mask, slots, cache.layer(index))
+        return self.norm(x)
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Hidden states (..., D) -> fp32 logits (..., V)."""
+        return self.output(hidden).float()
+
+    # ----- decoding -----------------------------------------------------------------------------
+    def prefill(self, cond_emb: torch.Tensor, mask: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the condition (B, T, D) into cache slots ``0..T-1``.
+
+        ``mask`` (B, 1, T, T) is the condition's attention mask. Returns the fp32 logits (B, V) and the
+        hidden state (B, D) at the last condition position, which predict image token 0.
+        """
+        batch, seq = cond_emb.shape[:2]
+        index = torch.arange(seq, device=cond_emb.device)
+        hidden = self.forward_embeddings(cond_emb, index, index.expand(batch, seq), mask, cache)[:, -1]
+        return self.head(hidden), hidden
+
+    def forward_tokens(self, tokens, positions, slots, mask, cache) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed image tokens (B, S) at ``positions`` and ``slots``; return logits (B, S, V) and hidden (B, S, D).
+
+        See :meth:`forward_embeddings` for the arguments. Tree verification passes depth-based
+        positions and a tree mask; plain decoding passes one token with a causal row.
+        """
+        hidden = self.forward_embeddings(self.embed_tokens(tokens), positions, slots, mask, cache)
+        return self.head(hidden), hidden
+
+    def new_cache(self, batch: int, max_len: int | None = None) -> KVCache:
+        """A zeroed cache for ``batch`` rows and ``max_len`` slots (default: the full sequence)."""
+        cfg = self.config
+        weight = self.tok_embeddings.weight
+        return KVCache.allocate(
+            cfg.n_layer, batch, cfg.n_head, max_len or cfg.max_seq_len, cfg.head_dim, weight.dtype, weight.device
+        )
+
+    # ----- training -----------------------------------------------------------------------------
+    def teacher_hidden(self, cond_emb: torch.Tensor, tokens: torch.Tensor, cond_mask: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced pass without a cache over condition (B, T, D) then tokens (B, N).
+
+        Returns the final-norm hidden states of every position, (B, T + N - 1, D); the last image
+        token is not fed. Drafter training reads the condition positions too.
+        """
+        x = torch.cat([cond_emb, self.embed_tokens(tokens[:, :-1])], dim=1)  # (B, T + N - 1, D)
+        seq = x.shape[1]
+        positions = torch.arange(seq, device=x.device)
+        mask = prefix_causal_mask(cond_mask, seq)
+        return self.forward_embeddings(x, positions, positions.expand(x.shape[0], seq), mask, NoCache())
+
+    def forward_teacher(self, cond_emb: torch.Tensor, tokens: torch.Tensor, cond_mask: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced hidden states (B, N, D) where row ``n`` predicts image token ``n``.
+
+        The last condition position predicts token 0; see :meth:`teacher_hidden`.
+        """
+        return self.teacher_hidden(cond_emb, tokens, cond_mask)[:, cond_emb.shape[1] - 1:]
+
+
+def prefix_causal_mask(cond_mask: torch.Tensor, length: int) -> torch.Tensor:
+    """Causal mask (B, 1, L, L) over ``length`` slots whose first T columns follow ``cond_mask`` (B, T).
+
+    As in the reference: padded condition columns are hidden from every query, and the diagonal is
+    kept so a fully padded row still attends to itself.
+    """
+    batch, cond_len = cond_mask.shape
+    device = cond_mask.device
+    causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+    columns = torch.ones(batch, length, dtype=torch.bool, device=device)
+    columns[:, :cond_len] = cond_mask
+    mask = causal[None] & columns[:, None, :]
+    mask |= torch.eye(length, dtype=torch.bool, device=device)[None]
+    return mask.unsqueeze(1)

@@ -1,0 +1,99 @@
+"""Shipped model worlds: a folder of weights plus a manifest that pins every file by sha256.
+
+The embedded Fashion-MNIST world lives in ``worlds/fashion_mnist/``. Its manifest records, for each
+file, the sha256, the size, the command that produced it, the data and the commit. Loading checks
+every hash first, so a missing or altered file is reported before anything is built.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from lantern import REPO_ROOT
+from lantern.errors import CheckpointError
+from lantern.files import sha256_file
+from lantern.models.bundle import ModelBundle, load_bundle
+
+MANIFEST_NAME = "manifest.json"
+DEFAULT_WORLD = REPO_ROOT / "worlds" / "fashion_mnist"
+
+
+def read_manifest(folder: str | Path) -> dict:
+    """The manifest of ``folder``; CheckpointError when it is missing or unreadable."""
+    path = Path(folder) / MANIFEST_NAME
+    if not path.is_file():
+        raise CheckpointError(f"world manifest not found: {str(path)!r} (is {str(folder)!r} a shipped world folder?)")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"world manifest {str(path)!r} is not valid JSON ({exc})") from exc
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise CheckpointError(f"world manifest {str(path)!r} has no 'files' table")
+    return manifest
+
+
+def world_member(folder: Path, name) -> Path:
+    """``folder / name`` for a file the manifest names; CheckpointError unless it stays inside ``folder``
+    (a manifest must not make the loader hash, or point at, files elsewhere)."""
+    root = folder.resolve()
+    if not isinstance(name, str) or not name or Path(name).is_absolute():
+        raise CheckpointError(f"world manifest {str(folder / MANIFEST_NAME)!r} names {name!r}: "
+                              "only relative paths inside the world folder are allowed")
+    path = (folder / name).resolve()
+    if not path.is_relative_to(root):
+        raise CheckpointError(f"world manifest {str(folder / MANIFEST_NAME)!r} names {name!r}, which is outside "
+                              f"the world folder {str(folder)!r}; only files inside it are allowed")
+    return folder / name
+
+
+def restore_hint(path: Path) -> str:
+    """How to get a shipped file back: ``git checkout`` when it is tracked in this repository."""
+    absolute = path.resolve()
+    if absolute.is_relative_to(REPO_ROOT.resolve()):
+        relative = absolute.relative_to(REPO_ROOT.resolve())
+        tracked = subprocess.run(["git", "ls-files", "--error-unmatch", str(relative)], cwd=REPO_ROOT,
+                                 capture_output=True, timeout=30).returncode == 0
+        if tracked:
+            return f"restore it with `git checkout -- {relative}`"
+    return "restore it from where the world folder came from"
+
+
+def verify_world(folder: str | Path) -> dict:
+    """Check every file of the manifest against its sha256; return the manifest.
+
+    A missing or altered file raises one CheckpointError that says how to restore or rebuild it.
+    """
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    for name, entry in manifest["files"].items():
+        path = world_member(folder, name)
+        if not isinstance(entry, dict):
+            raise CheckpointError(f"world manifest {str(folder / MANIFEST_NAME)!r}: the entry of {name!r} is not a table")
+        if not path.is_file():
+            raise CheckpointError(f"world file {str(path)!r} is missing; {restore_hint(path)} "
+                                  f"or rebuild it with `{entry.get('command', '?')}`")
+        actual = sha256_file(path)
+        if actual != entry.get("sha256"):
+            raise CheckpointError(
+                f"world file {str(path)!r} was altered (sha256 {actual[:12]}..., manifest {str(entry.get('sha256'))[:12]}...); "
+                f"{restore_hint(path)} or rebuild it with `{entry.get('command', '?')}`"
+            )
+    return manifest
+
+
+def world_file(folder: str | None, name: str) -> str:
+    """Path of file ``name`` in a world folder (``None``: the shipped world)."""
+    return str((Path(folder) if folder else DEFAULT_WORLD) / name)
+
+
+def load_world(
+    name: str, gpt: Mapping, vq: Mapping, conditioner: Callable, folder: str | None = None,
+    gpt_file: str = "gpt.safetensors", vq_file: str = "vq.safetensors", device: str = "cpu", dtype: str = "float32",
+) -> ModelBundle:
+    """Verify a shipped world's manifest, then load its GPT and VQ strictly (see :func:`load_bundle`)."""
+    folder = Path(folder) if folder else DEFAULT_WORLD
+    verify_world(folder)
+    return load_bundle(name, gpt, vq, str(folder / gpt_file), str(folder / vq_file), conditioner, device, dtype)

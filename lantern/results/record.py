@@ -1,0 +1,171 @@
+"""The run record (``metrics.json``): one typed, versioned schema, built in one place, validated when read.
+
+A record is built only by :func:`build_record` (from the generation job's results) and read only by
+:func:`read_record`, which checks every typed field (numbers are numbers, not strings; lists are
+lists) and the ``schema_version``. Baselines and tables read records through :class:`RunRecord`.
+Decoder- and metric-specific entries (``candidates`` settings, ``acceptance_histogram``,
+``prompt_accuracy``, ...) are kept as extra top-level keys beside the typed ones; the file stays flat.
+
+Versions: 1 is the first versioned record. Records written before versioning carry no
+``schema_version``; they are read as version 0 when their typed fields validate (they lack the
+timing spread, ``world_size`` and ``timing`` entries, which then read as absent).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+
+from lantern.errors import LanternError
+from lantern.files import write_json_atomic
+
+SCHEMA_VERSION = 1
+KNOWN_VERSIONS = (0, 1)
+RECORD_NAME = "metrics.json"
+
+
+class RecordError(LanternError):
+    """A run record is missing, unreadable, malformed or of an unknown schema version."""
+
+
+class RunRecord(BaseModel):
+    """One finished run. Typed fields are checked strictly (no string numbers); others ride along as extras."""
+
+    model_config = ConfigDict(strict=True, extra="allow", populate_by_name=True)
+
+    schema_version: int = 0
+    # What ran: decoder and the relaxation's knobs (None where they do not apply).
+    decoding: str
+    acceptance: str | None = None
+    draft: str | None = None
+    candidates: str | None = None
+    semantics: str | None = None
+    k: int | None = None
+    delta: float | None = None
+    lambda_: float | None = Field(default=None, alias="lambda")
+    compile: str | None = None  # torch.compile mode of the decoders, where they were compiled
+    # The setting: what makes two runs' images and latencies comparable (with the machine).
+    model: str
+    prompts: str
+    num_images: int
+    batch_size: int
+    seed: int
+    temperature: float
+    top_k: int
+    top_p: float
+    cfg_scale: float
+    cfg_interval: float | None = None
+    tokens_per_image: int | None = None
+    # Timing (of the images decoded by the last process; ``timing`` says how many that was).
+    latency_s_per_image: float | None = None
+    latency_s_median: float | None = None
+    latency_s_iqr: list[float] | None = None  # [q1, q3] of per-image latency over batches
+    tokens_per_s: float | None = None
+    peak_memory_mb: float | None = None
+    phase_times: dict[str, Any] | None = None  # seconds per decode phase (prefill, draft, verify, ...), where measured
+    timing: dict[str, Any] | None = None
+    world_size: int = 1
+    ranks: list[dict[str, Any]] | None = None  # per rank: images, decode and wall seconds
+    # Speed-up against AR, and the AR time behind it.
+    speedup: float | None = None
+    speedup_baseline: str | None = None
+    baseline_latency_s_per_image: float | None = None
+    compared_latency_s_per_image: float | None = None
+    speedup_median: float | None = None
+    speedup_iqr: list[float] | None = None  # [q1, q3] of the per-batch speed-up
+    # Acceptance and quality.
+    mean_accepted_length: float = 1.0
+    tv_realised_mean: float | None = None
+    tv_realised_max: float | None = None
+    fid: float | None = None
+    clip_score: float | None = None
+    # Details.
+    decode_stats: dict[str, float] = Field(default_factory=dict)
+    per_image: list[dict[str, Any]] = Field(default_factory=list)
+    per_batch: list[dict[str, Any]] | None = None
+    environment: dict[str, Any]
+    config: dict[str, Any] = Field(default_factory=dict)
+
+    _source: Path | None = PrivateAttr(default=None)
+
+    @property
+    def source(self) -> Path | None:
+        """The ``metrics.json`` this record was read from (None for a record built in this process)."""
+        return self._source
+
+    @property
+    def run_dir(self) -> str:
+        return str(self._source.parent) if self._source is not None else ""
+
+    def get(self, key: str, default=None):
+        """A typed field or an extra entry by its JSON name (``lambda``, ``acceptance_histogram``, ...)."""
+        if key == "lambda":
+            return self.lambda_
+        if key in type(self).model_fields:
+            return getattr(self, key)
+        return (self.model_extra or {}).get(key, default)
+
+    def to_json(self) -> dict:
+        """The flat JSON object written to ``metrics.json`` (``lambda`` under its own name)."""
+        return self.model_dump(by_alias=True, mode="json")
+
+
+def build_record(fields: dict) -> RunRecord:
+    """The one constructor of records: validate ``fields`` (typed entries plus extras) as the current version."""
+    try:
+        return RunRecord.model_validate({**fields, "schema_version": SCHEMA_VERSION})
+    except ValidationError as exc:  # a bug in the job, not user input: keep the traceback
+        raise ValueError(f"the run record does not match its schema: {_first_problem(exc)}") from exc
+
+
+def write_record(record: RunRecord, run_dir: str | os.PathLike) -> Path:
+    """Write ``record`` as ``run_dir/metrics.json`` atomically."""
+    return write_json_atomic(Path(run_dir) / RECORD_NAME, record.to_json())
+
+
+def _first_problem(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    field = ".".join(str(part) for part in error["loc"]) or "(top level)"
+    shown = repr(error.get("input"))
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    return f"field {field!r}: {error['msg'].lower()} (got {shown})"
+
+
+def read_record(path: str | os.PathLike) -> RunRecord:
+    """The record at ``path`` (a run folder or its ``metrics.json``), validated.
+
+    Raises :class:`RecordError` with one line naming the file and the first bad field.
+    """
+    file = Path(path)
+    file = file / RECORD_NAME if file.is_dir() else file
+    try:
+        payload = json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RecordError(f"{str(file)!r}: no run record there") from None
+    except (OSError, ValueError) as exc:
+        raise RecordError(f"{str(file)!r} is not readable JSON ({str(exc).splitlines()[0]})") from None
+    if not isinstance(payload, dict):
+        raise RecordError(f"{str(file)!r} is not a run record: a JSON object is expected, not {type(payload).__name__}")
+    version = payload.get("schema_version", 0)
+    if isinstance(version, bool) or version not in KNOWN_VERSIONS:
+        raise RecordError(
+            f"{str(file)!r} has schema_version={version!r}; this lantern reads versions "
+            f"{', '.join(map(str, KNOWN_VERSIONS))} (a newer lantern wrote it?)"
+        )
+    try:
+        record = RunRecord.model_validate(payload)
+    except ValidationError as exc:
+        raise RecordError(f"{str(file)!r} is not a valid run record: {_first_problem(exc)}") from None
+    record._source = file
+    return record
+
+
+def json_schema() -> dict:
+    """The JSON Schema of the current record version (what ``docs/run_record.schema.json`` holds)."""
+    schema = RunRecord.model_json_schema(by_alias=True)
+    schema["$id"] = f"lantern-run-record-v{SCHEMA_VERSION}"
+    return schema

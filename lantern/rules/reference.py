@@ -1,0 +1,232 @@
+"""LANTERN as the authors' released code runs it (``semantics=reference``), with its realised TV measured.
+
+Read from jadohu/LANTERN (commit 3a56e45), ``models/ea_model_llamagen.py`` (``evaluate_posterior``
+for EAGLE-2 trees, ``evaluate_posterior_v1`` for static trees) and ``entrypoints/generate_codebook.py``.
+Where that code departs from the paper's text, this module follows the code; each departure is named
+where it happens:
+
+* neighbour tables from the raw codebook rows (``generate_codebook.py``: ``torch.cdist`` on
+  ``quantize.embedding.weight``), while the tokenizer quantises in the l2-normalised space; this is
+  the default table distance under this semantics (``model.neighbours.normalize`` overrides it);
+* ``p~(x) = p(x) + S_m`` on the *current* (already modified) distribution, accepted iff ``u <= p~``;
+* after a rejection, ``x`` is zeroed and, only if at least one neighbour was merged, the slice
+  ``nearest_latents[x, :k+1]`` (k+1 entries, one more than the k the test used); renormalised; the
+  next sibling is tested on that; the final resample draws from it;
+* sampled candidates (the static-tree variant): accept iff ``u <= p~(x) / q'(x)`` with ``q'`` the
+  drafter distribution without the earlier siblings; on rejection the neighbour slice is zeroed in
+  ``q'`` (not renormalised) before ``p <- norm(max(0, p - q'))``;
+* greedy: every root-to-leaf path is tested on the unmodified ``p`` (``x`` passes iff it is the argmax
+  of the row with ``p(x)`` replaced by ``p~(x)``, first index on ties); the longest accepted path wins
+  (ties: the first in node order); then the argmax of the unmodified ``p`` is emitted. The reference
+  takes that softmax unfiltered; here it is after top-k/top-p (the same when both are off).
+
+None of these laws is bounded by ``delta``. Their realised TV per emitted token is computed exactly:
+in closed form for deterministic and greedy candidates (greedy: the mass merged onto an accepted
+candidate), and for a single sampled candidate per node as the mixture over ``x ~ q`` (on every
+``tv_audit_every``-th step, as it sums over the vocabulary). With several sampled siblings per node
+the law has no tractable closed form: those tokens are recorded as unmeasured (NaN).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from lantern.errors import ConfigError
+from lantern.models.sampling import SamplingConfig, race
+from lantern.rules.exact import (
+    AcceptanceRule,
+    LevelOutcome,
+    _check_kind,
+    _first,
+    _without,
+)
+from lantern.rules.relaxation import NeighbourTable, as_table
+
+
+def _renormalised(weights: torch.Tensor) -> torch.Tensor:
+    """Rows of ``weights`` over their sum; a row with no mass becomes uniform (as the reference's ``ones``)."""
+    total = weights.sum(dim=-1, keepdim=True)  # (R, 1)
+    uniform = torch.full_like(weights, 1.0 / weights.shape[-1])
+    return torch.where(total > 0, weights / total.clamp_min(1e-30), uniform)
+
+
+class LanternReference(AcceptanceRule):
+    """The authors' LANTERN (``delta``) or LANTERN++ (``lam``) acceptance; see the module docstring."""
+
+    def __init__(self, k: int, neighbours: NeighbourTable, settings: dict, delta: float | None = None,
+                 lam: float | None = None, candidates: str = "deterministic", tv_audit_every: int = 1):
+        self.table = as_table(neighbours, k)
+        if k + 1 > self.table.k_max:
+            raise ConfigError(
+                f"semantics=reference zeroes k+1={k + 1} neighbours after a rejection (the authors' slice "
+                f"nearest_latents[x, :k+1]) but the neighbour table has k_max={self.table.k_max} columns: "
+                f"set model.neighbours.k_max>={k + 1} or k<={self.table.k_max - 1}"
+            )
+        self.k, self.delta, self.lam, self.settings = k, delta, lam, settings
+        self.candidates = _check_kind(candidates)
+        self.tv_audit_every = tv_audit_every
+
+    @property
+    def longest_path(self) -> bool:
+        return self.candidates == "greedy"
+
+    def for_candidates(self, kind: str) -> "LanternReference":
+        """The same rule for candidates of ``kind``."""
+        if _check_kind(kind) == self.candidates:
+            return self
+        return LanternReference(self.k, self.table, self.settings, self.delta, self.lam, kind, self.tv_audit_every)
+
+    def check_draft(self, draft) -> None:
+        """The authors sample candidates only on static trees; a sampled dynamic tree has no reference."""
+        if self.candidates == "sampled" and getattr(draft, "name", "") == "dynamic_tree":
+            raise ConfigError(
+                "semantics=reference with draft=dynamic_tree and draft.candidates=sampled is not supported: the "
+                "authors' code samples candidates only on static trees; use draft=static_tree or draft=chain, "
+                "draft.candidates=deterministic, or decoding.acceptance.semantics=bounded"
+            )
+
+    def describe(self) -> dict:
+        """Settings recorded with results."""
+        return {**self.settings, "candidates": self.candidates, "semantics": "reference",
+                "neighbours_normalized": self.table.normalize, "tv_audit_every": self.tv_audit_every}
+
+    # ------------------------------------------------------------------ the relaxed test, one candidate per row
+
+    def _bound(self, px: torch.Tensor) -> torch.Tensor:
+        return torch.full_like(px, self.delta) if self.lam is None else (self.lam - 1.0) * px
+
+    def relaxed_probability(self, p: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(p~(x), S_m, m)`` (R,) for candidates ``x`` (R,) on ``p`` (R, V): ``S_m`` is the mass of the
+        longest prefix of x's k nearest neighbours within the bound (zero-mass ones fill prefix slots)."""
+        self.table.check(p)
+        near = self.table.columns(self.k, p.device)[x]  # (R, k)
+        px = p.gather(1, x[:, None])[:, 0]
+        cumulative = p.gather(1, near).cumsum(dim=1)  # (R, k)
+        merged = (cumulative <= self._bound(px)[:, None]).to(torch.int64).cumprod(dim=1)  # (R, k) a prefix
+        m = merged.sum(dim=1)
+        moved = torch.where(m > 0, cumulative.gather(1, (m - 1).clamp_min(0)[:, None])[:, 0], torch.zeros_like(px))
+        return px + moved, moved, m
+
+    def zeroed(self, p: torch.Tensor, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        """(R, V) bool: the entries the reference zeroes after rejecting ``x``: the slice
+        ``nearest_latents[x, :k+1]`` when ``m >= 1`` (``x`` itself is added by the caller where it applies)."""
+        near = self.table.columns(self.k + 1, p.device)[x]  # (R, k+1): one more than the test used
+        mask = torch.zeros(p.shape, dtype=torch.bool, device=p.device)
+        return mask.scatter_(1, near, (m > 0)[:, None].expand_as(near))
+
+    # ------------------------------------------------------------------ one tree node
+
+    def level(self, p, tokens, valid, q, u, noise, sampling: SamplingConfig, audit: bool = True) -> LevelOutcome:
+        """Siblings in order on the modified distribution (see the module docstring)."""
+        if self.candidates == "sampled":
+            return self._sampled(p, tokens, valid, q, u, audit)
+        # Deterministic (the greedy walk goes through :meth:`select_path` instead). On the all-reject
+        # path the modified distribution does not depend on the uniforms, so the law of the node's token
+        # is L = sum_s reach_s p~_s delta_{x_s} + reach_{K+1} p_K (every tested sibling is zero in p_K).
+        # One draw y ~ L then decides the step exactly as the sequential test would: sibling s is
+        # accepted iff y = x_s (the same coupling as the exact rule's closed form, so delta = 0 gives
+        # the exact rule's tokens).
+        rows, count = tokens.shape
+        current = p
+        law = torch.zeros_like(p)  # (R, V)
+        reach = torch.ones(rows, dtype=p.dtype, device=p.device)  # (R,) probability that sibling s is tested
+        gains = torch.zeros(rows, count, dtype=p.dtype, device=p.device)
+        for slot in range(count):
+            x = tokens[:, slot].clamp_min(0)
+            live = valid[:, slot]
+            p_tilde, moved, m = self.relaxed_probability(current, x)
+            gains[:, slot] = moved
+            law = law.scatter_add(1, x[:, None], torch.where(live, reach * p_tilde, 0.0)[:, None])
+            reach = torch.where(live, reach * (1 - p_tilde).clamp_min(0), reach)
+            rejected = _renormalised(current.masked_fill(self.zeroed(current, x, m), 0.0).scatter(1, x[:, None], 0.0))
+            current = torch.where(live[:, None], rejected, current)
+        law = law + reach[:, None] * current
+        drawn = race(law, noise, sampling)  # (R,)
+        chosen = _first(valid & (tokens == drawn[:, None]))
+        merged = torch.where(chosen >= 0, gains.gather(1, chosen.clamp_min(0)[:, None])[:, 0], 0.0)
+        tv = 0.5 * (law - p).abs().sum(dim=1)
+        return LevelOutcome(chosen=chosen, target=current, proposal=q, emitted=drawn, tv=tv, merged=merged)
+
+    def _sampled(self, p, tokens, valid, q, u, audit: bool) -> LevelOutcome:
+        """The static-tree variant: ``u <= p~(x) / q'(x)``; neighbours zeroed in ``q'`` on rejection."""
+        rows, count = tokens.shape
+        tv = self._sampled_law_tv(p, q) if audit else torch.full((rows,), math.nan, dtype=p.dtype, device=p.device)
+        tv = torch.where(valid.sum(dim=1) > 1, math.nan, tv)  # several sampled siblings: no closed form
+        tv = torch.where(valid.any(dim=1), tv, torch.zeros_like(tv))
+        current, proposal = p, q
+        chosen = torch.full((rows,), -1, dtype=torch.long, device=p.device)
+        merged = torch.zeros(rows, dtype=p.dtype, device=p.device)
+        for slot in range(count):
+            x = tokens[:, slot].clamp_min(0)
+            trying = valid[:, slot] & (chosen < 0)
+            p_tilde, moved, m = self.relaxed_probability(current, x)
+            qx = proposal.gather(1, x[:, None])[:, 0]
+            accept = trying & (qx > 0) & (u[:, slot] * qx <= p_tilde)
+            chosen = torch.where(accept, slot, chosen)
+            merged = torch.where(accept, moved, merged)
+            reject = trying & ~accept
+            q_zeroed = proposal.masked_fill(self.zeroed(current, x, m), 0.0)  # not renormalised, as the reference
+            current = torch.where(reject[:, None], _renormalised((current - q_zeroed).clamp_min(0)), current)
+            proposal = torch.where(reject[:, None], _without(proposal, x), proposal)
+        return LevelOutcome(chosen=chosen, target=current, proposal=proposal, emitted=None, tv=tv, merged=merged)
+
+    def _sampled_law_tv(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """TV(p, law) for ONE sampled candidate ``x ~ q`` under the reference rule, summed over every x.
+
+        Rejecting x leaves ``norm(max(0, p - q_x))`` with ``q_x`` = ``q`` zeroed on Z_x (x's k+1
+        neighbours when m(x) >= 1): that is ``r0 + min(p, q) on Z_x`` over its sum, with
+        ``r0 = max(0, p - q)``, so the mixture needs O(V k) work per row, not O(V^2).
+        """
+        rows, vocab = p.shape
+        near = self.table.columns(self.k, p.device)  # (V, k)
+        wide = self.table.columns(self.k + 1, p.device)  # (V, k+1)
+        cumulative = p[:, near].cumsum(dim=2)  # (R, V, k): neighbour mass of every x
+        merged = (cumulative <= self._bound(p)[:, :, None]).to(torch.int64).cumprod(dim=2)
+        m = merged.sum(dim=2)  # (R, V)
+        moved = torch.where(m > 0, cumulative.gather(2, (m - 1).clamp_min(0)[:, :, None])[:, :, 0], torch.zeros_like(p))
+        accept = torch.where(q > 0, torch.clamp((p + moved) / q.clamp_min(1e-30), max=1.0), torch.zeros_like(p))  # (R, V)
+        r0 = (p - q).clamp_min(0)
+        overlap = torch.minimum(p, q)
+        extra = torch.where(m > 0, overlap[:, wide].sum(dim=2), torch.zeros_like(p))  # (R, V) mass freed on Z_x
+        norm = r0.sum(dim=1, keepdim=True) + extra  # (R, V)
+        weight = q * (1 - accept)  # (R, V) probability of drawing x and rejecting it
+        spread = torch.where(norm > 0, weight / norm.clamp_min(1e-30), torch.zeros_like(p))
+        on_zeroed = torch.zeros_like(p).scatter_add_(
+            1, wide.reshape(1, -1).expand(rows, -1), (spread * (m > 0))[:, :, None].expand(-1, -1, wide.shape[1]).reshape(rows, -1)
+        )
+        empty = torch.where(norm > 0, torch.zeros_like(p), weight).sum(dim=1, keepdim=True) / vocab
+        law = q * accept + r0 * spread.sum(dim=1, keepdim=True) + overlap * on_zeroed + empty
+        return 0.5 * (law - p).abs().sum(dim=1)
+
+    # ------------------------------------------------------------------ greedy: the longest accepted path
+
+    def select_path(self, draft, p: torch.Tensor):
+        """The greedy walk: each node passes on its parent's unmodified row; the deepest node whose whole
+        path passes wins (first in node order on ties); then the unmodified argmax there is next.
+
+        Returns ``(path (B, D), next_token (B,), tv (B, D+1), merged (B, D))``.
+        """
+        batch, count, vocab = p.shape
+        depth_max = draft.max_depth
+        parents = draft.parents.clamp_min(0)  # (B, N+1)
+        rows_p = p.gather(1, parents[:, :, None].expand(-1, -1, vocab)).reshape(batch * count, vocab)  # parent rows
+        x = draft.tokens.reshape(-1)
+        p_tilde, moved, _ = self.relaxed_probability(rows_p, x)
+        relaxed_row = rows_p.scatter(1, x[:, None], p_tilde[:, None])
+        passes = (relaxed_row.argmax(dim=1) == x).view(batch, count)
+        passes[:, 0] = True  # the root is the pending token
+        whole = ~(draft.ancestors & ~passes[:, None, :]).any(dim=2)  # (B, N+1) every node on the path passes
+        score = torch.where(whole, draft.depth, -1)
+        best = score.argmax(dim=1)  # (B,) first deepest
+        on_path = draft.ancestors[torch.arange(batch, device=p.device), best] & (draft.depth > 0)  # (B, N+1)
+        levels = torch.where(on_path, draft.depth - 1, depth_max)  # (B, N+1) slot by depth
+        path = torch.full((batch, depth_max + 1), -1, dtype=torch.long, device=p.device)
+        path.scatter_(1, levels, torch.where(on_path, torch.arange(count, device=p.device).expand(batch, -1), -1))
+        merged = torch.zeros(batch, depth_max + 1, dtype=p.dtype, device=p.device)
+        merged.scatter_(1, levels, torch.where(on_path, moved.view(batch, count), 0.0))
+        merged = merged[:, :depth_max]
+        tv = torch.cat([merged, torch.zeros(batch, 1, dtype=p.dtype, device=p.device)], dim=1)
+        next_token = p[torch.arange(batch, device=p.device), best].argmax(dim=1)
+        return path[:, :depth_max], next_token, tv, merged

@@ -1,0 +1,299 @@
+"""The generation job: prompts -> tokens -> images, with per-image timing and a provenance record."""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from lantern.errors import ConfigError
+from lantern.files import labelled_grid, read_images, write_atomic
+from lantern.models.bundle import ModelBundle
+from lantern.results.baselines import read_baseline_run, recorded_speedup
+from lantern.results.provenance import environment
+from lantern.results.record import RunRecord, build_record, write_record
+from lantern.rng import keys_tensor
+from lantern.run.distributed import World, check_world
+from lantern.run.prompts import PromptSet
+from lantern.run.rundir import ImageStore, RunFolder, claim_run_folder
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued device work, so wall-clock times cover it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak device memory (CUDA) or peak resident set size of this process (CPU), in MiB."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def acceptance_summary(samples: list[dict[str, torch.Tensor]]) -> dict:
+    """Run-level acceptance figures from the decoders' per-sample tensors.
+
+    ``mean_accepted_length`` is tau: tokens produced after the first one divided by target steps,
+    over all images (1.0 for plain AR). A speculative decoder adds ``acceptance_histogram`` (steps
+    that accepted 0, 1, ... draft tokens); ``tv_realised_mean`` / ``tv_realised_max``: the total
+    variation between the target and the law each token was actually drawn from, over the tokens
+    where it was measured (``tv_realised_coverage`` of them; 0 for exact rules); and
+    ``merged_mass_mean`` / ``merged_mass_max``: the mass a relaxation moved onto each accepted draft
+    token (what older records called ``tv_mean`` / ``tv_max``).
+    """
+    if not samples or any("steps" not in s for s in samples):
+        return {}
+    steps = sum(int(s["steps"].sum()) for s in samples)
+    tokens = sum(int(s["tokens"].sum()) for s in samples)
+    summary = {"mean_accepted_length": tokens / max(1, steps), "target_steps": steps}
+    if all("histogram" in s for s in samples):
+        summary["acceptance_histogram"] = [int(v) for v in sum(s["histogram"].sum(0) for s in samples)]
+        drafts = sum(int(s["accepted_drafts"].sum()) for s in samples)
+        measured = sum(int(s["tv_measured"].sum()) for s in samples)
+        summary["tv_realised_mean"] = (sum(float(s["tv_realised_sum"].sum()) for s in samples) / measured) if measured else None
+        summary["tv_realised_max"] = max(float(s["tv_realised_max"].max()) for s in samples) if measured else None
+        summary["tv_realised_coverage"] = measured / max(1, tokens)
+        summary["merged_mass_mean"] = sum(float(s["merged_sum"].sum()) for s in samples) / max(1, drafts)
+        summary["merged_mass_max"] = max(float(s["merged_max"].max()) for s in samples)
+    return summary
+
+
+class GenerationJob:
+    """Generate ``num_images`` images (image ``i`` from prompt ``i % len(prompts)``) in batches.
+
+    Latency per image is the decode time of its batch divided by the batch size, measured from after
+    text encoding to the last token (VQ decoding excluded), with device synchronisation, after
+    ``warmup`` untimed batches. With a ``baseline`` decoder (plain AR) of another kind, every
+    ``baseline_every``-th batch is also decoded by the baseline, interleaved and alternating which goes
+    first, and ``speedup`` is the ratio of the two decode times over those same batches. With
+    ``baseline_run`` (a finished run's folder) it is the ratio to that run's recorded latency, checked
+    first to share this run's setting and machine (:mod:`lantern.results.baselines`).
+    """
+
+    def __init__(
+        self, bundle: ModelBundle, decoder, prompts: PromptSet, num_images: int, batch_size: int, seed: int,
+        warmup: int = 1, save_grid: bool = True, progress: bool = True, baseline=None, baseline_every: int = 1,
+        baseline_run: str | None = None, metrics=None, tracker=None,
+    ):
+        for name, value, low in (("num_images", num_images, 1), ("batch_size", batch_size, 1), ("warmup", warmup, 0),
+                                 ("speedup_every", baseline_every, 1)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ConfigError(f"{name}={value!r} must be an integer >= {low}")
+        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+            raise ConfigError(f"seed={seed!r} must be an integer >= 0")
+        if prompts.kind != bundle.conditioner.kind:
+            raise ConfigError(
+                f"prompt set {prompts.name!r} holds {prompts.kind} prompts but model {bundle.name!r} "
+                f"takes {bundle.conditioner.kind} prompts"
+            )
+        self.bundle, self.decoder, self.prompts = bundle, decoder, prompts
+        self.num_images, self.batch_size, self.seed = num_images, batch_size, seed
+        self.warmup, self.save_grid, self.progress = warmup, save_grid, progress
+        if baseline is not None and baseline_run is not None:
+            raise ConfigError("speedup_baseline and speedup_baseline_run are both set; set speedup_baseline=null "
+                              "to compare with the recorded run")
+        self.baseline, self.baseline_every, self.baseline_run = baseline, baseline_every, baseline_run
+        for each in (decoder, baseline):  # compile modes the device cannot run, before any work
+            if each is not None:
+                each.check_device(bundle.device)
+        self.metrics = dict(metrics or {})  # name -> callable(run_dir, prompts, labels) -> dict
+        self.tracker = tracker  # e.g. lantern.run.tracking.WandbLogger: gets the finished record
+        self.items = prompts.for_images(num_images)
+        self.labels = prompts.labels_for_images(num_images)
+        bundle.conditioner.check_all(self.items)
+        for metric in self.metrics.values():  # every metric's inputs (weights, folders) before the first image
+            if hasattr(metric, "check"):
+                metric.check(self.items, self.labels)
+
+    def _decode(self, indices: list[int], decoder=None):
+        bundle = self.bundle
+        decoder = decoder or self.decoder
+        condition = bundle.conditioner.encode([self.items[i] for i in indices])
+        keys = keys_tensor(self.seed, indices, bundle.device)
+        synchronize(bundle.device)
+        start = time.perf_counter()
+        result = decoder.generate(bundle.gpt, condition, keys)
+        synchronize(bundle.device)
+        return result, time.perf_counter() - start
+
+    def _setting(self) -> dict:
+        """The record's setting entries: what makes two runs' latencies comparable (besides the machine)."""
+        sampling = self.decoder.sampling
+        return {"model": self.bundle.name, "prompts": self.prompts.name, "num_images": self.num_images,
+                "batch_size": self.batch_size, "seed": self.seed,
+                **{key: getattr(sampling, key) for key in ("temperature", "top_k", "top_p", "cfg_scale")}}
+
+    def _compares(self) -> bool:
+        """Whether the baseline is timed beside the decoder (not when the decoder is the baseline itself)."""
+        return self.baseline is not None and type(self.baseline) is not type(self.decoder)
+
+    def _speedup(self, batches: list[dict]) -> dict:
+        """Speed-up entries from every rank's ``batches`` (dicts with ``seconds``, ``baseline_seconds``, ``images``).
+
+        The ratio is of summed decode times over the batches timed beside the baseline; its spread is
+        the median and interquartile range of the per-batch ratios.
+        """
+        if not self._compares():
+            return {"speedup": 1.0, "speedup_baseline": "this run is the baseline"} if self.baseline is not None else {}
+        compared = [b for b in batches if b["baseline_seconds"] is not None]
+        if not compared:
+            return {"speedup_baseline": f"{self.baseline.name}: no batch was decoded by this process, so none was timed"}
+        seconds = sum(b["seconds"] for b in compared)
+        baseline_seconds = sum(b["baseline_seconds"] for b in compared)
+        images = sum(b["images"] for b in compared)
+        ratios = [b["baseline_seconds"] / b["seconds"] for b in compared]
+        return {"speedup": baseline_seconds / seconds, "baseline_latency_s_per_image": baseline_seconds / images,
+                "compared_latency_s_per_image": seconds / images,
+                "speedup_median": statistics.median(ratios), "speedup_iqr": quartiles(ratios),
+                "speedup_baseline": f"{self.baseline.name}, interleaved in this run on {len(compared)} of {len(batches)} "
+                                    "batches (same prompts and seeds)"}
+
+    def _decode_shard(self, store: ImageStore, indices: list[int], world: World) -> dict:
+        """Decode ``indices`` (this rank's unfinished images) in batches, saving each image as it is done.
+
+        Returns this rank's timing: per batch its indices, decode seconds and, when timed beside it,
+        the baseline's seconds; the summed decoder counters; wall seconds and peak memory.
+        """
+        bundle = self.bundle
+        started = time.perf_counter()
+        batches = [indices[s:s + self.batch_size] for s in range(0, len(indices), self.batch_size)]
+        for _ in range(self.warmup if batches else 0):
+            self._decode(batches[0])
+            if self._compares():
+                self._decode(batches[0], self.baseline)
+        if bundle.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(bundle.device)
+        timed_batches, stats = [], {}
+        show = self.progress and world.is_main
+        bar = tqdm(batches, desc=f"{self.decoder.name} x{len(indices)}" + (f" (rank 0 of {world.size})" if world.distributed else ""),
+                   unit="batch", disable=not show)
+        for number, batch in enumerate(bar):
+            timed = self._compares() and number % self.baseline_every == 0
+            compared = sum(b["baseline_seconds"] is not None for b in timed_batches)
+            baseline_seconds = None
+            if timed and compared % 2:  # alternate which goes first, so drift hits both alike
+                baseline_seconds = self._decode(batch, self.baseline)[1]
+            result, seconds = self._decode(batch)
+            if timed and not compared % 2:
+                baseline_seconds = self._decode(batch, self.baseline)[1]
+            pixels = bundle.decode_images(result.codes).cpu().numpy()  # (B, H, W, 3)
+            for position, index in enumerate(batch):
+                store.save(index, pixels[position], result.codes[position],
+                           {key: value[position] for key, value in result.per_sample.items()})
+            timed_batches.append({"rank": world.rank, "indices": batch, "images": len(batch), "seconds": seconds,
+                                  "baseline_seconds": baseline_seconds})
+            for key, value in result.stats.items():
+                stats[key] = stats.get(key, 0.0) + value
+        return {"rank": world.rank, "images": len(indices), "decode_s": sum(b["seconds"] for b in timed_batches),
+                "wall_s": time.perf_counter() - started, "peak_memory_mb": peak_memory_mb(bundle.device),
+                "batches": timed_batches, "stats": stats}
+
+    def run(self, out_dir: str | Path | RunFolder, config: dict | None = None, world: World | None = None) -> dict | None:
+        """Write ``000000.png`` ..., ``grid.png`` and ``metrics.json`` into ``out_dir``; return the record (rank 0).
+
+        ``out_dir`` is a folder path (claimed here: locked, checked against ``config``) or a
+        :class:`RunFolder` the caller has claimed. Images finished by an earlier process in the
+        folder are kept, not redone; each rank of ``world`` decodes its share of the rest. Other ranks
+        return None once their images are written.
+        """
+        world = world or World()
+        if not isinstance(out_dir, RunFolder):
+            with claim_run_folder(out_dir, config or {}, world) as folder:
+                if folder.claim.finished is not None:
+                    return folder.claim.finished.to_json()
+                return self.run(folder, config, world)
+        folder = out_dir
+        check_world(world, self.num_images)
+        recorded = None
+        if self.baseline_run is not None:  # checked before anything is generated or written
+            recorded = read_baseline_run(self.baseline_run, self._setting(), environment(self.bundle.device))
+        store = folder.store()
+        mine = [i for i in world.shard(list(range(self.num_images))) if not store.is_finished(i)]
+        if world.is_main:
+            folder.start()
+        world.barrier()
+        part = self._decode_shard(store, mine, world)
+        parts = world.gather(part)  # every rank's images are on disk once it reaches this
+        if not world.is_main:
+            return None
+        record = self._record(store, parts, recorded, config or {})
+        for evaluate in self.metrics.values():
+            record = build_record({**record.to_json(), **evaluate(folder.path, self.items, self.labels)})
+        write_record(record, folder.path)
+        metrics = record.to_json()
+        if self.tracker is not None:
+            self.tracker.log_run(folder.path, metrics)
+        return metrics
+
+    def _record(self, store: ImageStore, parts: list[dict], recorded: dict | None, config: dict) -> RunRecord:
+        """The run record from the images on disk and every rank's timing (:func:`lantern.results.record.build_record`)."""
+        batches = [b for part in parts for b in part["batches"]]
+        latency = {index: b["seconds"] / b["images"] for b in batches for index in b["indices"]}
+        per_image, samples = [], []
+        distinct = list(dict.fromkeys(self.items))  # each prompt stored once; rows name it by position
+        prompt_ids = {prompt: number for number, prompt in enumerate(distinct)}
+        for index in range(self.num_images):
+            saved = store.load(index)
+            samples.append(saved["per_sample"])
+            row = {"index": index, "prompt_id": prompt_ids[self.items[index]], "latency_s": latency.get(index)}
+            if "steps" in saved["per_sample"]:
+                steps = int(saved["per_sample"]["steps"])
+                row["steps"] = steps
+                row["mean_accepted_length"] = int(saved["per_sample"]["tokens"]) / max(1, steps)
+            if self.labels is not None:
+                row["label"] = self.labels[index]
+            per_image.append(row)
+        if self.save_grid:
+            shown = min(64, self.num_images)
+            grid = labelled_grid(list(read_images(store.folder, shown)), [str(self.items[i]) for i in range(shown)])
+            write_atomic(store.folder / "grid.png", lambda tmp: grid.save(tmp, format="PNG"))
+        decoded = len(latency)
+        total = sum(b["seconds"] for b in batches)
+        per_batch_latency = [b["seconds"] / b["images"] for b in batches]
+        stats = {}
+        for part in parts:
+            for key, value in part["stats"].items():
+                stats[key] = stats.get(key, 0.0) + value
+        tokens_per_image = self.bundle.gpt.config.num_image_tokens
+        fields = {
+            "decoding": self.decoder.name,
+            **self.decoder.describe(),
+            **self._setting(),
+            "cfg_interval": self.decoder.sampling.cfg_interval,
+            "tokens_per_image": tokens_per_image,
+            "latency_s_per_image": total / decoded if decoded else None,
+            "latency_s_median": statistics.median(latency.values()) if decoded else None,
+            "latency_s_iqr": quartiles(per_batch_latency) if decoded else None,
+            "tokens_per_s": tokens_per_image * decoded / total if decoded else None,
+            "peak_memory_mb": max(part["peak_memory_mb"] for part in parts),
+            "world_size": len(parts),
+            "ranks": [{key: part[key] for key in ("rank", "images", "decode_s", "wall_s", "peak_memory_mb")} for part in parts],
+            "timing": {"images_decoded": decoded, "images_kept": self.num_images - decoded,
+                       "covers": (f"the {decoded} images decoded by the last process"
+                                  + (f"; {self.num_images - decoded} finished earlier were kept, untimed"
+                                     if decoded < self.num_images else ""))},
+            **(self._speedup(batches) if recorded is None
+               else recorded_speedup(recorded, self.baseline_run, total / decoded if decoded else None)),
+            **acceptance_summary([{key: torch.stack([s[key] for s in samples]) for key in samples[0]}] if samples[0] else []),
+            "decode_stats": stats,
+            "distinct_prompts": distinct,
+            "per_image": per_image,
+            "per_batch": [{key: b[key] for key in ("rank", "indices", "seconds", "baseline_seconds")} for b in batches],
+            "environment": environment(self.bundle.device),
+            "config": config,
+        }
+        return build_record(fields)
+
+
+def quartiles(values) -> list[float]:
+    """[q1, q3] of ``values`` (inclusive method; one value gives [v, v])."""
+    values = list(values)
+    if len(values) == 1:
+        return [values[0], values[0]]
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return [q1, q3]

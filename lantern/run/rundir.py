@@ -1,0 +1,216 @@
+"""A run folder: who may write it, what config it holds, and which images in it are finished.
+
+Layout of a run folder::
+
+    .lock              the writer's lock (lantern.run.lock); the file stays, the lock goes with its process
+    run_config.json    the resolved config the images are made with, written before the first image
+    tokens/000042.pt   image 42's tokens (N,) and per-sample decoder counters, written before its PNG
+    000042.png         image 42; with its tokens file, the mark that image 42 is finished
+    grid.png, metrics.json   written last; a complete metrics.json means the run is finished
+
+Rerunning the same command into the folder skips a finished run (its record's config matches) and,
+in an unfinished one, the finished images. A different config is refused with one line, so two
+runs never mix in one folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from lantern.errors import ConfigError, LanternError
+from lantern.files import (
+    image_name,
+    remove_stale_temps,
+    save_png,
+    write_atomic,
+    write_json_atomic,
+)
+from lantern.results.record import RECORD_NAME, RunRecord, read_record
+from lantern.run.distributed import World
+from lantern.run.lock import LOCK_NAME, FolderLock
+
+RUN_CONFIG = "run_config.json"
+TOKENS_DIR = "tokens"
+# Config entries that change neither images nor records' meaning: where things are written, how runs are logged.
+IGNORED_CONFIG_KEYS = ("wandb", "paths")
+
+
+def comparable(config: dict) -> dict:
+    """``config`` without :data:`IGNORED_CONFIG_KEYS`, round-tripped through JSON (as it is stored)."""
+    return json.loads(json.dumps({k: v for k, v in config.items() if k not in IGNORED_CONFIG_KEYS}, default=str))
+
+
+def first_difference(old, new, prefix: str = "") -> str | None:
+    """The first dotted key where ``old`` and ``new`` differ, as ``key: old -> new`` (None when equal)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in list(old) + [k for k in new if k not in old]:
+            found = first_difference(old.get(key, "<absent>"), new.get(key, "<absent>"), f"{prefix}{key}.")
+            if found:
+                return found
+        return None
+    if old != new:
+        shown = [repr(v) if len(repr(v)) <= 40 else repr(v)[:37] + "..." for v in (old, new)]
+        return f"{prefix.rstrip('.')}: {shown[0]} -> {shown[1]}"
+    return None
+
+
+@dataclass
+class Claim:
+    """What a writer found when it claimed a folder: a finished record, or the images already finished."""
+
+    finished: RunRecord | None
+    resumed: bool
+
+
+class RunFolder:
+    """Exclusive use of one run folder for one resolved ``config`` (a dict), as a context manager.
+
+    Entering takes the lock (refusing a second writer with one line), then checks the folder: a
+    finished record of the same config is returned in :attr:`claim`; a record or ``run_config.json``
+    of another config, or files of something that is not a lantern run, are refused. Leaving after a
+    failure removes what this writer added to a folder that was empty, so bad input leaves nothing.
+    """
+
+    def __init__(self, path: str | os.PathLike, config: dict):
+        self.path = Path(path)
+        self.config = comparable(config)
+        self._lock = FolderLock(self.path, what="run folder")
+        self._was_empty = False
+        self.claim: Claim | None = None
+
+    def __enter__(self) -> RunFolder:
+        self._was_empty = not self.path.exists() or not any(self.path.iterdir())
+        self._lock.acquire()
+        try:
+            self.claim = self._inspect()
+        except BaseException:
+            self._leave(failed=True)
+            raise
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        self._leave(failed=kind is not None)
+
+    def _leave(self, failed: bool) -> None:
+        if failed and self._was_empty:
+            leftovers = {p.name for p in self.path.iterdir()} if self.path.exists() else set()
+            if leftovers <= {LOCK_NAME, RUN_CONFIG, TOKENS_DIR} and not self.store().finished_any():
+                for name in (RUN_CONFIG, TOKENS_DIR):
+                    target = self.path / name
+                    if target.is_dir():
+                        for stale in target.iterdir():
+                            stale.unlink()
+                        target.rmdir()
+                    else:
+                        target.unlink(missing_ok=True)
+                self._lock.release()
+                (self.path / LOCK_NAME).unlink(missing_ok=True)
+        self._lock.release()
+
+    def _refuse(self, what: str, difference: str) -> ConfigError:
+        return ConfigError(
+            f"run folder {str(self.path)!r} holds {what} with another config ({difference}); "
+            "rerun with the same config to resume, or choose another folder"
+        )
+
+    def _inspect(self) -> Claim:
+        for folder in (self.path, self.path / TOKENS_DIR):
+            if folder.is_dir():
+                remove_stale_temps(folder)  # a killed writer's; no live writer holds the lock now
+        if (self.path / RECORD_NAME).is_file():
+            record = read_record(self.path)
+            difference = first_difference(comparable(record.config), self.config)
+            if difference:
+                raise self._refuse("a finished run", difference)
+            return Claim(finished=record, resumed=False)
+        config_file = self.path / RUN_CONFIG
+        if config_file.is_file():
+            stored = json.loads(config_file.read_text(encoding="utf-8"))
+            difference = first_difference(stored, self.config)
+            if difference:
+                raise self._refuse("an unfinished run", difference)
+            return Claim(finished=None, resumed=True)
+        strangers = sorted(p.name for p in self.path.iterdir() if not p.name.startswith(".") and p.name != TOKENS_DIR)
+        if strangers:
+            raise ConfigError(
+                f"run folder {str(self.path)!r} holds files of something else ({', '.join(strangers[:3])}"
+                f"{', ...' if len(strangers) > 3 else ''}) and no {RUN_CONFIG}; choose an empty or new folder"
+            )
+        return Claim(finished=None, resumed=False)
+
+    def start(self) -> None:
+        """Write ``run_config.json`` (before the first image), so a rerun can tell it may resume."""
+        if not (self.path / RUN_CONFIG).is_file():
+            write_json_atomic(self.path / RUN_CONFIG, self.config)
+
+    def store(self) -> ImageStore:
+        return ImageStore(self.path)
+
+
+class ImageStore:
+    """Per-image outputs of a run folder: ``tokens/NNNNNN.pt`` (written first) and ``NNNNNN.png`` (second)."""
+
+    def __init__(self, folder: str | os.PathLike):
+        self.folder = Path(folder)
+
+    def tokens_path(self, index: int) -> Path:
+        return self.folder / TOKENS_DIR / f"{index:06d}.pt"
+
+    def is_finished(self, index: int) -> bool:
+        return (self.folder / image_name(index)).is_file() and self.tokens_path(index).is_file()
+
+    def finished(self, indices) -> set[int]:
+        return {i for i in indices if self.is_finished(i)}
+
+    def finished_any(self) -> bool:
+        tokens = self.folder / TOKENS_DIR
+        return tokens.is_dir() and any(self.is_finished(int(p.stem)) for p in tokens.glob("*.pt") if p.stem.isdigit())
+
+    def save(self, index: int, pixels: np.ndarray, codes: torch.Tensor, per_sample: dict[str, torch.Tensor]) -> None:
+        """Write image ``index``: its tokens (N,) and per-sample counters, then its (H, W, 3) uint8 PNG."""
+        payload = {"codes": codes.to("cpu", torch.int32).clone(),
+                   "per_sample": {key: value.detach().cpu().clone() for key, value in per_sample.items()}}
+        write_atomic(self.tokens_path(index), lambda tmp: torch.save(payload, tmp))
+        save_png(pixels, self.folder / image_name(index))
+
+    def load(self, index: int) -> dict:
+        """Image ``index``'s ``codes`` (N,) and ``per_sample`` counters (each without the batch dimension)."""
+        return torch.load(self.tokens_path(index), map_location="cpu", weights_only=True)
+
+
+@contextmanager
+def claim_run_folder(path: str | os.PathLike, config: dict, world: World | None = None) -> Iterator[RunFolder]:
+    """Claim ``path`` for ``config`` on rank 0 of ``world`` and tell every rank what it found.
+
+    Rank 0 holds the lock for the whole run; the other ranks write only their own images into the
+    folder rank 0 has claimed, and learn its :class:`Claim` (or its refusal, raised on every rank).
+    """
+    world = world or World()
+    folder = RunFolder(path, config)
+    with ExitStack() as stack:
+        outcome: tuple[str, object] = ("ok", None)
+        if world.is_main:
+            try:
+                stack.enter_context(folder)
+            except LanternError as exc:
+                if not world.distributed:
+                    raise
+                outcome = ("refused", exc)
+            else:
+                finished = folder.claim.finished
+                outcome = ("ok", (finished.to_json() if finished is not None else None, folder.claim.resumed))
+        outcome = world.from_main(outcome)
+        if outcome[0] == "refused":
+            raise outcome[1]
+        if not world.is_main:
+            finished, resumed = outcome[1]
+            folder.claim = Claim(finished=None if finished is None else RunRecord.model_validate(finished), resumed=resumed)
+        yield folder

@@ -1,0 +1,148 @@
+"""The package's shape: few top-level wings, no import cycle, nothing imported from a higher layer.
+
+Every ``import`` in every module counts, including those inside functions (a lazy import is still a
+dependency; it only hides a cycle from the interpreter).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "lantern"
+
+# Layers from the bottom up. A module may import its own wing, the ground helpers and any wing of a
+# lower layer; wings of one layer (metrics, results) do not import each other.
+LAYERS = {
+    "errors": 0, "checks": 0, "rng": 0, "files": 0,  # ground helpers
+    "models": 1,
+    "rules": 2,
+    "decoding": 3,
+    "metrics": 4, "results": 4,
+    "training": 5,
+    "run": 6,
+    "cli": 7,
+}
+MAX_TOP_LEVEL = 12
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports(path: Path, known: set[str]) -> list[tuple[str, int]]:
+    """The lantern modules ``path`` imports, with the line of each import."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names if alias.name.split(".")[0] == "lantern"]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "lantern":
+            for alias in node.names:  # `from lantern.x import y`: y may be a module of package x
+                candidate = f"{node.module}.{alias.name}"
+                found.append((candidate if candidate in known else node.module, node.lineno))
+    return [(name, line) for name, line in found if name in known]
+
+
+def wing(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def graph() -> dict[str, list[tuple[str, int]]]:
+    found = modules()
+    return {name: imports(path, set(found)) for name, path in found.items()}
+
+
+def test_lantern_has_at_most_twelve_top_level_modules_and_packages():
+    top = sorted({wing(name) for name in modules() if wing(name)})
+    assert len(top) <= MAX_TOP_LEVEL, f"{len(top)} top-level modules and packages: {top}"
+    assert set(top) <= set(LAYERS), f"not in any layer (add it to LAYERS with its place): {sorted(set(top) - set(LAYERS))}"
+
+
+def against_layers(edges: dict[str, list[tuple[str, int]]]) -> list[str]:
+    """``module:line -> target`` for every import of a higher layer or of another wing of the same layer."""
+    upward = []
+    for name, found in edges.items():
+        mine = wing(name)
+        for target, line in found:
+            theirs = wing(target)
+            if mine is None or theirs is None or theirs == mine:
+                continue
+            ground = LAYERS[mine] == LAYERS[theirs] == 0
+            if not ground and LAYERS[theirs] >= LAYERS[mine]:
+                upward.append(f"{name}:{line} -> {target}")
+    return upward
+
+
+def test_no_module_imports_from_a_higher_layer_or_a_sibling_wing():
+    upward = against_layers(graph())
+    assert not upward, "imports against the layer order:\n" + "\n".join(upward)
+
+
+def test_the_layer_check_catches_upward_and_sideways_imports():
+    edges = {"lantern.models.bundle": [("lantern.rules.neighbours", 3), ("lantern.files", 4)],
+             "lantern.metrics.clip": [("lantern.results.record", 7)],
+             "lantern.run.job": [("lantern.metrics.fid", 9), ("lantern", 1)],
+             "lantern.files": [("lantern.errors", 2)]}
+    assert against_layers(edges) == ["lantern.models.bundle:3 -> lantern.rules.neighbours",
+                                     "lantern.metrics.clip:7 -> lantern.results.record"]
+
+
+def cycles(edges: dict[str, list[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module, or a module importing itself (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in edges.get(node, []):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1 or node in edges.get(node, []):
+                found.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_there_is_no_import_cycle():
+    edges = {name: sorted({target for target, _ in found}) for name, found in graph().items()}
+    assert cycles(edges) == []
+
+
+@pytest.mark.parametrize("edges, expected", [
+    ({"a": ["b"], "b": ["a"]}, [["a", "b"]]),
+    ({"a": ["b"], "b": ["c"], "c": []}, []),
+    ({"a": ["a"]}, [["a"]]),
+])
+def test_the_cycle_finder_finds_cycles(edges, expected):
+    assert cycles(edges) == expected
+
+
+def test_the_walk_sees_lazy_imports(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text("def f():\n    from lantern.rules import exact\n    import lantern.files\n")
+    assert imports(source, {"lantern.rules.exact", "lantern.files"}) == [("lantern.rules.exact", 2), ("lantern.files", 3)]
