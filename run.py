@@ -1,9 +1,9 @@
 """Entry point: compose the configured model, decoder, prompts and job, then run the job.
 
-    python run.py                                  # the default world
-    python run.py num_images=16 temperature=0      # common knobs at top level
-    python run.py model=llamagen_t2i_xl_256 model.gpt_ckpt=... model.vq_ckpt=... model.text_encoder_path=...
-    torchrun --nproc_per_node=2 run.py hydra.run.dir=outputs/run/two   # images sharded over 2 processes
+python run.py                                  # the default world
+python run.py num_images=16 temperature=0      # common knobs at top level
+python run.py model=llamagen_t2i_xl_256 model.gpt_ckpt=... model.vq_ckpt=... model.text_encoder_path=...
+torchrun --nproc_per_node=2 run.py hydra.run.dir=outputs/run/two   # images sharded over 2 processes
 """
 
 from pathlib import Path

@@ -25,8 +25,19 @@ class CheckpointError(LanternError):
 
 # File-system faults that are the user's to fix, not bugs: no space, no permission, a read-only
 # file system, a file over the size limit, a path of the wrong kind (a file where a folder is needed).
-FAULT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG,
-                          errno.ENOTDIR, errno.EEXIST, errno.EISDIR})
+FAULT_ERRNOS = frozenset(
+    {
+        errno.ENOSPC,
+        errno.EDQUOT,
+        errno.EROFS,
+        errno.EACCES,
+        errno.EPERM,
+        errno.EFBIG,
+        errno.ENOTDIR,
+        errno.EEXIST,
+        errno.EISDIR,
+    }
+)
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 MAX_MESSAGE = 400
 

@@ -121,7 +121,7 @@ def labelled_grid(images: list[np.ndarray], labels: list[str], columns: int = 8,
     text_height = 12 * max(1, max(w.count("\n") + 1 for w in wrapped)) + 4
     grid = Image.new("RGB", (columns * cell, rows * (cell + text_height)), "white")
     draw = ImageDraw.Draw(grid)
-    for i, (pixels, text) in enumerate(zip(images, wrapped)):
+    for i, (pixels, text) in enumerate(zip(images, wrapped, strict=True)):
         x, y = (i % columns) * cell, (i // columns) * (cell + text_height)
         grid.paste(Image.fromarray(pixels).resize((cell, cell), Image.NEAREST), (x, y))
         draw.multiline_text((x + 2, y + cell + 2), text, fill="black", font=font, spacing=1)

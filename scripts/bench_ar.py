@@ -51,9 +51,17 @@ def reference_model(repo: str, model: Transformer):
 
     cfg = model.config
     args = ModelArgs(
-        dim=cfg.dim, n_layer=cfg.n_layer, n_head=cfg.n_head, vocab_size=cfg.vocab_size, num_classes=cfg.num_classes,
-        cls_token_num=cfg.cls_token_num, model_type=cfg.model_type, block_size=cfg.num_image_tokens,
-        token_dropout_p=0.0, resid_dropout_p=0.0, ffn_dropout_p=0.0,
+        dim=cfg.dim,
+        n_layer=cfg.n_layer,
+        n_head=cfg.n_head,
+        vocab_size=cfg.vocab_size,
+        num_classes=cfg.num_classes,
+        cls_token_num=cfg.cls_token_num,
+        model_type=cfg.model_type,
+        block_size=cfg.num_image_tokens,
+        token_dropout_p=0.0,
+        resid_dropout_p=0.0,
+        ffn_dropout_p=0.0,
     )
     ref = RefTransformer(args)
     ref.load_state_dict(model.state_dict(), strict=True)
@@ -86,19 +94,29 @@ def main() -> None:
     decoder = ARDecoder(sampling)
     conditioner = ClassConditioner(cfg.num_classes, device)
     rows = []
-    print(f"{args.preset} c2i, {cfg.num_image_tokens} tokens/image, cfg {args.cfg_scale}, "
-          f"{torch.get_num_threads()} threads on {device}")
+    print(
+        f"{args.preset} c2i, {cfg.num_image_tokens} tokens/image, cfg {args.cfg_scale}, "
+        f"{torch.get_num_threads()} threads on {device}"
+    )
     for batch in args.batch_sizes:
         condition = conditioner.encode([i % cfg.num_classes for i in range(batch)])
         keys = keys_tensor(0, range(batch), device)
-        fns = {"lantern": lambda: decoder.generate(model, condition, keys)}
+        fns = {"lantern": lambda condition=condition, keys=keys: decoder.generate(model, condition, keys)}
         if ref is not None:
             from autoregressive.models.generate import generate as ref_generate
 
-            def run_ref(sample_logits=True):
+            def run_ref(sample_logits=True, condition=condition):
                 with torch.no_grad():
-                    return ref_generate(ref, condition.values, cfg.num_image_tokens, cfg_scale=args.cfg_scale,
-                                        temperature=1.0, top_k=args.top_k, top_p=1.0, sample_logits=sample_logits)
+                    return ref_generate(
+                        ref,
+                        condition.values,
+                        cfg.num_image_tokens,
+                        cfg_scale=args.cfg_scale,
+                        temperature=1.0,
+                        top_k=args.top_k,
+                        top_p=1.0,
+                        sample_logits=sample_logits,
+                    )
 
             fns["llamagen"] = run_ref
         medians = timed(fns, args.runs, args.warmup, device)
@@ -107,7 +125,11 @@ def main() -> None:
             row[f"{name}_s"] = seconds
             row[f"{name}_tokens_per_s"] = batch * cfg.num_image_tokens / seconds
         if ref is not None:
-            greedy_ours = ARDecoder(SamplingConfig(temperature=0, cfg_scale=args.cfg_scale)).generate(model, condition, keys).codes
+            greedy_ours = (
+                ARDecoder(SamplingConfig(temperature=0, cfg_scale=args.cfg_scale))
+                .generate(model, condition, keys)
+                .codes
+            )
             greedy_ref = run_ref(sample_logits=False).long()
             row["speedup_vs_llamagen"] = medians["llamagen"] / medians["lantern"]
             row["greedy_tokens_equal"] = bool(torch.equal(greedy_ours, greedy_ref))

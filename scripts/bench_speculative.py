@@ -39,11 +39,19 @@ DELTAS = (0.05, 0.1, 0.2, 0.4)
 # Drafter-free decoders (lantern.decoding.jacobi.decoder). GSD measures its realised TV over the whole vocabulary at
 # every step by default (half its step time on the world); gsd_audit_off never audits (every 10^6-th step),
 # the cost of the method alone, and records no TV.
-PEERS = {"sjd": ["decoding=sjd"], "gsd": ["decoding=gsd"], "gsd_audit_off": ["decoding=gsd", "decoding.tv_audit_every=1000000"]}
+PEERS = {
+    "sjd": ["decoding=sjd"],
+    "gsd": ["decoding=gsd"],
+    "gsd_audit_off": ["decoding=gsd", "decoding.tv_audit_every=1000000"],
+}
 
 
-def modes(structures: tuple[str, ...], lantern_structures: tuple[str, ...], deltas: tuple[float, ...],
-          candidates: tuple[str, ...] = ("deterministic",)) -> list[tuple[str, list[str]]]:
+def modes(
+    structures: tuple[str, ...],
+    lantern_structures: tuple[str, ...],
+    deltas: tuple[float, ...],
+    candidates: tuple[str, ...] = ("deterministic",),
+) -> list[tuple[str, list[str]]]:
     """(label, Hydra overrides) of every speculative mode in the benchmark, for each candidate kind."""
     rows = []
     structures, lantern_structures = tuple(s for s in structures if s), tuple(s for s in lantern_structures if s)
@@ -51,10 +59,16 @@ def modes(structures: tuple[str, ...], lantern_structures: tuple[str, ...], delt
         tag, extra = ("", []) if kind == "deterministic" else (f" {kind}", [f"draft.candidates={kind}"])
         rows += [(f"eagle {s}{tag}", ["decoding=eagle", f"draft={s}", *extra]) for s in structures]
         for s in lantern_structures:
-            rows += [(f"lantern d={d} {s}{tag}", ["decoding=lantern", f"draft={s}", f"delta={d}", *extra]) for d in deltas]
+            rows += [
+                (f"lantern d={d} {s}{tag}", ["decoding=lantern", f"draft={s}", f"delta={d}", *extra]) for d in deltas
+            ]
         if lantern_structures:
-            rows.append((f"lantern_pp l=3 k=10 {lantern_structures[0]}{tag}",
-                         ["decoding=lantern_pp", f"draft={lantern_structures[0]}", *extra]))
+            rows.append(
+                (
+                    f"lantern_pp l=3 k=10 {lantern_structures[0]}{tag}",
+                    ["decoding=lantern_pp", f"draft={lantern_structures[0]}", *extra],
+                )
+            )
     return rows
 
 
@@ -103,7 +117,11 @@ def bench_setting(name: str, base: list[str], rows, args) -> list[dict]:
         tokens = sum(int(r.per_sample["tokens"].sum()) for r in results[label])
         tau = tokens / steps
         record = {
-            "setting": name, "mode": label, "latency_s": latency, "speedup": ar_latency / latency, "tau": tau,
+            "setting": name,
+            "mode": label,
+            "latency_s": latency,
+            "speedup": ar_latency / latency,
+            "tau": tau,
             "speedup_per_tau": ar_latency / latency / tau,
             "speedup_runs": [a / statistics.mean(t[j] for t in times[label]) for j, a in enumerate(ar_runs)],
             "times_s": times[label],  # (image, run)
@@ -118,12 +136,19 @@ def bench_setting(name: str, base: list[str], rows, args) -> list[dict]:
             measured = sum(int(r.per_sample["tv_measured"].sum()) for r in results[label])
             record["tv_measured_tokens"] = measured
             if measured:
-                record["tv_realised_mean"] = sum(float(r.per_sample["tv_realised_sum"].sum()) for r in results[label]) / measured
+                record["tv_realised_mean"] = (
+                    sum(float(r.per_sample["tv_realised_sum"].sum()) for r in results[label]) / measured
+                )
                 record["tv_realised_max"] = max(float(r.per_sample["tv_realised_max"].max()) for r in results[label])
-            record["same_tokens_as_ar"] = all(torch.equal(a.codes, b.codes) for a, b in zip(results[label], results["ar"]))
+            record["same_tokens_as_ar"] = all(
+                torch.equal(a.codes, b.codes) for a, b in zip(results[label], results["ar"], strict=True)
+            )
         records.append(record)
-        print(f"{name:9s} {label:32s} latency {latency * 1000:7.1f} ms  tau {tau:5.2f}  speed-up {record['speedup']:5.2f}x "
-              f"({_spread(record)})  speed-up/tau {record['speedup_per_tau']:4.2f}", flush=True)
+        print(
+            f"{name:9s} {label:32s} latency {latency * 1000:7.1f} ms  tau {tau:5.2f}  speed-up {record['speedup']:5.2f}x "
+            f"({_spread(record)})  speed-up/tau {record['speedup_per_tau']:4.2f}",
+            flush=True,
+        )
     return records
 
 
@@ -149,8 +174,10 @@ def markdown(records: list[dict], env: dict, args) -> str:
             share += " (" + ", ".join(f"{k} {v:.2f}" for k, v in r["phase_ms_per_step"].items()) + " ms/step)"
         tv = f"{r['tv_realised_mean']:.3f} / {r['tv_realised_max']:.3f}" if "tv_realised_mean" in r else ""
         tv = "not audited" if r.get("tv_measured_tokens") == 0 else tv
-        lines.append(f"| {r['setting']} | {r['mode']} | {r['tau']:.2f} | {r['latency_s'] * 1000:.1f} | {r['speedup']:.2f}x | "
-                     f"{_spread(r)} | {r['speedup_per_tau']:.2f} | {share} | {tv} |")
+        lines.append(
+            f"| {r['setting']} | {r['mode']} | {r['tau']:.2f} | {r['latency_s'] * 1000:.1f} | {r['speedup']:.2f}x | "
+            f"{_spread(r)} | {r['speedup_per_tau']:.2f} | {share} | {tv} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -164,13 +191,32 @@ def main() -> None:
     parser.add_argument("--structures", default=",".join(EXACT_STRUCTURES), help="draft structures for exact decoding")
     parser.add_argument("--lantern-structures", default="dynamic_tree", help="draft structures for LANTERN")
     parser.add_argument("--deltas", default=",".join(map(str, DELTAS)))
-    parser.add_argument("--candidates", default="deterministic,sampled", help="candidate kinds (sampled ones in the sampling setting only)")
-    parser.add_argument("--settings", default="greedy,sampling", help="greedy and/or sampling (the model's recommended)")
-    parser.add_argument("--peers", default="", help="training-free peers to add, comma-separated: sjd, gsd, gsd_audit_off (their yaml defaults)")
-    parser.add_argument("--mode", action="append", default=[], metavar="LABEL::OVERRIDES",
-                        help="an extra row: its label, '::', then space-separated Hydra overrides on top of the setting's "
-                             "(e.g. 'ar compiled::compile=default' or 'lantern d=0.4 chain(5)::decoding=lantern delta=0.4 draft.depth=5')")
-    parser.add_argument("--overrides", default="", help="extra Hydra overrides for AR and every mode, comma-separated (e.g. draft.depth=3)")
+    parser.add_argument(
+        "--candidates",
+        default="deterministic,sampled",
+        help="candidate kinds (sampled ones in the sampling setting only)",
+    )
+    parser.add_argument(
+        "--settings", default="greedy,sampling", help="greedy and/or sampling (the model's recommended)"
+    )
+    parser.add_argument(
+        "--peers",
+        default="",
+        help="training-free peers to add, comma-separated: sjd, gsd, gsd_audit_off (their yaml defaults)",
+    )
+    parser.add_argument(
+        "--mode",
+        action="append",
+        default=[],
+        metavar="LABEL::OVERRIDES",
+        help="an extra row: its label, '::', then space-separated Hydra overrides on top of the setting's "
+        "(e.g. 'ar compiled::compile=default' or 'lantern d=0.4 chain(5)::decoding=lantern delta=0.4 draft.depth=5')",
+    )
+    parser.add_argument(
+        "--overrides",
+        default="",
+        help="extra Hydra overrides for AR and every mode, comma-separated (e.g. draft.depth=3)",
+    )
     parser.add_argument("--out", default=None, help="write OUT.md and OUT.json")
     args = parser.parse_args()
     args.argv = sys.argv[1:]
@@ -181,8 +227,12 @@ def main() -> None:
     kinds = tuple(args.candidates.split(","))
     if any(kind not in ("deterministic", "sampled") for kind in kinds):
         parser.error(f"--candidates {args.candidates!r}: allowed deterministic, sampled")
-    rows = modes(tuple(args.structures.split(",")), tuple(args.lantern_structures.split(",")),
-                 tuple(float(d) for d in args.deltas.split(",")), kinds)
+    rows = modes(
+        tuple(args.structures.split(",")),
+        tuple(args.lantern_structures.split(",")),
+        tuple(float(d) for d in args.deltas.split(",")),
+        kinds,
+    )
     for peer in (p for p in args.peers.split(",") if p):
         if peer not in PEERS:
             parser.error(f"--peers {peer!r}: allowed {', '.join(PEERS)}")

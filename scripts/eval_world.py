@@ -24,12 +24,7 @@ import torch
 from lantern.errors import ConfigError, LanternError
 from lantern.files import image_name, write_json_atomic
 from lantern.metrics.classifier import load_classifier, pad_to_world, predict
-from lantern.metrics.fid import (
-    FIDStats,
-    InceptionFeatures,
-    fid_from_stats,
-    reference_stats,
-)
+from lantern.metrics.fid import FIDStats, InceptionFeatures, fid_from_stats, reference_stats
 from lantern.models.checkpoint import load_weights
 from lantern.models.llamagen.vq import VQModel, to_uint8, vq_config
 from lantern.models.world.fashion_mnist import load_split
@@ -72,9 +67,13 @@ def eval_samples(args) -> dict:
     predicted = predict(classifier, images)
     per_class = {int(c): float((predicted[labels == c] == c).mean()) for c in np.unique(labels)}
     report = {
-        "run": str(run_dir), "num_images": int(len(images)), "decoding": metrics["decoding"],
-        "cfg_scale": metrics["cfg_scale"], "temperature": metrics["temperature"],
-        "prompt_accuracy": float((predicted == labels).mean()), "prompt_accuracy_per_class": per_class,
+        "run": str(run_dir),
+        "num_images": int(len(images)),
+        "decoding": metrics["decoding"],
+        "cfg_scale": metrics["cfg_scale"],
+        "temperature": metrics["temperature"],
+        "prompt_accuracy": float((predicted == labels).mean()),
+        "prompt_accuracy_per_class": per_class,
         "classifier_test_accuracy": classifier_test_accuracy(Path(args.world)),
     }
     if args.fid:
@@ -101,8 +100,12 @@ def eval_recon(args) -> dict:
         recon.append(to_uint8(vq.decode_codes(vq.encode(x))).numpy())
     extractor = InceptionFeatures("cpu")
     stats = FIDStats.from_features(extractor.features(np.concatenate(recon), batch_size=args.batch_size))
-    report = {"recon_fid": fid_from_stats(stats, reference(extractor)), "images": int(len(images)),
-              "reference": f"{REFERENCE_NAME} (10000 images)", "environment": environment(torch.device("cpu"))}
+    report = {
+        "recon_fid": fid_from_stats(stats, reference(extractor)),
+        "images": int(len(images)),
+        "reference": f"{REFERENCE_NAME} (10000 images)",
+        "environment": environment(torch.device("cpu")),
+    }
     out = Path(args.out)
     write_json_atomic(out, report)
     return report

@@ -32,14 +32,14 @@ from lantern.decoding.compile import COMPILE_MODES  # noqa: E402
 from lantern.decoding.tree.decoder import SpeculativeDecoder  # noqa: E402
 from lantern.decoding.tree.draft import chain  # noqa: E402
 from lantern.errors import ConfigError  # noqa: E402
-from lantern.files import write_json_atomic
+from lantern.files import write_json_atomic  # noqa: E402
 from lantern.models.condition import Condition  # noqa: E402
 from lantern.models.drafter import Drafter, DrafterConfig  # noqa: E402
 from lantern.models.llamagen.gpt import Transformer, gpt_config  # noqa: E402
 from lantern.models.sampling import SamplingConfig  # noqa: E402
 from lantern.results.provenance import environment  # noqa: E402
 from lantern.rng import keys_tensor  # noqa: E402
-from lantern.rules.exact import ExactSampled
+from lantern.rules.exact import ExactSampled  # noqa: E402
 from lantern.rules.factory import lantern  # noqa: E402
 from lantern.rules.neighbours import CodebookNeighbours  # noqa: E402
 
@@ -87,7 +87,7 @@ def random_llamagen(device, dtype, tiny: bool):
         generator = torch.Generator().manual_seed(i)
         states = torch.randn(1, config.cls_token_num, config.caption_dim, generator=generator)
         mask = torch.zeros(1, config.cls_token_num, dtype=torch.bool)
-        mask[:, -(8 + i % (config.cls_token_num - 7)):] = True  # left-padded captions of varied length
+        mask[:, -(8 + i % (config.cls_token_num - 7)) :] = True  # left-padded captions of varied length
         conditions.append(Condition(states.to(device=device, dtype=dtype), mask.to(device)))
     return model, drafter, neighbours, conditions, {"cfg_scale": 7.5, "temperature": 1.0, "top_k": 1000, "top_p": 1.0}
 
@@ -95,10 +95,13 @@ def random_llamagen(device, dtype, tiny: bool):
 def decoders(drafter, neighbours, sampling, mode, guard, k):
     """The compared modes (label -> decoder); AR eager and AR compiled are both there."""
     modes = {"ar eager": ARDecoder(sampling), f"ar {mode}": ARDecoder(sampling, compile=mode, guard=guard)}
-    modes["exact chain3 sampled"] = SpeculativeDecoder(sampling, drafter, chain(3, "sampled"), ExactSampled(), "eagle", mode, guard=guard)
+    modes["exact chain3 sampled"] = SpeculativeDecoder(
+        sampling, drafter, chain(3, "sampled"), ExactSampled(), "eagle", mode, guard=guard
+    )
     for delta in (0.1, 0.4):
         modes[f"lantern d={delta} chain3 sampled"] = SpeculativeDecoder(
-            sampling, drafter, chain(3, "sampled"), lantern(k, delta, neighbours), "lantern", mode, guard=guard)
+            sampling, drafter, chain(3, "sampled"), lantern(k, delta, neighbours), "lantern", mode, guard=guard
+        )
     return modes
 
 
@@ -139,13 +142,21 @@ def check(name, model, drafter, neighbours, conditions, recommended, args, devic
     for label in modes:
         latency = statistics.median(times[label])
         spread = (min(times[label]), max(times[label]))
-        rows.append({
-            "mode": label, "latency_ms": latency * 1000, "min_ms": spread[0] * 1000, "max_ms": spread[1] * 1000,
-            "tau": statistics.mean(taus[label]), "speedup_vs_compiled_ar": statistics.median(times[ar_label]) / latency,
-            "warmup_s": compile_s[label],
-        })
+        rows.append(
+            {
+                "mode": label,
+                "latency_ms": latency * 1000,
+                "min_ms": spread[0] * 1000,
+                "max_ms": spread[1] * 1000,
+                "tau": statistics.mean(taus[label]),
+                "speedup_vs_compiled_ar": statistics.median(times[ar_label]) / latency,
+                "warmup_s": compile_s[label],
+            }
+        )
     return {
-        "target": name, "tokens": model.config.num_image_tokens, "rows": rows,
+        "target": name,
+        "tokens": model.config.num_image_tokens,
+        "rows": rows,
         "greedy_tokens_equal_compiled_vs_eager": float((eager_codes == compiled_codes).float().mean()),
         "compiled_ar_over_eager_ar": statistics.median(times["ar eager"]) / statistics.median(times[ar_label]),
     }
@@ -153,22 +164,29 @@ def check(name, model, drafter, neighbours, conditions, recommended, args, devic
 
 def markdown(results: list[dict], env: dict, args) -> str:
     lines = [
-        "# GPU check: compiled decode steps (AR, exact, LANTERN)", "",
+        "# GPU check: compiled decode steps (AR, exact, LANTERN)",
+        "",
         f"`python scripts/gpu_check.py {' '.join(args.argv)}` at commit {env['commit'][:7]} on {env['device_name']}, "
         f"torch {env['versions']['torch']}, dtype {args.dtype}, compile={args.compile}, batch 1, {args.images} images per mode "
         "(interleaved, after two warm-up images), median latency with min-max. Every timed step ran under "
-        "`torch.cuda.set_sync_debug_mode('error')`: no host sync inside a step.", "",
+        "`torch.cuda.set_sync_debug_mode('error')`: no host sync inside a step.",
+        "",
     ]
     for result in results:
         lines += [
-            f"## {result['target']} ({result['tokens']} tokens)", "",
+            f"## {result['target']} ({result['tokens']} tokens)",
+            "",
             f"compiled AR / eager AR speed: {result['compiled_ar_over_eager_ar']:.2f}x; greedy tokens equal "
-            f"(compiled vs eager AR): {result['greedy_tokens_equal_compiled_vs_eager']:.1%}", "",
-            "| mode | tau | latency ms/image (min-max) | speed-up vs compiled AR | warm-up s |", "|---|---|---|---|---|",
+            f"(compiled vs eager AR): {result['greedy_tokens_equal_compiled_vs_eager']:.1%}",
+            "",
+            "| mode | tau | latency ms/image (min-max) | speed-up vs compiled AR | warm-up s |",
+            "|---|---|---|---|---|",
         ]
         for r in result["rows"]:
-            lines.append(f"| {r['mode']} | {r['tau']:.2f} | {r['latency_ms']:.1f} ({r['min_ms']:.1f}-{r['max_ms']:.1f}) | "
-                         f"{r['speedup_vs_compiled_ar']:.2f}x | {r['warmup_s']:.1f} |")
+            lines.append(
+                f"| {r['mode']} | {r['tau']:.2f} | {r['latency_ms']:.1f} ({r['min_ms']:.1f}-{r['max_ms']:.1f}) | "
+                f"{r['speedup_vs_compiled_ar']:.2f}x | {r['warmup_s']:.1f} |"
+            )
         lines.append("")
     return "\n".join(lines)
 
@@ -188,7 +206,10 @@ def main(argv=None) -> int:
         parser.error(f"--images={args.images} must be >= 2")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        print("error: --device cuda but no CUDA device is available; the CPU form is --device cpu --dtype float32 --compile none --tiny", file=sys.stderr)
+        print(
+            "error: --device cuda but no CUDA device is available; the CPU form is --device cpu --dtype float32 --compile none --tiny",
+            file=sys.stderr,
+        )
         return 2
     dtype = getattr(torch, args.dtype)
     results = []
@@ -207,7 +228,10 @@ def main(argv=None) -> int:
     env = environment(device)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out.with_suffix(".json"), {"args": {k: v for k, v in vars(args).items()}, "environment": env, "results": results})
+    write_json_atomic(
+        out.with_suffix(".json"),
+        {"args": {k: v for k, v in vars(args).items()}, "environment": env, "results": results},
+    )
     out.with_suffix(".md").write_text(markdown(results, env, args))
     print(markdown(results, env, args))
     return 0

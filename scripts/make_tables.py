@@ -18,24 +18,26 @@ from pathlib import Path
 
 from lantern.cli.main import run_or_exit
 from lantern.errors import ConfigError
-from lantern.results.tables import (
-    failed_jobs,
-    load_records,
-    table_rows,
-    to_markdown,
-    write_tables,
-)
+from lantern.results.tables import failed_jobs, load_records, table_rows, to_markdown, write_tables
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", help="run or sweep folders, or metrics.json files")
-    parser.add_argument("--out", default=None,
-                        help="folder for table.{md,csv,tex,json} and table_pareto.png (created if missing; "
-                             "default: the first runs folder)")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="folder for table.{md,csv,tex,json} and table_pareto.png (created if missing; "
+        "default: the first runs folder)",
+    )
     parser.add_argument("--stem", default="table")
-    parser.add_argument("--latency", action="append", default=[], metavar="RUNS",
-                        help="run or sweep folders whose latency and speed-up the rows take (same method and setting)")
+    parser.add_argument(
+        "--latency",
+        action="append",
+        default=[],
+        metavar="RUNS",
+        help="run or sweep folders whose latency and speed-up the rows take (same method and setting)",
+    )
     args = parser.parse_args()
 
     def make() -> dict:

@@ -38,8 +38,14 @@ def main() -> None:
         source = Path(source)
         target = world / name
         copy_atomic(source, target)
-        entry = {"sha256": sha256_file(target), "bytes": target.stat().st_size, "command": command,
-                 "data": args.data, "commit": commit["commit"], "commit_dirty": commit["dirty"]}
+        entry = {
+            "sha256": sha256_file(target),
+            "bytes": target.stat().st_size,
+            "command": command,
+            "data": args.data,
+            "commit": commit["commit"],
+            "commit_dirty": commit["dirty"],
+        }
         for extra in ["config.yaml", *sorted(p.name for p in source.parent.glob("*report.json"))]:
             if (source.parent / extra).is_file():
                 text = (source.parent / extra).read_text()

@@ -25,29 +25,12 @@ import torch
 from lantern.cli.main import run_or_exit
 from lantern.errors import ConfigError
 from lantern.files import write_json_atomic
-from lantern.metrics.classifier import (
-    WEIGHTS_NAME,
-    FashionClassifier,
-    load_classifier,
-    pad_to_world,
-    predict,
-)
+from lantern.metrics.classifier import WEIGHTS_NAME, FashionClassifier, load_classifier, pad_to_world, predict
 from lantern.models.devices import resolve_device
-from lantern.models.world.fashion_mnist import (
-    CLASS_NAMES,
-    NUM_CLASSES,
-    SYSTEM_DATA_ROOT,
-    load_split,
-)
+from lantern.models.world.fashion_mnist import CLASS_NAMES, NUM_CLASSES, SYSTEM_DATA_ROOT, load_split
 from lantern.results.provenance import environment
 from lantern.training.classifier import ClassifierObjective, training_batch
-from lantern.training.loop import (
-    DEFAULT_RESUME_IGNORE,
-    EpochBatches,
-    Trainer,
-    training_summary,
-    warmup_cosine,
-)
+from lantern.training.loop import DEFAULT_RESUME_IGNORE, EpochBatches, Trainer, training_summary, warmup_cosine
 
 REPORT_NAME = "classifier_report.json"
 RESUME_IGNORE = (*DEFAULT_RESUME_IGNORE, "epochs", "eval_batch_size", "device")
@@ -68,14 +51,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--min-lr-ratio", type=float, default=0.05)
     parser.add_argument("--label-smoothing", type=float, default=0.0)
     parser.add_argument("--width", type=int, default=16, help="channels of the first stage (then 2x, 4x)")
-    parser.add_argument("--augment", action=argparse.BooleanOptionalAction, default=True,
-                        help="random shifts of up to --max-shift px and left-right flips")
+    parser.add_argument(
+        "--augment",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="random shifts of up to --max-shift px and left-right flips",
+    )
     parser.add_argument("--max-shift", type=int, default=2)
     parser.add_argument("--train-limit", type=int, default=0, help="use only the first N train images (0: all)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--num-threads", type=int, default=1,
-                        help="torch threads; 1 is fastest for this small CNN on a busy 2-core machine")
+    parser.add_argument(
+        "--num-threads",
+        type=int,
+        default=1,
+        help="torch threads; 1 is fastest for this small CNN on a busy 2-core machine",
+    )
     parser.add_argument("--eval-batch-size", type=int, default=500)
     parser.add_argument("--ckpt-every", type=int, default=200)
     parser.add_argument("--log-every", type=int, default=50)
@@ -84,9 +75,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _check(args: argparse.Namespace) -> None:
-    positive = {"epochs": args.epochs, "batch_size": args.batch_size, "width": args.width,
-                "num_threads": args.num_threads, "eval_batch_size": args.eval_batch_size,
-                "ckpt_every": args.ckpt_every, "log_every": args.log_every}
+    positive = {
+        "epochs": args.epochs,
+        "batch_size": args.batch_size,
+        "width": args.width,
+        "num_threads": args.num_threads,
+        "eval_batch_size": args.eval_batch_size,
+        "ckpt_every": args.ckpt_every,
+        "log_every": args.log_every,
+    }
     for name, value in positive.items():
         if value < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
@@ -120,8 +117,11 @@ def train_classifier(args: argparse.Namespace) -> dict:
     model = FashionClassifier(args.width).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     load = functools.partial(
-        training_batch, torch.from_numpy(train_images), torch.from_numpy(train_labels),
-        augment=args.augment, max_shift=args.max_shift,
+        training_batch,
+        torch.from_numpy(train_images),
+        torch.from_numpy(train_labels),
+        augment=args.augment,
+        max_shift=args.max_shift,
     )
     trainer = Trainer(
         model,
@@ -172,7 +172,8 @@ def train_classifier(args: argparse.Namespace) -> dict:
             "eval_s": eval_s,
         },
         "training": training_summary(
-            summary, train_images=int(len(train_images)), epochs=summary["steps"] / steps_per_epoch),
+            summary, train_images=int(len(train_images)), epochs=summary["steps"] / steps_per_epoch
+        ),
         "config": config,
         "environment": environment(device),
     }

@@ -34,13 +34,7 @@ from lantern.files import write_json_atomic
 from lantern.metrics.classifier import pad_to_world
 from lantern.metrics.clip import CONVENTIONS, CLIPScore, encode_images, encode_texts
 from lantern.models.devices import resolve_device
-from lantern.models.world.fashion_mnist import (
-    NUM_CLASSES,
-    SYSTEM_DATA_ROOT,
-    all_captions,
-    caption_for,
-    load_split,
-)
+from lantern.models.world.fashion_mnist import NUM_CLASSES, SYSTEM_DATA_ROOT, all_captions, caption_for, load_split
 from lantern.results.provenance import environment
 from lantern.training.clip import (
     CONFIG_NAME,
@@ -55,18 +49,21 @@ from lantern.training.clip import (
     tokenize_captions,
     zero_shot_scores,
 )
-from lantern.training.loop import (
-    DEFAULT_RESUME_IGNORE,
-    EpochBatches,
-    Trainer,
-    training_summary,
-    warmup_cosine,
-)
+from lantern.training.loop import DEFAULT_RESUME_IGNORE, EpochBatches, Trainer, training_summary, warmup_cosine
 
 REPORT_NAME = "clip_report.json"
 RESUME_IGNORE = (*DEFAULT_RESUME_IGNORE, "test_root", "eval_batch_size", "eval_limit", "score_images")
-ARCHITECTURE = ("embed_dim", "vision_width", "vision_layers", "patch_size", "vision_head_width", "text_width",
-                "text_heads", "text_layers", "context_length")
+ARCHITECTURE = (
+    "embed_dim",
+    "vision_width",
+    "vision_layers",
+    "patch_size",
+    "vision_head_width",
+    "text_width",
+    "text_heads",
+    "text_layers",
+    "context_length",
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -85,29 +82,52 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--embed-dim", type=int, default=64)
     parser.add_argument("--vision-width", type=int, default=96)
     parser.add_argument("--vision-layers", type=int, default=4)
-    parser.add_argument("--patch-size", type=int, default=8, help="8: a 4x4 grid of patches, 2.5x faster than 4 on a CPU")
+    parser.add_argument(
+        "--patch-size", type=int, default=8, help="8: a 4x4 grid of patches, 2.5x faster than 4 on a CPU"
+    )
     parser.add_argument("--vision-head-width", type=int, default=32)
-    parser.add_argument("--text-width", type=int, default=64,
-                        help="the token embedding (49408 x width) dominates the file: 64 -> 6.0 MiB in fp16")
+    parser.add_argument(
+        "--text-width",
+        type=int,
+        default=64,
+        help="the token embedding (49408 x width) dominates the file: 64 -> 6.0 MiB in fp16",
+    )
     parser.add_argument("--text-heads", type=int, default=4)
     parser.add_argument("--text-layers", type=int, default=3)
     parser.add_argument("--context-length", type=int, default=32)
-    parser.add_argument("--prefix-prob", type=float, default=0.5,
-                        help="fraction of training captions prefixed with 'A photo depicts '")
-    parser.add_argument("--same-class-targets", action=argparse.BooleanOptionalAction, default=True,
-                        help="soft InfoNCE targets over same-class pairs (no false negatives)")
-    parser.add_argument("--augment", action=argparse.BooleanOptionalAction, default=True,
-                        help="random shifts of up to --max-shift px and left-right flips")
+    parser.add_argument(
+        "--prefix-prob", type=float, default=0.5, help="fraction of training captions prefixed with 'A photo depicts '"
+    )
+    parser.add_argument(
+        "--same-class-targets",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="soft InfoNCE targets over same-class pairs (no false negatives)",
+    )
+    parser.add_argument(
+        "--augment",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="random shifts of up to --max-shift px and left-right flips",
+    )
     parser.add_argument("--max-shift", type=int, default=2)
     parser.add_argument("--train-limit", type=int, default=0, help="use only the first N train images (0: all)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--num-threads", type=int, default=1,
-                        help="torch threads; 1 is fastest for this small model on a busy 2-core machine")
+    parser.add_argument(
+        "--num-threads",
+        type=int,
+        default=1,
+        help="torch threads; 1 is fastest for this small model on a busy 2-core machine",
+    )
     parser.add_argument("--eval-batch-size", type=int, default=500)
     parser.add_argument("--eval-limit", type=int, default=0, help="evaluate on the first N test images (0: all)")
-    parser.add_argument("--score-images", type=int, default=1000,
-                        help="test images scored through CLIPScore.score itself, per convention")
+    parser.add_argument(
+        "--score-images",
+        type=int,
+        default=1000,
+        help="test images scored through CLIPScore.score itself, per convention",
+    )
     parser.add_argument("--ckpt-every", type=int, default=100)
     parser.add_argument("--log-every", type=int, default=25)
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
@@ -115,8 +135,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _check(args: argparse.Namespace) -> None:
-    positive = {"steps": args.steps, "batch_size": args.batch_size, "num_threads": args.num_threads,
-                "eval_batch_size": args.eval_batch_size, "ckpt_every": args.ckpt_every, "log_every": args.log_every}
+    positive = {
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "num_threads": args.num_threads,
+        "eval_batch_size": args.eval_batch_size,
+        "ckpt_every": args.ckpt_every,
+        "log_every": args.log_every,
+    }
     for name, value in positive.items():
         if value < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
@@ -152,14 +178,23 @@ def evaluate(weights: Path, config_path: Path, images: np.ndarray, labels: np.nd
     scored = {}
     if count:
         matched = [caption_for(int(y), i) for i, y in enumerate(labels[:count])]
-        shifted = [caption_for((int(y) + 1 + i % (NUM_CLASSES - 1)) % NUM_CLASSES, i) for i, y in enumerate(labels[:count])]
+        shifted = [
+            caption_for((int(y) + 1 + i % (NUM_CLASSES - 1)) % NUM_CLASSES, i) for i, y in enumerate(labels[:count])
+        ]
         for convention in CONVENTIONS:
-            metric = CLIPScore(str(weights), MODEL_NAME, convention, str(config_path), args.eval_batch_size, str(device))
-            scored[convention] = {"matched": metric.score(images[:count], matched),
-                                  "mismatched": metric.score(images[:count], shifted)}
-    return {"images": int(len(images)), "conventions": conventions,
-            "clip_score": {"images": count, "captions": "caption_for(label, i); mismatched: another class's", **scored},
-            "eval_s": time.perf_counter() - started}
+            metric = CLIPScore(
+                str(weights), MODEL_NAME, convention, str(config_path), args.eval_batch_size, str(device)
+            )
+            scored[convention] = {
+                "matched": metric.score(images[:count], matched),
+                "mismatched": metric.score(images[:count], shifted),
+            }
+    return {
+        "images": int(len(images)),
+        "conventions": conventions,
+        "clip_score": {"images": count, "captions": "caption_for(label, i); mismatched: another class's", **scored},
+        "eval_s": time.perf_counter() - started,
+    }
 
 
 def train_clip(args: argparse.Namespace) -> dict:
@@ -185,8 +220,12 @@ def train_clip(args: argparse.Namespace) -> dict:
     model = build_clip(architecture).to(device)
     optimizer = torch.optim.AdamW(parameter_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.98), eps=1e-6)
     load = functools.partial(
-        clip_batch, torch.from_numpy(train_images), torch.from_numpy(train_labels),
-        augment=args.augment, max_shift=args.max_shift, prefix_prob=args.prefix_prob,
+        clip_batch,
+        torch.from_numpy(train_images),
+        torch.from_numpy(train_labels),
+        augment=args.augment,
+        max_shift=args.max_shift,
+        prefix_prob=args.prefix_prob,
     )
     trainer = Trainer(
         model,
@@ -231,7 +270,8 @@ def train_clip(args: argparse.Namespace) -> dict:
         "test_split": str(Path(args.test_root)) if args.test_root else "shipped (data/fashion_mnist)",
         "test": test,
         "training": training_summary(
-            summary, train_images=int(len(train_images)), epochs=summary["steps"] / steps_per_epoch),
+            summary, train_images=int(len(train_images)), epochs=summary["steps"] / steps_per_epoch
+        ),
         "config": config,
         "environment": environment(device),
     }

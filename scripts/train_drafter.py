@@ -36,25 +36,14 @@ from lantern.cli.main import run_or_exit
 from lantern.errors import ConfigError
 from lantern.files import sha256_file, write_json_atomic
 from lantern.models.condition import load_minilm_conditioner
-from lantern.models.drafter import (
-    Drafter,
-    DrafterConfig,
-    drafter_metadata,
-    load_drafter,
-)
+from lantern.models.drafter import Drafter, DrafterConfig, drafter_metadata, load_drafter
 from lantern.models.sampling import SamplingConfig
 from lantern.models.world.fashion_mnist import NUM_CLASSES, FashionMNISTImages
 from lantern.models.world.load import DEFAULT_WORLD, load_world
 from lantern.results.provenance import environment
 from lantern.training.drafter import DrafterObjective, evaluate_drafter, generate_codes
 from lantern.training.fashion import caption_table, tokenize
-from lantern.training.loop import (
-    DEFAULT_RESUME_IGNORE,
-    EpochBatches,
-    Trainer,
-    training_summary,
-    warmup_cosine,
-)
+from lantern.training.loop import DEFAULT_RESUME_IGNORE, EpochBatches, Trainer, training_summary, warmup_cosine
 
 WEIGHTS_NAME = "drafter.safetensors"
 REPORT_NAME = "drafter_report.json"
@@ -78,13 +67,26 @@ def self_distillation_data(cfg: DictConfig, bundle, gpt_path: Path, states, mask
     per_class = class_captions.shape[1]
     caption_ids = class_captions[index % NUM_CLASSES, (index // NUM_CLASSES) % per_class]  # (M,)
     key = {
-        "gpt_sha256": sha256_file(gpt_path), "seed": int(gen.seed), "cfg_scale": float(gen.cfg_scale),
-        "temperature": float(gen.temperature), "top_k": int(gen.top_k), "top_p": float(gen.top_p),
-        "text_max_length": int(cfg.text_max_length), "conditions": "fashion captions: class i % 10, template (i // 10) % 7",
+        "gpt_sha256": sha256_file(gpt_path),
+        "seed": int(gen.seed),
+        "cfg_scale": float(gen.cfg_scale),
+        "temperature": float(gen.temperature),
+        "top_k": int(gen.top_k),
+        "top_p": float(gen.top_p),
+        "text_max_length": int(cfg.text_max_length),
+        "conditions": "fashion captions: class i % 10, template (i // 10) % 7",
     }
     codes = generate_codes(
-        bundle.gpt, states, masks, caption_ids, sampling, int(gen.seed), out_dir / "codes_self.pt", key,
-        batch_size=int(gen.batch_size), progress=cfg.progress,
+        bundle.gpt,
+        states,
+        masks,
+        caption_ids,
+        sampling,
+        int(gen.seed),
+        out_dir / "codes_self.pt",
+        key,
+        batch_size=int(gen.batch_size),
+        progress=cfg.progress,
     )
     return codes, caption_ids[:, None]
 
@@ -109,9 +111,12 @@ def train_drafter(cfg: DictConfig) -> dict:
     out_dir = Path(cfg.out_dir)
     folder = Path(cfg.world) if cfg.world else DEFAULT_WORLD
     bundle = load_world(
-        "drafter-target", config["gpt"], config["vq"],
+        "drafter-target",
+        config["gpt"],
+        config["vq"],
         functools.partial(load_minilm_conditioner, max_length=int(cfg.text_max_length)),
-        folder=str(folder), device=cfg.device,
+        folder=str(folder),
+        device=cfg.device,
     )
     target, device = bundle.gpt, bundle.device
     states, masks, class_captions = caption_table(int(cfg.text_max_length), bundle.conditioner.encoder)
@@ -129,52 +134,97 @@ def train_drafter(cfg: DictConfig) -> dict:
 
     data_started = time.perf_counter()
     if cfg.data == "self":
-        codes, caption_ids = self_distillation_data(cfg, bundle, folder / "gpt.safetensors", states, masks, class_captions, out_dir)
+        codes, caption_ids = self_distillation_data(
+            cfg, bundle, folder / "gpt.safetensors", states, masks, class_captions, out_dir
+        )
     else:
         codes, caption_ids = image_data(cfg, bundle, train, vq_hash, class_captions, out_dir)
     data_wall_s = time.perf_counter() - data_started
 
     torch.manual_seed(cfg.seed)
     drafter = Drafter(DrafterConfig(target.config, n_layer=int(cfg.n_layer))).to(device)
-    optimizer = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(
+        drafter.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
+    )
     objective = DrafterObjective(
-        target, drafter, codes, caption_ids, states, masks, cond_dropout=cfg.cond_dropout, noise=cfg.noise,
-        ce_weight=cfg.ce_weight, cache_states=bool(cfg.cache_states) and caption_ids.shape[1] == 1, progress=cfg.progress,
+        target,
+        drafter,
+        codes,
+        caption_ids,
+        states,
+        masks,
+        cond_dropout=cfg.cond_dropout,
+        noise=cfg.noise,
+        ce_weight=cfg.ce_weight,
+        cache_states=bool(cfg.cache_states) and caption_ids.shape[1] == 1,
+        progress=cfg.progress,
     )
     trainer = Trainer(
-        drafter, optimizer, objective, EpochBatches(codes.shape[0], cfg.batch_size, cfg.seed, lambda idx: idx),
-        max_steps=cfg.steps, out_dir=out_dir, ckpt_every=cfg.ckpt_every, log_every=cfg.log_every,
-        progress=cfg.progress, grad_clip=cfg.grad_clip,
-        lr_schedule=warmup_cosine(cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio), config=config,
-        resume_ignore=RESUME_IGNORE, export_name=WEIGHTS_NAME, export_dtype=torch.float16,
+        drafter,
+        optimizer,
+        objective,
+        EpochBatches(codes.shape[0], cfg.batch_size, cfg.seed, lambda idx: idx),
+        max_steps=cfg.steps,
+        out_dir=out_dir,
+        ckpt_every=cfg.ckpt_every,
+        log_every=cfg.log_every,
+        progress=cfg.progress,
+        grad_clip=cfg.grad_clip,
+        lr_schedule=warmup_cosine(cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio),
+        config=config,
+        resume_ignore=RESUME_IGNORE,
+        export_name=WEIGHTS_NAME,
+        export_dtype=torch.float16,
         export_metadata=drafter_metadata(drafter),
     )
     params = sum(p.numel() for p in drafter.parameters()) / 1e6
-    print(f"training a {cfg.n_layer}-layer drafter ({params:.2f}M parameters) for {cfg.gpt.preset} on "
-          f"{codes.shape[0]} {'self-distilled' if cfg.data == 'self' else 'train-split'} sequences for "
-          f"{cfg.steps} steps of {cfg.batch_size} into {out_dir}", flush=True)
+    print(
+        f"training a {cfg.n_layer}-layer drafter ({params:.2f}M parameters) for {cfg.gpt.preset} on "
+        f"{codes.shape[0]} {'self-distilled' if cfg.data == 'self' else 'train-split'} sequences for "
+        f"{cfg.steps} steps of {cfg.batch_size} into {out_dir}",
+        flush=True,
+    )
     summary = trainer.fit()
 
     # Evaluate exactly what ships: the fp16 file loaded by the decoders' loader into fp32.
     shipped = load_drafter(out_dir / WEIGHTS_NAME, gpt=config["gpt"], vq=config["vq"], device=str(device))
     held_out = evaluate_drafter(
-        target, shipped, test_codes, test_ids, states, masks, batch_size=int(cfg.eval_batch_size),
+        target,
+        shipped,
+        test_codes,
+        test_ids,
+        states,
+        masks,
+        batch_size=int(cfg.eval_batch_size),
         ce_weight=cfg.ce_weight,
     )
     train_steps = summary["steps"] - (summary["resumed_from"] or 0)
     report = {
         "weights": str(out_dir / WEIGHTS_NAME),
         "weights_dtype": "float16",
-        "target": {"world": str(folder), "gpt": config["gpt"], "vq": config["vq"],
-                   "gpt_sha256": sha256_file(folder / "gpt.safetensors")},
+        "target": {
+            "world": str(folder),
+            "gpt": config["gpt"],
+            "vq": config["vq"],
+            "gpt_sha256": sha256_file(folder / "gpt.safetensors"),
+        },
         "drafter": {"n_layer": int(cfg.n_layer), "parameters": sum(p.numel() for p in drafter.parameters())},
-        "data": {"kind": cfg.data, "sequences": int(codes.shape[0]), "wall_s_this_run": data_wall_s,
-                 **({"generation": config["generation"]} if cfg.data == "self" else {"data_root": cfg.data_root})},
-        "held_out": {"split": str(cfg.test_root) if cfg.test_root else "shipped test split (data/fashion_mnist)",
-                     "images": len(test), **held_out},
+        "data": {
+            "kind": cfg.data,
+            "sequences": int(codes.shape[0]),
+            "wall_s_this_run": data_wall_s,
+            **({"generation": config["generation"]} if cfg.data == "self" else {"data_root": cfg.data_root}),
+        },
+        "held_out": {
+            "split": str(cfg.test_root) if cfg.test_root else "shipped test split (data/fashion_mnist)",
+            "images": len(test),
+            **held_out,
+        },
         "training": training_summary(
-            summary, steps_per_s_this_run=train_steps / summary["wall_s"] if summary["wall_s"] > 0 else None,
-            sequences_seen=summary["steps"] * cfg.batch_size),
+            summary,
+            steps_per_s_this_run=train_steps / summary["wall_s"] if summary["wall_s"] > 0 else None,
+            sequences_seen=summary["steps"] * cfg.batch_size,
+        ),
         "wall_s_this_run": time.perf_counter() - started,
         "config": config,
         "environment": environment(device),

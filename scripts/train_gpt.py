@@ -45,27 +45,45 @@ def train_gpt(cfg: DictConfig) -> dict:
 
     torch.manual_seed(cfg.seed)
     gpt_cfg = gpt_config(
-        cfg.preset, "t2i", cfg.resolution, vq.config.downsample, vocab_size=vq.config.codebook_size,
-        caption_dim=states.shape[-1], cls_token_num=cfg.text_max_length,
+        cfg.preset,
+        "t2i",
+        cfg.resolution,
+        vq.config.downsample,
+        vocab_size=vq.config.codebook_size,
+        caption_dim=states.shape[-1],
+        cls_token_num=cfg.text_max_length,
     )
     model = Transformer(gpt_cfg)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr, betas=tuple(cfg.betas),
+        lr=cfg.lr,
+        betas=tuple(cfg.betas),
     )
     objective = GPTObjective(model, codes, caption_ids, states, masks, cfg.cond_dropout)
     trainer = Trainer(
-        model, optimizer, objective, EpochBatches(len(train), cfg.batch_size, cfg.seed, lambda idx: idx),
-        max_steps=cfg.steps, out_dir=out_dir, ckpt_every=cfg.ckpt_every, log_every=cfg.log_every,
-        progress=cfg.progress, grad_clip=cfg.grad_clip,
-        lr_schedule=warmup_cosine(cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio), config=config,
-        export_name=WEIGHTS_NAME, export_dtype=torch.float16,
+        model,
+        optimizer,
+        objective,
+        EpochBatches(len(train), cfg.batch_size, cfg.seed, lambda idx: idx),
+        max_steps=cfg.steps,
+        out_dir=out_dir,
+        ckpt_every=cfg.ckpt_every,
+        log_every=cfg.log_every,
+        progress=cfg.progress,
+        grad_clip=cfg.grad_clip,
+        lr_schedule=warmup_cosine(cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio),
+        config=config,
+        export_name=WEIGHTS_NAME,
+        export_dtype=torch.float16,
     )
     params = sum(p.numel() for p in model.parameters()) / 1e6
-    print(f"training {cfg.preset} t2i ({params:.2f}M parameters, {gpt_cfg.grid_size}x{gpt_cfg.grid_size} tokens, "
-          f"vocab {gpt_cfg.vocab_size}) for {cfg.steps} steps of {cfg.batch_size} into {out_dir}", flush=True)
+    print(
+        f"training {cfg.preset} t2i ({params:.2f}M parameters, {gpt_cfg.grid_size}x{gpt_cfg.grid_size} tokens, "
+        f"vocab {gpt_cfg.vocab_size}) for {cfg.steps} steps of {cfg.batch_size} into {out_dir}",
+        flush=True,
+    )
     return trainer.fit()
 
 

@@ -66,7 +66,7 @@ def save_recon_grid(model: VQModel, dataset: FashionMNISTImages, count: int, pat
     pairs = -(-len(originals) // cols)
     step = res + gap
     grid = np.full((pairs * 2 * step - gap, cols * step - gap, 3), 255, np.uint8)  # white canvas
-    for i, (image, rec) in enumerate(zip(originals, recons)):
+    for i, (image, rec) in enumerate(zip(originals, recons, strict=True)):
         top, left = (i // cols) * 2 * step, (i % cols) * step
         grid[top : top + res, left : left + res] = image
         grid[top + step : top + step + res, left : left + res] = rec
@@ -84,7 +84,9 @@ def train_vq(cfg: DictConfig) -> dict:
     test = FashionMNISTImages.from_folder(cfg.test_root, "test", cfg.resolution)
     vq_cfg = vq_config(cfg.preset, **config["vq_overrides"])
     if cfg.resolution % vq_cfg.downsample:
-        raise ConfigError(f"resolution {cfg.resolution} is not divisible by the preset's downsample {vq_cfg.downsample}")
+        raise ConfigError(
+            f"resolution {cfg.resolution} is not divisible by the preset's downsample {vq_cfg.downsample}"
+        )
     if not 0.0 <= cfg.restart.until_fraction <= 1.0:
         raise ConfigError(f"restart.until_fraction must be in [0, 1], got {cfg.restart.until_fraction}")
 
@@ -93,9 +95,7 @@ def train_vq(cfg: DictConfig) -> dict:
     # channels_last speeds up the CPU convolutions; the exported tensors are made contiguous again.
     memory_format = torch.channels_last if cfg.channels_last else torch.contiguous_format
     model = model.to(memory_format=memory_format)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
-    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
     objective = VQObjective(
         model,
         l1_weight=cfg.loss.l1,

@@ -12,13 +12,7 @@ from lantern.models.sampling import SamplingConfig
 from lantern.rules import neighbours as nbm
 from lantern.rules.exact import ExactDeterministic, ExactSampled
 from lantern.rules.factory import lantern, lantern_pp
-from lantern.rules.neighbours import (
-    check_table,
-    codebook_hash,
-    load_or_build_table,
-    neighbour_table,
-    to_storage,
-)
+from lantern.rules.neighbours import check_table, codebook_hash, load_or_build_table, neighbour_table, to_storage
 from lantern.rules.relaxation import NeighbourRelaxation
 
 V = 24
@@ -128,7 +122,9 @@ def test_check_table_rejects_other_codebook():
     with pytest.raises(ConfigError, match="another codebook"):
         check_table(neighbour_table(_codebook(v=16), 5), cb)
     with pytest.raises(ConfigError, match="24"):
-        lantern(3, 0.1, neighbour_table(cb, 5)).verify(_dists(v=16), torch.zeros(64, dtype=torch.long), None, torch.rand(64))
+        lantern(3, 0.1, neighbour_table(cb, 5)).verify(
+            _dists(v=16), torch.zeros(64, dtype=torch.long), None, torch.rand(64)
+        )
 
 
 # ----------------------------------------------------------------------------- relaxation properties
@@ -219,13 +215,19 @@ def test_merge_over_siblings_stays_within_delta(count, delta):
 def test_lantern_pp_caps_every_receiver(lam, kind):
     table, p, q, _, _ = _setup(2, rows=128)
     tokens = _siblings(p, 3, 6)
-    relaxed = NeighbourRelaxation(10, table, lam=lam).relax(p, tokens, torch.ones_like(tokens, dtype=torch.bool), q, kind)
+    relaxed = NeighbourRelaxation(10, table, lam=lam).relax(
+        p, tokens, torch.ones_like(tokens, dtype=torch.bool), q, kind
+    )
     assert (relaxed.target <= torch.maximum(p, lam * p) * (1 + 1e-9) + 1e-15).all()
     assert (relaxed.tv > 0).any()
 
 
-TRANSPORTS = [dict(receivers="fill", rounds=2), dict(receivers="fill", rounds=1), dict(receivers="first", rounds=1),
-              dict(receivers="first", rounds=3)]
+TRANSPORTS = [
+    dict(receivers="fill", rounds=2),
+    dict(receivers="fill", rounds=1),
+    dict(receivers="first", rounds=1),
+    dict(receivers="first", rounds=3),
+]
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS, ids=lambda t: f"{t['receivers']}-{t['rounds']}")
@@ -263,19 +265,25 @@ def test_fill_tops_up_deficits_nearest_first_where_first_stops_at_one():
     q = [0.10, 0.20, 0.20, 0.30, 0.10, 0.10]  # code 4's surplus 0.05 finds no deficit among 5, 0, 1? 1 has one
     first = _ring(p, q, receivers="first", rounds=1, delta=1.0)
     # 0 offers 0.30 to 1 (room 0.10); 4 offers 0.05 to 1 too: 1's room is shared 0.30 : 0.05
-    assert first.target[0].tolist() == pytest.approx([0.40 - 0.30 / 0.35 * 0.10, 0.20, 0.15, 0.10, 0.15 - 0.05 / 0.35 * 0.10, 0.10])
+    assert first.target[0].tolist() == pytest.approx(
+        [0.40 - 0.30 / 0.35 * 0.10, 0.20, 0.15, 0.10, 0.15 - 0.05 / 0.35 * 0.10, 0.10]
+    )
     fill = _ring(p, q, receivers="fill", rounds=1, delta=1.0)
     # 0 asks 1, 2, 3 for 0.10, 0.05, 0.15 (offer spent); 4 asks 5 (no room), 0 (no room), 1 for 0.05;
     # 1 was asked for 0.15 with room 0.10: both get 2/3 of what they asked
     got = [0.10 * 2 / 3, 0.05, 0.15, 0.05 * 2 / 3]
-    assert fill.target[0].tolist() == pytest.approx([0.40 - got[0] - got[1] - got[2], 0.20, 0.20, 0.25, 0.15 - got[3], 0.10])
+    assert fill.target[0].tolist() == pytest.approx(
+        [0.40 - got[0] - got[1] - got[2], 0.20, 0.20, 0.25, 0.15 - got[3], 0.10]
+    )
     # a second round offers 0's leftover to 3 (room 0.05 left, enough) and 4's to 1 (now full)
     left = 0.30 - got[0] - got[1] - got[2]
     again = _ring(p, q, receivers="fill", rounds=2, delta=1.0)
     assert again.target[0].tolist() == pytest.approx([0.10, 0.20, 0.20, 0.25 + left, 0.15 - got[3], 0.10])
     assert float(again.tv) == pytest.approx(0.30 + got[3])
     budget = _ring(p, q, receivers="fill", rounds=2, delta=0.2)
-    assert float(budget.tv) == pytest.approx(0.2) and float(_tv(budget.target, torch.tensor([p], dtype=torch.float64))) == pytest.approx(0.2)
+    assert float(budget.tv) == pytest.approx(0.2) and float(
+        _tv(budget.target, torch.tensor([p], dtype=torch.float64))
+    ) == pytest.approx(0.2)
 
 
 @pytest.mark.parametrize("delta", [0.2, 0.4, 1.0])
@@ -283,9 +291,14 @@ def test_fill_and_rounds_move_more_than_first(delta):
     """On random laws the default transport uses more of the budget than the single nearest receiver."""
     table, p, q, _, _ = _setup(6, rows=64)
     active = torch.ones(64, dtype=torch.bool)
-    moved = {name: NeighbourRelaxation(8, table, delta=delta, **t).transport(p, q, active).tv.mean()
-             for name, t in {"first": dict(receivers="first", rounds=1), "fill": dict(receivers="fill", rounds=1),
-                             "fill2": dict(receivers="fill", rounds=2)}.items()}
+    moved = {
+        name: NeighbourRelaxation(8, table, delta=delta, **t).transport(p, q, active).tv.mean()
+        for name, t in {
+            "first": dict(receivers="first", rounds=1),
+            "fill": dict(receivers="fill", rounds=1),
+            "fill2": dict(receivers="fill", rounds=2),
+        }.items()
+    }
     assert moved["first"] < moved["fill"] <= moved["fill2"]
 
 
@@ -327,7 +340,9 @@ def test_bad_scan_is_refused(scan):
         lantern(5, 0.1, table, scan=scan)
 
 
-@pytest.mark.parametrize("bad", [dict(receivers="nearest"), dict(receivers=None), dict(rounds=0), dict(rounds=1.5), dict(rounds=True)])
+@pytest.mark.parametrize(
+    "bad", [dict(receivers="nearest"), dict(receivers=None), dict(rounds=0), dict(rounds=1.5), dict(rounds=True)]
+)
 def test_bad_transport_is_refused(bad):
     table, *_ = _setup(0)
     with pytest.raises(ConfigError, match=f"{next(iter(bad))}="):

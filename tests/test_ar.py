@@ -11,8 +11,15 @@ from lantern.rng import keys_tensor
 
 def tiny(model_type="c2i", seed=0):
     torch.manual_seed(seed)
-    cfg = gpt_config("GPT-nano", model_type, 64, vocab_size=256, num_classes=10, caption_dim=8,
-                     cls_token_num=4 if model_type == "t2i" else 1)
+    cfg = gpt_config(
+        "GPT-nano",
+        model_type,
+        64,
+        vocab_size=256,
+        num_classes=10,
+        caption_dim=8,
+        cls_token_num=4 if model_type == "t2i" else 1,
+    )
     return Transformer(cfg).eval()
 
 
@@ -27,8 +34,8 @@ class FakeEncoder(TextEncoder):
         for i, text in enumerate(prompts):
             n = min(4, len(text.split()))
             g = torch.Generator().manual_seed(sum(map(ord, text)))
-            states[i, 4 - n:] = torch.randn(n, 8, generator=g)
-            mask[i, 4 - n:] = True
+            states[i, 4 - n :] = torch.randn(n, 8, generator=g)
+            mask[i, 4 - n :] = True
         return TextEmbedding(states, mask)
 
 
@@ -53,7 +60,9 @@ def test_text_conditioned_greedy_matches_teacher_forcing_with_padding():
     codes = ARDecoder(sampling).generate(model, cond, keys_tensor(0, range(3))).codes
     with torch.no_grad():
         values = torch.cat([cond.values, model.null_condition(3)])
-        logits = model.head(model.forward_teacher(model.embed_condition(values), codes.repeat(2, 1), cond.mask.repeat(2, 1)))
+        logits = model.head(
+            model.forward_teacher(model.embed_condition(values), codes.repeat(2, 1), cond.mask.repeat(2, 1))
+        )
     assert torch.equal(combine_cfg(logits, 2.0).argmax(-1), codes)
 
 
@@ -63,9 +72,9 @@ def test_sampled_images_do_not_depend_on_batch_size_or_order():
     conditioner = ClassConditioner(10)
     prompts = [3, 3, 8, 0]
     together = decoder.generate(model, conditioner.encode(prompts), keys_tensor(11, range(4))).codes
-    alone = torch.cat([
-        decoder.generate(model, conditioner.encode([prompts[i]]), keys_tensor(11, [i])).codes for i in range(4)
-    ])
+    alone = torch.cat(
+        [decoder.generate(model, conditioner.encode([prompts[i]]), keys_tensor(11, [i])).codes for i in range(4)]
+    )
     assert torch.equal(together, alone)
     reversed_order = decoder.generate(model, conditioner.encode(prompts[::-1]), keys_tensor(11, [3, 2, 1, 0])).codes
     assert torch.equal(reversed_order.flip(0), together)
@@ -78,12 +87,16 @@ def test_cfg_scale_one_runs_a_single_stream():
     model = tiny()
     calls = []
     handle = model.tok_embeddings.register_forward_hook(lambda m, a, out: calls.append(out.shape[0]))
-    ARDecoder(SamplingConfig(cfg_scale=1.0)).generate(model, ClassConditioner(10).encode([1, 2]), keys_tensor(0, [0, 1]))
+    ARDecoder(SamplingConfig(cfg_scale=1.0)).generate(
+        model, ClassConditioner(10).encode([1, 2]), keys_tensor(0, [0, 1])
+    )
     handle.remove()
     assert set(calls) == {2}
     calls.clear()
     handle = model.tok_embeddings.register_forward_hook(lambda m, a, out: calls.append(out.shape[0]))
-    ARDecoder(SamplingConfig(cfg_scale=4.0)).generate(model, ClassConditioner(10).encode([1, 2]), keys_tensor(0, [0, 1]))
+    ARDecoder(SamplingConfig(cfg_scale=4.0)).generate(
+        model, ClassConditioner(10).encode([1, 2]), keys_tensor(0, [0, 1])
+    )
     handle.remove()
     assert set(calls) == {4}
 
@@ -92,7 +105,9 @@ def test_bfloat16_weights_decode_with_fp32_rope_and_logits():
     model = tiny().to(torch.bfloat16)
     assert model.rope.dtype == torch.float32 and model.output.weight.dtype == torch.bfloat16
     cond = ClassConditioner(10).encode([1, 2])
-    codes = ARDecoder(SamplingConfig(temperature=1.0, cfg_scale=2.0)).generate(model, cond, keys_tensor(0, [0, 1])).codes
+    codes = (
+        ARDecoder(SamplingConfig(temperature=1.0, cfg_scale=2.0)).generate(model, cond, keys_tensor(0, [0, 1])).codes
+    )
     assert codes.shape == (2, model.config.num_image_tokens) and 0 <= codes.min() and codes.max() < 256
     cache = model.new_cache(2)
     assert cache.k.dtype == torch.bfloat16
@@ -110,16 +125,22 @@ def _teacher_logits(model, cond, codes):
 def test_cfg_interval_follows_llamagen_token_for_token(interval):
     model = tiny()
     cond = ClassConditioner(10).encode([1, 4, 7])
-    codes = ARDecoder(SamplingConfig(temperature=0, cfg_scale=4.0, cfg_interval=interval)).generate(
-        model, cond, keys_tensor(0, range(3))).codes
+    codes = (
+        ARDecoder(SamplingConfig(temperature=0, cfg_scale=4.0, cfg_interval=interval))
+        .generate(model, cond, keys_tensor(0, range(3)))
+        .codes
+    )
     cond_logits, uncond_logits = _teacher_logits(model, cond, codes).chunk(2)
     # LlamaGen: the prefill's token 0 is guided; decode step i makes token i + 1, guided until i > interval.
     for t in range(codes.shape[1]):
         guided = t == 0 or not (t - 1 > interval)
         logits = uncond_logits[:, t] + (cond_logits[:, t] - uncond_logits[:, t]) * 4.0 if guided else cond_logits[:, t]
         assert torch.equal(logits.argmax(-1), codes[:, t]), t
-    shifted = ARDecoder(SamplingConfig(temperature=0, cfg_scale=4.0, cfg_interval=interval + 1)).generate(
-        model, cond, keys_tensor(0, range(3))).codes
+    shifted = (
+        ARDecoder(SamplingConfig(temperature=0, cfg_scale=4.0, cfg_interval=interval + 1))
+        .generate(model, cond, keys_tensor(0, range(3)))
+        .codes
+    )
     if interval < 10:  # the interval matters on this model, so the check above can fail
         assert not torch.equal(shifted, codes)
 
@@ -132,8 +153,12 @@ def test_scale_below_one_samples_the_conditional_stream_alone_unless_mix_is_aske
     half = ARDecoder(SamplingConfig(temperature=1.0, cfg_scale=0.5)).generate(model, cond, keys).codes
     handle.remove()
     assert set(calls) == {2}  # one stream, as LlamaGen for cfg_scale <= 1
-    assert torch.equal(half, ARDecoder(SamplingConfig(temperature=1.0, cfg_scale=1.0)).generate(model, cond, keys).codes)
-    mixed = ARDecoder(SamplingConfig(temperature=0, cfg_scale=0.5, cfg_below_one="mix")).generate(model, cond, keys).codes
+    assert torch.equal(
+        half, ARDecoder(SamplingConfig(temperature=1.0, cfg_scale=1.0)).generate(model, cond, keys).codes
+    )
+    mixed = (
+        ARDecoder(SamplingConfig(temperature=0, cfg_scale=0.5, cfg_below_one="mix")).generate(model, cond, keys).codes
+    )
     cond_logits, uncond_logits = _teacher_logits(model, cond, mixed).chunk(2)
     assert torch.equal((uncond_logits + 0.5 * (cond_logits - uncond_logits)).argmax(-1), mixed)
     plain = ARDecoder(SamplingConfig(temperature=0, cfg_scale=0.5)).generate(model, cond, keys).codes

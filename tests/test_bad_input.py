@@ -64,10 +64,12 @@ def files(tmp_path_factory) -> dict[str, Path]:
     put("broken.json", b'{"annotations": [')
     put("parti.tsv", b"Text\tCategory\na cat\tAnimals\n")
     put("parti_ok.tsv", b"Prompt\tCategory\na cat\tAnimals\n")
-    for name, manifest in [("escape", {"files": {"../../../etc/passwd": {"sha256": "0" * 64}}}),
-                           ("absolute", {"files": {"/etc/hostname": {"sha256": "0" * 64}}}),
-                           ("altered", {"files": {"gpt.safetensors": {"sha256": "0" * 64, "command": "python x.py"}}}),
-                           ("notable", {"files": ["gpt.safetensors"]})]:
+    for name, manifest in [
+        ("escape", {"files": {"../../../etc/passwd": {"sha256": "0" * 64}}}),
+        ("absolute", {"files": {"/etc/hostname": {"sha256": "0" * 64}}}),
+        ("altered", {"files": {"gpt.safetensors": {"sha256": "0" * 64, "command": "python x.py"}}}),
+        ("notable", {"files": ["gpt.safetensors"]}),
+    ]:
         folder = root / f"world_{name}"
         folder.mkdir()
         (folder / "manifest.json").write_text(json.dumps(manifest))
@@ -91,13 +93,25 @@ def F(name):
 
 
 # The LlamaGen model configs with tiny architectures, so no case builds a large model before its error.
-C2I = ["model=llamagen_c2i_b_256", "model.bundle.gpt.preset=GPT-nano", "model.bundle.gpt.image_size=32",
-       "+model.bundle.gpt.overrides={vocab_size:1024}", "model.bundle.vq.preset=VQ-tiny",
-       "+model.bundle.vq.overrides={codebook_size:1024}"]
-T2I = ["model=llamagen_t2i_xl_256", "model.bundle.gpt.preset=GPT-nano", "model.bundle.gpt.image_size=32",
-       "+model.bundle.gpt.overrides={vocab_size:1024,caption_dim:16,cls_token_num:12}", "model.bundle.vq.preset=VQ-tiny",
-       "+model.bundle.vq.overrides={codebook_size:1024}", "model.bundle.conditioner.max_length=12",
-       f"model.gpt_ckpt={F('text.pt')}", f"model.vq_ckpt={F('text.pt')}"]
+C2I = [
+    "model=llamagen_c2i_b_256",
+    "model.bundle.gpt.preset=GPT-nano",
+    "model.bundle.gpt.image_size=32",
+    "+model.bundle.gpt.overrides={vocab_size:1024}",
+    "model.bundle.vq.preset=VQ-tiny",
+    "+model.bundle.vq.overrides={codebook_size:1024}",
+]
+T2I = [
+    "model=llamagen_t2i_xl_256",
+    "model.bundle.gpt.preset=GPT-nano",
+    "model.bundle.gpt.image_size=32",
+    "+model.bundle.gpt.overrides={vocab_size:1024,caption_dim:16,cls_token_num:12}",
+    "model.bundle.vq.preset=VQ-tiny",
+    "+model.bundle.vq.overrides={codebook_size:1024}",
+    "model.bundle.conditioner.max_length=12",
+    f"model.gpt_ckpt={F('text.pt')}",
+    f"model.vq_ckpt={F('text.pt')}",
+]
 
 # (id, overrides, text the error line must contain). Overrides come after TINY unless they pick a model.
 CASES = [
@@ -166,15 +180,27 @@ CASES = [
     ("lantern-pp-lambda", ["decoding=lantern_pp", "lambda=0.5"], "lambda=0.5"),
     ("lantern-pp-k-text", ["decoding=lantern_pp", "k=ten"], "k='ten'"),
     ("eagle-delta-bad", ["decoding=eagle", "delta=2"], "delta=2 must be a number in [0, 1]"),
-    ("lantern-semantics", ["decoding=lantern", "decoding.acceptance.semantics=paper"], "semantics='paper' must be one of"),
+    (
+        "lantern-semantics",
+        ["decoding=lantern", "decoding.acceptance.semantics=paper"],
+        "semantics='paper' must be one of",
+    ),
     ("lantern-audit", ["decoding=lantern", "decoding.acceptance.tv_audit_every=0"], "tv_audit_every=0"),
-    ("lantern-audit-text", ["decoding=lantern", "decoding.acceptance.tv_audit_every=x"], "tv_audit_every='x' must be a number"),
+    (
+        "lantern-audit-text",
+        ["decoding=lantern", "decoding.acceptance.tv_audit_every=x"],
+        "tv_audit_every='x' must be a number",
+    ),
     ("draft-depth-zero", ["decoding=eagle", "draft.depth=0"], "depth=0"),
     ("draft-depth-text", ["decoding=eagle", "draft.depth=deep"], "draft.depth='deep' must be a number"),
     ("draft-candidates", ["decoding=eagle", "draft.candidates=random"], "candidates='random'"),
     ("dynamic-tree-nodes", ["decoding=eagle", "draft=dynamic_tree", "draft.nodes=100000"], "nodes=100000"),
     ("dynamic-tree-top-k", ["decoding=eagle", "draft=dynamic_tree", "draft.top_k=0"], "top_k=0"),
-    ("neighbours-k-max-text", ["decoding=lantern", "model.neighbours.k_max=abc"], "model.neighbours.k_max='abc' must be a number"),
+    (
+        "neighbours-k-max-text",
+        ["decoding=lantern", "model.neighbours.k_max=abc"],
+        "model.neighbours.k_max='abc' must be a number",
+    ),
     # Hydra: unknown keys, unknown options, overrides that do not parse.
     ("unknown-key", ["foo=1"], "unknown key 'foo'; top-level keys: "),
     ("unknown-key-added", ["+foo=1"], "unknown key 'foo' (added with +foo=...)"),
@@ -186,7 +212,11 @@ CASES = [
     ("unknown-wandb-key", ["wandb.key=1"], "unknown key 'wandb.key'"),
     ("unknown-draft-key", ["draft.width=3"], "unknown key 'draft.width'"),
     ("unknown-decoder", ["decoding=xyz"], f"decoding=xyz is not an option; choose one of {', '.join(DECODERS)}"),
-    ("unknown-draft", ["draft=nope"], "draft=nope is not an option; choose one of chain, dynamic_tree, static_paths, static_tree"),
+    (
+        "unknown-draft",
+        ["draft=nope"],
+        "draft=nope is not an option; choose one of chain, dynamic_tree, static_paths, static_tree",
+    ),
     ("unknown-model", ["model=gpt5"], "model=gpt5 is not an option; choose one of "),
     ("unknown-prompts", ["prompts=nope"], "prompts=nope is not an option"),
     ("unknown-metrics", ["metrics=nope"], "metrics=nope is not an option"),
@@ -194,81 +224,161 @@ CASES = [
     ("parse-open-list", ["top_k=[1,"], "cannot parse the override 'top_k=[1,'"),
     ("parse-no-key", ["=5"], "cannot compose the config from the overrides"),
     ("parse-bad-interpolation", ["top_k=${"], "cannot parse the override"),
-    ("unresolved-interpolation", ["temperature=${nope}"], "temperature cannot be resolved: Interpolation key 'nope' not found"),
+    (
+        "unresolved-interpolation",
+        ["temperature=${nope}"],
+        "temperature cannot be resolved: Interpolation key 'nope' not found",
+    ),
     ("deleted-knob", ["~num_images"], "num_images cannot be resolved"),
     # Model files.
     ("gpt-ckpt-required", ["model=llamagen_c2i_b_256"], "model.gpt_ckpt is required"),
-    ("gpt-ckpt-missing", [*C2I, "model.gpt_ckpt=/nonexistent/gpt.pt", f"model.vq_ckpt={F('text.pt')}"],
-     "checkpoint file not found: '/nonexistent/gpt.pt'"),
-    ("vq-ckpt-missing", [*C2I, f"model.gpt_ckpt={F('text.pt')}", "model.vq_ckpt=/nonexistent/vq.pt"],
-     "checkpoint file not found: '/nonexistent/vq.pt'"),
-    ("ckpt-text", [*C2I, f"model.gpt_ckpt={F('text.pt')}", f"model.vq_ckpt={F('text.pt')}"],
-     "text.pt' is not a readable checkpoint"),
-    ("ckpt-empty", [*C2I, f"model.gpt_ckpt={F('empty.pt')}", f"model.vq_ckpt={F('empty.pt')}"],
-     "empty.pt' is not a readable checkpoint"),
-    ("ckpt-namespace", [*C2I, f"model.gpt_ckpt={F('namespace.pt')}", f"model.vq_ckpt={F('namespace.pt')}"],
-     "holds a pickled argparse.Namespace, not only tensors"),
-    ("ckpt-malicious", [*C2I, f"model.gpt_ckpt={F('evil.pt')}", f"model.vq_ckpt={F('evil.pt')}"],
-     "holds a pickled posix.system, not only tensors"),
-    ("ckpt-not-tensors", [*C2I, f"model.gpt_ckpt={F('list.pt')}", f"model.vq_ckpt={F('list.pt')}"],
-     "is not a state dict"),
-    ("ckpt-other-model", [*C2I, f"model.gpt_ckpt={F('small.pt')}", f"model.vq_ckpt={F('small.pt')}"],
-     "does not match VQ-tiny"),
-    ("ckpt-folder", [*C2I, f"model.gpt_ckpt={F('empty_dir')}", f"model.vq_ckpt={F('text.pt')}"],
-     "checkpoint file not found"),
+    (
+        "gpt-ckpt-missing",
+        [*C2I, "model.gpt_ckpt=/nonexistent/gpt.pt", f"model.vq_ckpt={F('text.pt')}"],
+        "checkpoint file not found: '/nonexistent/gpt.pt'",
+    ),
+    (
+        "vq-ckpt-missing",
+        [*C2I, f"model.gpt_ckpt={F('text.pt')}", "model.vq_ckpt=/nonexistent/vq.pt"],
+        "checkpoint file not found: '/nonexistent/vq.pt'",
+    ),
+    (
+        "ckpt-text",
+        [*C2I, f"model.gpt_ckpt={F('text.pt')}", f"model.vq_ckpt={F('text.pt')}"],
+        "text.pt' is not a readable checkpoint",
+    ),
+    (
+        "ckpt-empty",
+        [*C2I, f"model.gpt_ckpt={F('empty.pt')}", f"model.vq_ckpt={F('empty.pt')}"],
+        "empty.pt' is not a readable checkpoint",
+    ),
+    (
+        "ckpt-namespace",
+        [*C2I, f"model.gpt_ckpt={F('namespace.pt')}", f"model.vq_ckpt={F('namespace.pt')}"],
+        "holds a pickled argparse.Namespace, not only tensors",
+    ),
+    (
+        "ckpt-malicious",
+        [*C2I, f"model.gpt_ckpt={F('evil.pt')}", f"model.vq_ckpt={F('evil.pt')}"],
+        "holds a pickled posix.system, not only tensors",
+    ),
+    (
+        "ckpt-not-tensors",
+        [*C2I, f"model.gpt_ckpt={F('list.pt')}", f"model.vq_ckpt={F('list.pt')}"],
+        "is not a state dict",
+    ),
+    (
+        "ckpt-other-model",
+        [*C2I, f"model.gpt_ckpt={F('small.pt')}", f"model.vq_ckpt={F('small.pt')}"],
+        "does not match VQ-tiny",
+    ),
+    (
+        "ckpt-folder",
+        [*C2I, f"model.gpt_ckpt={F('empty_dir')}", f"model.vq_ckpt={F('text.pt')}"],
+        "checkpoint file not found",
+    ),
     ("gpt-preset", ["model.bundle.gpt.preset=GPT-Q"], "unknown GPT preset 'GPT-Q'"),
     ("gpt-model-type", ["model.bundle.gpt.model_type=x2i"], "model_type"),
     ("gpt-image-size", ["model.bundle.gpt.image_size=30"], "image_size 30"),
     ("gpt-image-size-text", ["model.bundle.gpt.image_size=big"], "model.bundle.gpt.image_size='big' must be a number"),
     ("vq-preset", ["model.bundle.vq.preset=VQ-nope"], "VQ-nope"),
     ("init-seed-text", ["model.bundle.init_seed=abc"], "model.bundle.init_seed='abc' must be a number"),
-    ("t5-folder-missing", [*T2I,
-                           "model.text_encoder_path=/nonexistent/t5"], "text encoder folder not found: '/nonexistent/t5'"),
-    ("t5-folder-other-model", [*T2I,
-                               f"model.text_encoder_path={F('t5_other')}"], "holds model_type 'bert', not 't5'"),
-    ("t5-folder-no-config", [*T2I,
-                             f"model.text_encoder_path={F('empty_dir')}"], "has no config.json"),
-    ("t5-dtype", [*T2I,
-                  f"model.text_encoder_path={F('empty_dir')}", "model.text_encoder_dtype=int8"],
-     "model.text_encoder_dtype='int8' is not supported"),
-    ("t5-preprocessing", [*T2I,
-                          f"model.text_encoder_path={F('empty_dir')}", "model.text_preprocessing=upper"],
-     "model.text_preprocessing='upper' must be one of clean, lower, none"),
+    (
+        "t5-folder-missing",
+        [*T2I, "model.text_encoder_path=/nonexistent/t5"],
+        "text encoder folder not found: '/nonexistent/t5'",
+    ),
+    ("t5-folder-other-model", [*T2I, f"model.text_encoder_path={F('t5_other')}"], "holds model_type 'bert', not 't5'"),
+    ("t5-folder-no-config", [*T2I, f"model.text_encoder_path={F('empty_dir')}"], "has no config.json"),
+    (
+        "t5-dtype",
+        [*T2I, f"model.text_encoder_path={F('empty_dir')}", "model.text_encoder_dtype=int8"],
+        "model.text_encoder_dtype='int8' is not supported",
+    ),
+    (
+        "t5-preprocessing",
+        [*T2I, f"model.text_encoder_path={F('empty_dir')}", "model.text_preprocessing=upper"],
+        "model.text_preprocessing='upper' must be one of clean, lower, none",
+    ),
     # The world's manifest.
     ("world-missing", ["model=fashion_t2i", "model.bundle.folder=/nonexistent/world"], "world manifest not found"),
     ("world-escape", ["model=fashion_t2i", f"model.bundle.folder={F('world_escape')}"], "outside the world folder"),
-    ("world-absolute", ["model=fashion_t2i", f"model.bundle.folder={F('world_absolute')}"],
-     "only relative paths inside the world folder"),
-    ("world-altered", ["model=fashion_t2i", f"model.bundle.folder={F('world_altered')}"],
-     "was altered (sha256 2d711642b726..., manifest 000000000000...); restore it from where the world folder came from"),
+    (
+        "world-absolute",
+        ["model=fashion_t2i", f"model.bundle.folder={F('world_absolute')}"],
+        "only relative paths inside the world folder",
+    ),
+    (
+        "world-altered",
+        ["model=fashion_t2i", f"model.bundle.folder={F('world_altered')}"],
+        "was altered (sha256 2d711642b726..., manifest 000000000000...); restore it from where the world folder came from",
+    ),
     ("world-not-a-table", ["model=fashion_t2i", f"model.bundle.folder={F('world_notable')}"], "has no 'files' table"),
     ("world-bad-json", ["model=fashion_t2i", f"model.bundle.folder={F('world_badjson')}"], "is not valid JSON"),
     # Prompts.
     ("prompt-file-required", ["model=fashion_t2i", "prompts=caption_file"], "prompts.path is required"),
-    ("prompt-file-missing", ["model=fashion_t2i", "prompts=caption_file", "prompts.path=/nonexistent.txt"],
-     "prompt file not found: '/nonexistent.txt'"),
-    ("prompt-file-latin1", ["model=fashion_t2i", "prompts=caption_file", f"prompts.path={F('latin1.txt')}"],
-     "is not UTF-8 text: line 2, column 4 has the byte 0xe9"),
-    ("prompt-file-binary", ["model=fashion_t2i", "prompts=caption_file", f"prompts.path={F('binary.txt')}"],
-     "is a binary file, not text (a NUL byte on line 3)"),
+    (
+        "prompt-file-missing",
+        ["model=fashion_t2i", "prompts=caption_file", "prompts.path=/nonexistent.txt"],
+        "prompt file not found: '/nonexistent.txt'",
+    ),
+    (
+        "prompt-file-latin1",
+        ["model=fashion_t2i", "prompts=caption_file", f"prompts.path={F('latin1.txt')}"],
+        "is not UTF-8 text: line 2, column 4 has the byte 0xe9",
+    ),
+    (
+        "prompt-file-binary",
+        ["model=fashion_t2i", "prompts=caption_file", f"prompts.path={F('binary.txt')}"],
+        "is a binary file, not text (a NUL byte on line 3)",
+    ),
     ("prompt-file-blank", ["model=fashion_t2i", "prompts=caption_file", f"prompts.path={F('blank.txt')}"], "is empty"),
-    ("prompt-file-is-folder", ["model=fashion_t2i", "prompts=caption_file", f"prompts.path={F('empty_dir')}"],
-     "prompt file not found"),
-    ("coco-not-coco", ["model=fashion_t2i", "prompts=coco2017_longest", f"prompts.path={F('notcoco.json')}"],
-     "is not a COCO caption file"),
-    ("coco-broken-json", ["model=fashion_t2i", "prompts=coco2017_longest", f"prompts.path={F('broken.json')}"],
-     "is not a COCO caption file"),
-    ("coco-latin1", ["model=fashion_t2i", "prompts=coco2017_longest", f"prompts.path={F('latin1.txt')}"],
-     "is not UTF-8 text"),
-    ("coco-per-image", ["model=fashion_t2i", "prompts=coco2017_longest", f"prompts.path={F('notcoco.json')}",
-                        "prompts.per_image=middle"], "per_image='middle' must be one of longest, first, all"),
+    (
+        "prompt-file-is-folder",
+        ["model=fashion_t2i", "prompts=caption_file", f"prompts.path={F('empty_dir')}"],
+        "prompt file not found",
+    ),
+    (
+        "coco-not-coco",
+        ["model=fashion_t2i", "prompts=coco2017_longest", f"prompts.path={F('notcoco.json')}"],
+        "is not a COCO caption file",
+    ),
+    (
+        "coco-broken-json",
+        ["model=fashion_t2i", "prompts=coco2017_longest", f"prompts.path={F('broken.json')}"],
+        "is not a COCO caption file",
+    ),
+    (
+        "coco-latin1",
+        ["model=fashion_t2i", "prompts=coco2017_longest", f"prompts.path={F('latin1.txt')}"],
+        "is not UTF-8 text",
+    ),
+    (
+        "coco-per-image",
+        [
+            "model=fashion_t2i",
+            "prompts=coco2017_longest",
+            f"prompts.path={F('notcoco.json')}",
+            "prompts.per_image=middle",
+        ],
+        "per_image='middle' must be one of longest, first, all",
+    ),
     ("parti-no-column", ["model=fashion_t2i", "prompts=parti", f"prompts.path={F('parti.tsv')}"], "no 'Prompt' column"),
-    ("parti-category", ["model=fashion_t2i", "prompts=parti", f"prompts.path={F('parti_ok.tsv')}", "prompts.category=Food"],
-     "holds no prompts in category 'Food'"),
-    ("parti-start", ["model=fashion_t2i", "prompts=parti", f"prompts.path={F('parti_ok.tsv')}", "prompts.start=5"],
-     "start=5 is past the 1 prompts"),
-    ("parti-count", ["model=fashion_t2i", "prompts=parti", f"prompts.path={F('parti_ok.tsv')}", "prompts.count=0"],
-     "count=0 must be"),
+    (
+        "parti-category",
+        ["model=fashion_t2i", "prompts=parti", f"prompts.path={F('parti_ok.tsv')}", "prompts.category=Food"],
+        "holds no prompts in category 'Food'",
+    ),
+    (
+        "parti-start",
+        ["model=fashion_t2i", "prompts=parti", f"prompts.path={F('parti_ok.tsv')}", "prompts.start=5"],
+        "start=5 is past the 1 prompts",
+    ),
+    (
+        "parti-count",
+        ["model=fashion_t2i", "prompts=parti", f"prompts.path={F('parti_ok.tsv')}", "prompts.count=0"],
+        "count=0 must be",
+    ),
     ("class-prompts-for-text-model", ["model=fashion_t2i", "prompts=imagenet_demo"], "holds class prompts but model"),
     ("text-prompts-for-class-model", ["prompts=captions_demo"], "holds text prompts but model"),
     ("class-id-out-of-range", ["prompts=imagenet_demo"], "class prompt 207 must be an integer class id in [0, 10)"),
@@ -276,23 +386,51 @@ CASES = [
     # Metrics: every input is checked before the first image.
     ("clip-weights-required", ["metrics=clip"], "metrics.clip.pretrained is required"),
     ("clip-needs-text", ["metrics=clip", "metrics.clip.pretrained=/nonexistent.pt"], "metrics=clip needs text prompts"),
-    ("clip-weights-missing", ["model=fashion_t2i", "metrics=clip", "metrics.clip.pretrained=/nonexistent.pt"],
-     "CLIP weights not found: '/nonexistent.pt'"),
-    ("clip-weights-malicious", ["model=fashion_t2i", "metrics=clip", f"metrics.clip.pretrained={F('evil.pt')}"],
-     "holds a pickled posix.system, not only tensors"),
-    ("clip-weights-text", ["model=fashion_t2i", "metrics=clip", f"metrics.clip.pretrained={F('text.pt')}"],
-     "cannot be loaded as ViT-B-32 weights"),
-    ("clip-convention", ["model=fashion_t2i", "metrics=clip", "metrics.clip.pretrained=x", "metrics.clip.convention=mine"],
-     "convention='mine' must be one of lantern, torchmetrics"),
-    ("clip-model", ["model=fashion_t2i", "metrics=clip", f"metrics.clip.pretrained={F('text.pt')}", "metrics.clip.model=nope"],
-     "unknown open_clip model 'nope'"),
-    ("fid-folder-required", ["metrics=fid_folder", "metrics.fid.reference_name=x"], "metrics.fid.reference.path is required"),
-    ("fid-folder-missing", ["metrics=fid_folder", "metrics.fid.reference_name=x", "metrics.fid.reference.path=/nonexistent"],
-     "FID reference folder not found: '/nonexistent'"),
-    ("fid-folder-empty", ["metrics=fid_folder", "metrics.fid.reference_name=x", f"metrics.fid.reference.path={F('empty_dir')}"],
-     "no .png images in"),
-    ("faithfulness-needs-labels", ["model=fashion_t2i", "metrics=world", "prompts=caption_file",
-                                   f"prompts.path={F('captions.txt')}"], "prompt faithfulness needs a labelled prompt set"),
+    (
+        "clip-weights-missing",
+        ["model=fashion_t2i", "metrics=clip", "metrics.clip.pretrained=/nonexistent.pt"],
+        "CLIP weights not found: '/nonexistent.pt'",
+    ),
+    (
+        "clip-weights-malicious",
+        ["model=fashion_t2i", "metrics=clip", f"metrics.clip.pretrained={F('evil.pt')}"],
+        "holds a pickled posix.system, not only tensors",
+    ),
+    (
+        "clip-weights-text",
+        ["model=fashion_t2i", "metrics=clip", f"metrics.clip.pretrained={F('text.pt')}"],
+        "cannot be loaded as ViT-B-32 weights",
+    ),
+    (
+        "clip-convention",
+        ["model=fashion_t2i", "metrics=clip", "metrics.clip.pretrained=x", "metrics.clip.convention=mine"],
+        "convention='mine' must be one of lantern, torchmetrics",
+    ),
+    (
+        "clip-model",
+        ["model=fashion_t2i", "metrics=clip", f"metrics.clip.pretrained={F('text.pt')}", "metrics.clip.model=nope"],
+        "unknown open_clip model 'nope'",
+    ),
+    (
+        "fid-folder-required",
+        ["metrics=fid_folder", "metrics.fid.reference_name=x"],
+        "metrics.fid.reference.path is required",
+    ),
+    (
+        "fid-folder-missing",
+        ["metrics=fid_folder", "metrics.fid.reference_name=x", "metrics.fid.reference.path=/nonexistent"],
+        "FID reference folder not found: '/nonexistent'",
+    ),
+    (
+        "fid-folder-empty",
+        ["metrics=fid_folder", "metrics.fid.reference_name=x", f"metrics.fid.reference.path={F('empty_dir')}"],
+        "no .png images in",
+    ),
+    (
+        "faithfulness-needs-labels",
+        ["model=fashion_t2i", "metrics=world", "prompts=caption_file", f"prompts.path={F('captions.txt')}"],
+        "prompt faithfulness needs a labelled prompt set",
+    ),
     # Speed-up baselines.
     ("baseline-run-missing", ["speedup_baseline_run=/nonexistent/run"], "speedup_baseline_run"),
     # Output folders of the wrong kind.
@@ -344,15 +482,25 @@ def test_bad_input_is_one_error_line_exit_2_and_writes_nothing(tmp_path, files, 
 
 def test_the_contract_holds_in_a_real_process(tmp_path, files):
     """A few cases as real processes: what a user sees in a shell."""
-    for overrides, expected in [(["foo=1"], "unknown key 'foo'"), (["top_k=abc"], "top_k='abc'"),
-                                (["top_k=[1,"], "cannot parse"), (["temperature=inf"], "temperature=inf"),
-                                (["model=fashion_t2i", "prompts=caption_file", f"prompts.path={files['binary.txt']}"],
-                                 "is a binary file")]:
+    for overrides, expected in [
+        (["foo=1"], "unknown key 'foo'"),
+        (["top_k=abc"], "top_k='abc'"),
+        (["top_k=[1,"], "cannot parse"),
+        (["temperature=inf"], "temperature=inf"),
+        (["model=fashion_t2i", "prompts=caption_file", f"prompts.path={files['binary.txt']}"], "is a binary file"),
+    ]:
         out = tmp_path / "run"
-        proc = subprocess.run([sys.executable, "run.py", *TINY, f"hydra.run.dir={out}", *overrides], cwd=REPO,
-                              capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [sys.executable, "run.py", *TINY, f"hydra.run.dir={out}", *overrides],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
-        assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], proc.stderr
+        assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], (
+            proc.stderr
+        )
         assert proc.stdout == "" and not out.exists()
 
 
@@ -362,12 +510,26 @@ def _read_only_command(folder: Path, command: list[str]) -> list[str] | None:
     if os.geteuid() != 0:
         folder.chmod(0o555)
         return command
-    probe = subprocess.run(["unshare", "-m", "sh", "-c", f"mount --bind {folder} {folder} && "
-                            f"mount -o remount,bind,ro {folder} && ! touch {folder}/probe"], capture_output=True)
+    probe = subprocess.run(
+        [
+            "unshare",
+            "-m",
+            "sh",
+            "-c",
+            f"mount --bind {folder} {folder} && mount -o remount,bind,ro {folder} && ! touch {folder}/probe",
+        ],
+        capture_output=True,
+    )
     if probe.returncode != 0:
         return None
     quoted = " ".join(f"'{part}'" for part in command)
-    return ["unshare", "-m", "sh", "-c", f"mount --bind {folder} {folder} && mount -o remount,bind,ro {folder} && exec {quoted}"]
+    return [
+        "unshare",
+        "-m",
+        "sh",
+        "-c",
+        f"mount --bind {folder} {folder} && mount -o remount,bind,ro {folder} && exec {quoted}",
+    ]
 
 
 def test_a_read_only_output_folder_is_one_line_before_any_work(tmp_path):
@@ -379,8 +541,14 @@ def test_a_read_only_output_folder_is_one_line_before_any_work(tmp_path):
             command = _read_only_command(parent, [sys.executable, "run.py", *TINY, f"hydra.run.dir={out}"])
             if command is None:
                 pytest.skip("cannot make a read-only folder here (root without mount namespaces)")
-            proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300,
-                                  env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+            proc = subprocess.run(
+                command,
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=300,
+                env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+            )
             lines = [line for line in proc.stderr.splitlines() if line.strip()]
             assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
             assert lines[0].startswith(("error: Read-only file system: ", "error: Permission denied: ")), lines[0]
@@ -402,11 +570,27 @@ def _small_files():
 def test_a_full_disk_is_one_line_and_leaves_no_temp_or_record(tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    proc = subprocess.run([sys.executable, "run.py", *TINY, "num_images=3", "batch_size=1", f"hydra.run.dir={out}",
-                           f"paths.cache={tmp_path / 'cache'}"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300, env=env, preexec_fn=_small_files)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "run.py",
+            *TINY,
+            "num_images=3",
+            "batch_size=1",
+            f"hydra.run.dir={out}",
+            f"paths.cache={tmp_path / 'cache'}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        preexec_fn=_small_files,
+    )
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error")]
-    assert proc.returncode == 2 and len(errors) == 1 and proc.stderr.strip().splitlines()[-1] == errors[0], proc.stderr[-3000:]
+    assert proc.returncode == 2 and len(errors) == 1 and proc.stderr.strip().splitlines()[-1] == errors[0], proc.stderr[
+        -3000:
+    ]
     assert errors[0].startswith("error: File too large: ") and "free some space" in errors[0], errors[0]
     assert str(out) in errors[0]  # the file it could not write
     left = sorted(str(p.relative_to(out)) for p in out.rglob("*")) if out.exists() else []
@@ -422,8 +606,9 @@ def test_fault_messages_name_the_file():
     from lantern.errors import user_message
 
     full = OSError(errno.ENOSPC, "No space left on device", "/data/run/000003.png")
-    assert user_message(full) == ("No space left on device: '/data/run/000003.png'; free some space or write "
-                                  "elsewhere (hydra.run.dir=DIR)")
+    assert user_message(full) == (
+        "No space left on device: '/data/run/000003.png'; free some space or write elsewhere (hydra.run.dir=DIR)"
+    )
     read_only = OSError(errno.EROFS, "Read-only file system", "/mnt/ro/run/.lock")
     assert user_message(read_only).startswith("Read-only file system: '/mnt/ro/run/.lock'; check its permissions")
     assert user_message(OSError(errno.ENOENT, "No such file or directory", "x")) is None  # not a fault: a bug's

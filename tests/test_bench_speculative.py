@@ -10,14 +10,41 @@ from lantern import REPO_ROOT
 
 def test_bench_keeps_every_run_and_reports_the_spread(tmp_path):
     out = tmp_path / "bench"
-    cmd = [sys.executable, str(REPO_ROOT / "scripts" / "bench_speculative.py"), "--model", "tiny_random_c2i", "--images", "2",
-           "--runs", "3", "--settings", "sampling", "--structures", "chain", "--lantern-structures", "chain", "--deltas", "0.4",
-           "--candidates", "deterministic", "--threads", "1", "--out", str(out),
-           "--mode", "lantern d=0.4 chain(2)::decoding=lantern delta=0.4 draft.depth=2"]
+    cmd = [
+        sys.executable,
+        str(REPO_ROOT / "scripts" / "bench_speculative.py"),
+        "--model",
+        "tiny_random_c2i",
+        "--images",
+        "2",
+        "--runs",
+        "3",
+        "--settings",
+        "sampling",
+        "--structures",
+        "chain",
+        "--lantern-structures",
+        "chain",
+        "--deltas",
+        "0.4",
+        "--candidates",
+        "deterministic",
+        "--threads",
+        "1",
+        "--out",
+        str(out),
+        "--mode",
+        "lantern d=0.4 chain(2)::decoding=lantern delta=0.4 draft.depth=2",
+    ]
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=300)
     records = json.loads(out.with_suffix(".json").read_text())["records"]
-    assert [r["mode"] for r in records] == ["ar", "eagle chain", "lantern d=0.4 chain", "lantern_pp l=3 k=10 chain",
-                                            "lantern d=0.4 chain(2)"]
+    assert [r["mode"] for r in records] == [
+        "ar",
+        "eagle chain",
+        "lantern d=0.4 chain",
+        "lantern_pp l=3 k=10 chain",
+        "lantern d=0.4 chain(2)",
+    ]
     assert records[-1]["describe"]["depth"] == 2 and records[2]["describe"]["depth"] == 3  # --mode's overrides apply
     for record in records:
         times = record["times_s"]
@@ -26,7 +53,9 @@ def test_bench_keeps_every_run_and_reports_the_spread(tmp_path):
         assert len(runs) == 3
         ar = [sum(t[j] for t in records[0]["times_s"]) for j in range(3)]
         mode = [sum(t[j] for t in times) for j in range(3)]
-        assert all(abs(r - a / m) < 1e-9 for r, a, m in zip(runs, ar, mode))  # run j: AR's j-th times / the mode's
+        assert all(
+            abs(r - a / m) < 1e-9 for r, a, m in zip(runs, ar, mode, strict=True)
+        )  # run j: AR's j-th times / the mode's
     assert records[0]["speedup_runs"] == [1.0, 1.0, 1.0]
     table = out.with_suffix(".md").read_text()
     assert "| runs' range |" in table

@@ -17,17 +17,29 @@ REPO = Path(__file__).resolve().parents[1]
 def test_t2i_run_loads_official_format_files_and_a_local_t5(tmp_path):
     t5 = _tiny_t5_folder(tmp_path / "t5")
     torch.manual_seed(0)
-    gpt = Transformer(gpt_config("GPT-nano", "t2i", 32, downsample=8, vocab_size=1024, caption_dim=T5_DIM, cls_token_num=12))
+    gpt = Transformer(
+        gpt_config("GPT-nano", "t2i", 32, downsample=8, vocab_size=1024, caption_dim=T5_DIM, cls_token_num=12)
+    )
     vq = VQModel(vq_config("VQ-tiny", codebook_size=1024))
     torch.save({"model": gpt.state_dict()}, tmp_path / "gpt.pt")
     torch.save(vq.state_dict(), tmp_path / "vq.pt")  # raw dict, like the FSDP-saved releases
     out = tmp_path / "run"
     overrides = [
-        "model=llamagen_t2i_xl_256", f"model.gpt_ckpt={tmp_path / 'gpt.pt'}", f"model.vq_ckpt={tmp_path / 'vq.pt'}",
-        f"model.text_encoder_path={t5}", "model.bundle.gpt.preset=GPT-nano", "model.bundle.gpt.image_size=32",
+        "model=llamagen_t2i_xl_256",
+        f"model.gpt_ckpt={tmp_path / 'gpt.pt'}",
+        f"model.vq_ckpt={tmp_path / 'vq.pt'}",
+        f"model.text_encoder_path={t5}",
+        "model.bundle.gpt.preset=GPT-nano",
+        "model.bundle.gpt.image_size=32",
         f"+model.bundle.gpt.overrides={{vocab_size:1024,caption_dim:{T5_DIM},cls_token_num:12}}",
-        "model.bundle.vq.preset=VQ-tiny", "+model.bundle.vq.overrides={codebook_size:1024}",
-        "model.bundle.conditioner.max_length=12", "num_images=3", "batch_size=2", "top_k=50", "warmup=0", "wandb.mode=disabled",
+        "model.bundle.vq.preset=VQ-tiny",
+        "+model.bundle.vq.overrides={codebook_size:1024}",
+        "model.bundle.conditioner.max_length=12",
+        "num_images=3",
+        "batch_size=2",
+        "top_k=50",
+        "warmup=0",
+        "wandb.mode=disabled",
         f"hydra.run.dir={out}",
     ]
     proc = subprocess.run([sys.executable, "run.py", *overrides], cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -37,11 +49,36 @@ def test_t2i_run_loads_official_format_files_and_a_local_t5(tmp_path):
     assert metrics["distinct_prompts"][metrics["per_image"][0]["prompt_id"]].startswith("A photo of a red fox")
     assert (out / "000002.png").is_file()
 
-    wrong = subprocess.run([sys.executable, "run.py", *overrides[:-1], "model.bundle.conditioner.max_length=10",
-                            f"hydra.run.dir={tmp_path / 'bad'}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    wrong = subprocess.run(
+        [
+            sys.executable,
+            "run.py",
+            *overrides[:-1],
+            "model.bundle.conditioner.max_length=10",
+            f"hydra.run.dir={tmp_path / 'bad'}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert wrong.returncode == 2 and "expects 12 condition tokens" in wrong.stderr and not (tmp_path / "bad").exists()
 
-    no_t5 = subprocess.run([sys.executable, "run.py", *[o for o in overrides[:-1] if not o.startswith("model.text_encoder_path")],
-                            f"model.text_encoder_path={tmp_path / 'no_t5'}", f"hydra.run.dir={tmp_path / 'no_t5_run'}"],
-                           cwd=REPO, capture_output=True, text=True, timeout=300)  # its own folder: `out` holds a finished run
-    assert no_t5.returncode == 2 and "no_t5" in no_t5.stderr.strip().splitlines()[-1] and not (tmp_path / "no_t5_run").exists()
+    no_t5 = subprocess.run(
+        [
+            sys.executable,
+            "run.py",
+            *[o for o in overrides[:-1] if not o.startswith("model.text_encoder_path")],
+            f"model.text_encoder_path={tmp_path / 'no_t5'}",
+            f"hydra.run.dir={tmp_path / 'no_t5_run'}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # its own folder: `out` holds a finished run
+    assert (
+        no_t5.returncode == 2
+        and "no_t5" in no_t5.stderr.strip().splitlines()[-1]
+        and not (tmp_path / "no_t5_run").exists()
+    )

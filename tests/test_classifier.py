@@ -142,9 +142,17 @@ def test_training_reduces_the_loss(test_split, tmp_path):
 
     before = eval_loss()
     load = functools.partial(training_batch, images, labels)
-    trainer = Trainer(model, torch.optim.AdamW(model.parameters(), lr=3e-3), objective,
-                      EpochBatches(320, 32, 0, load), max_steps=30, out_dir=tmp_path, ckpt_every=30,
-                      log_every=10, progress=False)
+    trainer = Trainer(
+        model,
+        torch.optim.AdamW(model.parameters(), lr=3e-3),
+        objective,
+        EpochBatches(320, 32, 0, load),
+        max_steps=30,
+        out_dir=tmp_path,
+        ckpt_every=30,
+        log_every=10,
+        progress=False,
+    )
     trainer.fit()
     assert eval_loss() < 0.7 * before
 
@@ -163,8 +171,25 @@ def test_script_trains_exports_and_resumes(test_split, tmp_path, capsys):
     images, labels = test_split
     root = fashion_root(tmp_path / "data", images, labels, train=128, test=50)
     out = tmp_path / "out"
-    argv = ["--data-root", str(root), "--test-root", str(root), "--out-dir", str(out), "--steps", "3",
-            "--batch-size", "32", "--width", "4", "--no-progress", "--log-every", "1", "--ckpt-every", "1"]
+    argv = [
+        "--data-root",
+        str(root),
+        "--test-root",
+        str(root),
+        "--out-dir",
+        str(out),
+        "--steps",
+        "3",
+        "--batch-size",
+        "32",
+        "--width",
+        "4",
+        "--no-progress",
+        "--log-every",
+        "1",
+        "--ckpt-every",
+        "1",
+    ]
     script = load_script("train_classifier")
     assert script.main(argv) == 0
     report = json.loads((out / "classifier_report.json").read_text())

@@ -9,8 +9,11 @@ import torch
 from lantern.errors import ConfigError
 from lantern.metrics.clip import CLIPScore, _load, clip_cosines
 
-TINY = {"embed_dim": 32, "vision_cfg": {"image_size": 32, "layers": 1, "width": 64, "patch_size": 8},
-        "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1}}
+TINY = {
+    "embed_dim": 32,
+    "vision_cfg": {"image_size": 32, "layers": 1, "width": 64, "patch_size": 8},
+    "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1},
+}
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +62,9 @@ def test_config_file_must_be_named_after_the_model(tiny_clip, tmp_path):
     renamed = tmp_path / "clip_config.json"
     renamed.write_text(open(config).read())
     with pytest.raises(ConfigError, match="registers .* as model 'clip_config', not 'lantern-tiny-clip'"):
-        CLIPScore(weights, "lantern-tiny-clip", model_config=str(renamed)).score(np.zeros((1, 32, 32, 3), np.uint8), ["a"])
+        CLIPScore(weights, "lantern-tiny-clip", model_config=str(renamed)).score(
+            np.zeros((1, 32, 32, 3), np.uint8), ["a"]
+        )
 
 
 def test_the_loaded_model_is_kept_between_scores(tiny_clip):

@@ -36,7 +36,10 @@ class CountingBackend:
 
 
 def speculative_cases():
-    sampled, deterministic = SamplingConfig(temperature=1.0, cfg_scale=3.0), SamplingConfig(temperature=0, cfg_scale=3.0)
+    sampled, deterministic = (
+        SamplingConfig(temperature=1.0, cfg_scale=3.0),
+        SamplingConfig(temperature=0, cfg_scale=3.0),
+    )
     table = CodebookNeighbours(codebook=torch.randn(8, 4), k_max=7)
     return [
         ("chain-greedy", deterministic, chain(3, "sampled"), ExactDeterministic()),
@@ -83,8 +86,14 @@ def test_an_audit_schedule_compiles_every_graph_in_the_first_call(every, graphs)
     of the same shape compiles nothing."""
     model, drafter = tiny()
     sampling = SamplingConfig(temperature=1.0, cfg_scale=3.0)
-    rule = lantern(4, 0.3, CodebookNeighbours(codebook=torch.randn(8, 4), k_max=7), semantics="reference",
-                   candidates="sampled", tv_audit_every=every)
+    rule = lantern(
+        4,
+        0.3,
+        CodebookNeighbours(codebook=torch.randn(8, 4), k_max=7),
+        semantics="reference",
+        candidates="sampled",
+        tv_audit_every=every,
+    )
     backend = CountingBackend()
     decoder = SpeculativeDecoder(sampling, drafter, chain(2, "sampled"), rule, compile="default", backend=backend)
     cond, keys = text_condition(), keys_tensor(0, range(4))
@@ -97,7 +106,9 @@ def test_a_smaller_last_batch_adds_one_graph_only():
     model, drafter = tiny()
     sampling = SamplingConfig(temperature=1.0, cfg_scale=3.0)
     backend = CountingBackend()
-    decoder = SpeculativeDecoder(sampling, drafter, chain(2, "sampled"), ExactSampled(), compile="default", backend=backend)
+    decoder = SpeculativeDecoder(
+        sampling, drafter, chain(2, "sampled"), ExactSampled(), compile="default", backend=backend
+    )
     for prompts in (("a", "b c", "d"), ("e f", "g", "h"), ("i",)):
         decoder.generate(model, text_condition(prompts), keys_tensor(0, range(len(prompts))))
     assert backend.graphs == 2
@@ -112,12 +123,16 @@ def test_inductor_compiled_ar_equals_eager():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,sampling,structure,rule", speculative_cases()[:4], ids=[c[0] for c in speculative_cases()[:4]])
+@pytest.mark.parametrize(
+    "name,sampling,structure,rule", speculative_cases()[:4], ids=[c[0] for c in speculative_cases()[:4]]
+)
 def test_inductor_compiled_speculative_equals_eager(name, sampling, structure, rule):
     model, drafter = tiny()
     cond, keys = text_condition(), keys_tensor(1, range(4))
     eager = SpeculativeDecoder(sampling, drafter, structure, rule).generate(model, cond, keys).codes
-    compiled = SpeculativeDecoder(sampling, drafter, structure, rule, compile="default").generate(model, cond, keys).codes
+    compiled = (
+        SpeculativeDecoder(sampling, drafter, structure, rule, compile="default").generate(model, cond, keys).codes
+    )
     assert torch.equal(compiled, eager)
 
 
@@ -157,8 +172,9 @@ def test_a_perfect_drafter_has_every_draft_accepted(structure, compile):
     cond, keys = text_condition(prompts), keys_tensor(0, range(len(prompts)))
     assert not cond.mask[:, 0].any()
     sampling = SamplingConfig(temperature=0, cfg_scale=2.0)
-    decoder = SpeculativeDecoder(sampling, TargetAsDrafter(model), structure, ExactDeterministic(), compile=compile,
-                                 backend=CountingBackend())
+    decoder = SpeculativeDecoder(
+        sampling, TargetAsDrafter(model), structure, ExactDeterministic(), compile=compile, backend=CountingBackend()
+    )
     result = decoder.generate(model, cond, keys)
     assert torch.equal(result.codes, ARDecoder(sampling).generate(model, cond, keys).codes)
     steps, histogram = result.per_sample["steps"], result.per_sample["histogram"]
@@ -176,8 +192,14 @@ def test_a_perfect_drafter_on_a_dynamic_tree_accepts_in_every_step(compile):
     prompts = ("a", "b c", "d e f")
     cond, keys = text_condition(prompts), keys_tensor(0, range(len(prompts)))
     sampling = SamplingConfig(temperature=0, cfg_scale=2.0)
-    decoder = SpeculativeDecoder(sampling, TargetAsDrafter(model), DynamicTree(3, 2, 6), ExactDeterministic(),
-                                 compile=compile, backend=CountingBackend())
+    decoder = SpeculativeDecoder(
+        sampling,
+        TargetAsDrafter(model),
+        DynamicTree(3, 2, 6),
+        ExactDeterministic(),
+        compile=compile,
+        backend=CountingBackend(),
+    )
     result = decoder.generate(model, cond, keys)
     assert torch.equal(result.codes, ARDecoder(sampling).generate(model, cond, keys).codes)
     histogram = result.per_sample["histogram"]
@@ -192,18 +214,31 @@ def test_compile_modes_are_checked():
         check_compile("reduce-overhead", "cpu")
 
 
-@pytest.mark.parametrize("override,message", [
-    ("compile=fast", "compile='fast'"),
-    ("compile=reduce-overhead", "compile=reduce-overhead captures CUDA graphs"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [("compile=fast", "compile='fast'"), ("compile=reduce-overhead", "compile=reduce-overhead captures CUDA graphs")],
+)
 def test_bad_compile_mode_is_one_line_and_no_run_folder(tmp_path, override, message):
     out = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "run.py", "model=tiny_random_c2i", f"hydra.run.dir={out}", "wandb.mode=disabled", "num_images=2", override],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "run.py",
+            "model=tiny_random_c2i",
+            f"hydra.run.dir={out}",
+            "wandb.mode=disabled",
+            "num_images=2",
+            override,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], proc.stderr
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (
+        proc.stderr
+    )
     assert not out.exists()
 
 

@@ -46,9 +46,7 @@ def test_readme_sha256_matches_files():
     root = default_data_root()
     listed = dict(
         (name, digest)
-        for digest, name in re.findall(
-            r"^([0-9a-f]{64})\s+(\S+)$", (root / "README.md").read_text(), re.M
-        )
+        for digest, name in re.findall(r"^([0-9a-f]{64})\s+(\S+)$", (root / "README.md").read_text(), re.M)
     )
     assert set(listed) == {"t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}
     for name, digest in listed.items():

@@ -10,15 +10,25 @@ BASE = ("model=tiny_random_c2i", "num_images=5", "batch_size=2", "warmup=0", "wa
 
 
 def torchrun(nproc: int, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                           "run.py", *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "run.py", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_two_gloo_processes_equal_one_process_byte_for_byte(tmp_path):
     two = torchrun(2, *BASE, f"hydra.run.dir={tmp_path / 'two'}")
     assert two.returncode == 0, two.stderr
-    one = subprocess.run([sys.executable, "run.py", *BASE, f"hydra.run.dir={tmp_path / 'one'}"], cwd=REPO,
-                         capture_output=True, text=True, timeout=300)
+    one = subprocess.run(
+        [sys.executable, "run.py", *BASE, f"hydra.run.dir={tmp_path / 'one'}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert one.returncode == 0, one.stderr
     for name in [f"{i:06d}.png" for i in range(5)] + ["grid.png"]:
         assert (tmp_path / "two" / name).read_bytes() == (tmp_path / "one" / name).read_bytes(), name

@@ -16,11 +16,20 @@ METRICS = sorted(p.stem for p in (REPO / "conf" / "metrics").glob("*.yaml"))
 
 def coco_captions_file(folder: Path, count: int = 3) -> Path:
     """A small MS-COCO caption file: two captions for each of ``count`` images."""
-    captions = ["a sneaker", "a white sneaker seen from the side", "a dress", "a long summer dress with thin straps",
-                "a bag", "a leather bag with a handle"]
+    captions = [
+        "a sneaker",
+        "a white sneaker seen from the side",
+        "a dress",
+        "a long summer dress with thin straps",
+        "a bag",
+        "a leather bag with a handle",
+    ]
     path = folder / "captions_val2017.json"
-    path.write_text(json.dumps({"annotations": [
-        {"image_id": i // 2, "id": i, "caption": c} for i, c in enumerate(captions[: 2 * count])]}))
+    path.write_text(
+        json.dumps(
+            {"annotations": [{"image_id": i // 2, "id": i, "caption": c} for i, c in enumerate(captions[: 2 * count])]}
+        )
+    )
     return path
 
 
@@ -31,17 +40,34 @@ def smoke_overrides(experiment: str, folder: Path) -> list[str]:
     return []
 
 
-@pytest.mark.parametrize("experiment", [
-    # The world's paper table is 15 modes (about 5 minutes on 2 cores) and the peers' table 6 of them
-    # (every mode of both is composed and built by the fast test below): in the slow suite.
-    pytest.param(e, marks=pytest.mark.slow) if e in ("paper_table", "peers") else e for e in EXPERIMENTS
-])
+@pytest.mark.parametrize(
+    "experiment",
+    [
+        # The world's paper table is 15 modes (about 5 minutes on 2 cores) and the peers' table 6 of them
+        # (every mode of both is composed and built by the fast test below): in the slow suite.
+        pytest.param(e, marks=pytest.mark.slow) if e in ("paper_table", "peers") else e
+        for e in EXPERIMENTS
+    ],
+)
 def test_every_experiment_smoke_runs_and_writes_its_table(tmp_path, experiment):
     sweep = tmp_path / "sweep"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "run.py"), "-m", f"+experiment={experiment}", "num_images=1", "warmup=0",
-         "metrics=none", "wandb.mode=disabled", f"hydra.sweep.dir={sweep}", *smoke_overrides(experiment, tmp_path)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,  # another working directory on purpose
+        [
+            sys.executable,
+            str(REPO / "run.py"),
+            "-m",
+            f"+experiment={experiment}",
+            "num_images=1",
+            "warmup=0",
+            "metrics=none",
+            "wandb.mode=disabled",
+            f"hydra.sweep.dir={sweep}",
+            *smoke_overrides(experiment, tmp_path),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,  # another working directory on purpose
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     runs = sorted(p for p in sweep.iterdir() if (p / "metrics.json").is_file())
@@ -52,9 +78,22 @@ def test_every_experiment_smoke_runs_and_writes_its_table(tmp_path, experiment):
 def test_world_metrics_land_in_the_record(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "run.py", "metrics=world", "num_images=4", "batch_size=4", "warmup=0",
-         "metrics.fid.reference.count=64", f"metrics.fid.cache_dir={tmp_path / 'fid'}", "wandb.mode=disabled", f"hydra.run.dir={out}"],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "run.py",
+            "metrics=world",
+            "num_images=4",
+            "batch_size=4",
+            "warmup=0",
+            "metrics.fid.reference.count=64",
+            f"metrics.fid.cache_dir={tmp_path / 'fid'}",
+            "wandb.mode=disabled",
+            f"hydra.run.dir={out}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     metrics = json.loads((out / "metrics.json").read_text())
@@ -88,8 +127,9 @@ def world_clip_score(images: np.ndarray, captions: list[str]) -> float:
 
     world = REPO / "worlds" / "fashion_mnist"
     open_clip.add_model_config(str(world / "lantern-fashion-clip.json"))
-    clip, _, preprocess = open_clip.create_model_and_transforms("lantern-fashion-clip",
-                                                                pretrained=str(world / "clip.safetensors"))
+    clip, _, preprocess = open_clip.create_model_and_transforms(
+        "lantern-fashion-clip", pretrained=str(world / "clip.safetensors")
+    )
     tokenizer = open_clip.get_tokenizer("lantern-fashion-clip")
     with torch.no_grad():
         image = clip.eval().encode_image(torch.stack([preprocess(Image.fromarray(i)) for i in images])).float()
@@ -136,8 +176,17 @@ def test_fid_reference_folder_is_centre_cropped_and_refuses_to_overwrite(tmp_pat
     for i in range(3):
         Image.fromarray(wide).save(source / f"{i:012d}.jpg")
     out = tmp_path / "ref"
-    command = [sys.executable, str(REPO / "scripts" / "fid_reference.py"), "--images", str(source), "--out", str(out),
-               "--size", "16", "--no-progress"]
+    command = [
+        sys.executable,
+        str(REPO / "scripts" / "fid_reference.py"),
+        "--images",
+        str(source),
+        "--out",
+        str(out),
+        "--size",
+        "16",
+        "--no-progress",
+    ]
     first = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert first.returncode == 0, first.stderr
     assert sorted(p.name for p in out.iterdir()) == [f"{i:012d}.png" for i in range(3)]
@@ -166,12 +215,27 @@ def test_the_coco_experiment_measures_fid_and_clip_on_the_world(tmp_path):
     world = REPO / "worlds" / "fashion_mnist"
     out = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "run.py", "+experiment=paper_table_llamagen_coco", "+experiment/mode=lantern_0.1",
-         *smoke_overrides("paper_table_llamagen_coco", tmp_path), "num_images=3", "batch_size=3", "warmup=0",
-         f"metrics.fid.reference.path={tmp_path / 'ref'}", f"metrics.fid.cache_dir={tmp_path / 'fid'}",
-         f"metrics.clip.pretrained={world / 'clip.safetensors'}", f"metrics.clip.model_config={world / 'lantern-fashion-clip.json'}",
-         "metrics.clip.model=lantern-fashion-clip", "wandb.mode=disabled", f"hydra.run.dir={out}"],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "run.py",
+            "+experiment=paper_table_llamagen_coco",
+            "+experiment/mode=lantern_0.1",
+            *smoke_overrides("paper_table_llamagen_coco", tmp_path),
+            "num_images=3",
+            "batch_size=3",
+            "warmup=0",
+            f"metrics.fid.reference.path={tmp_path / 'ref'}",
+            f"metrics.fid.cache_dir={tmp_path / 'fid'}",
+            f"metrics.clip.pretrained={world / 'clip.safetensors'}",
+            f"metrics.clip.model_config={world / 'lantern-fashion-clip.json'}",
+            "metrics.clip.model=lantern-fashion-clip",
+            "wandb.mode=disabled",
+            f"hydra.run.dir={out}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     metrics = json.loads((out / "metrics.json").read_text())
@@ -181,7 +245,10 @@ def test_the_coco_experiment_measures_fid_and_clip_on_the_world(tmp_path):
     captions = [metrics["distinct_prompts"][row["prompt_id"]] for row in metrics["per_image"]]
     assert metrics["clip_score"] == pytest.approx(world_clip_score(run_images(out, 3), captions), abs=1e-4)
     assert [metrics["distinct_prompts"][row["prompt_id"]] for row in metrics["per_image"]] == [
-        "a white sneaker seen from the side", "a long summer dress with thin straps", "a leather bag with a handle"]
+        "a white sneaker seen from the side",
+        "a long summer dress with thin straps",
+        "a leather bag with a handle",
+    ]
 
 
 def test_every_paper_table_mode_composes_and_builds_its_decoder():

@@ -99,8 +99,9 @@ def test_optimised_network_matches_the_plain_file(extractor, real_images, real_f
         expected = plain((pixels - 128) / 128).reshape(-1, FEATURE_DIM).numpy()  # (4, 2048)
     np.testing.assert_allclose(real_features[:4], expected, rtol=1e-3, atol=1e-4)
     # COUNT=24 at batch 16 pads the last batch of 8 to 16; batch 8 has no padding.
-    np.testing.assert_allclose(extractor.features(real_images[16:], batch_size=8, progress=False), real_features[16:],
-                               rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(
+        extractor.features(real_images[16:], batch_size=8, progress=False), real_features[16:], rtol=1e-3, atol=1e-4
+    )
 
 
 def test_folder_features_match_arrays_and_cleanfid(extractor, real_images, real_features, tmp_path):

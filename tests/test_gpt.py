@@ -14,8 +14,13 @@ def layout_of(model):
 
 @pytest.mark.parametrize(
     "preset,model_type,tsv",
-    [("GPT-B", "c2i", "c2i_GPT-B.tsv"), ("GPT-L", "c2i", "c2i_GPT-L.tsv"), ("GPT-XL", "c2i", "c2i_GPT-XL.tsv"),
-     ("GPT-XXL", "c2i", "c2i_GPT-XXL.tsv"), ("GPT-XL", "t2i", "t2i_GPT-XL.tsv")],
+    [
+        ("GPT-B", "c2i", "c2i_GPT-B.tsv"),
+        ("GPT-L", "c2i", "c2i_GPT-L.tsv"),
+        ("GPT-XL", "c2i", "c2i_GPT-XL.tsv"),
+        ("GPT-XXL", "c2i", "c2i_GPT-XXL.tsv"),
+        ("GPT-XL", "t2i", "t2i_GPT-XL.tsv"),
+    ],
 )
 def test_preset_layout_matches_official(preset, model_type, tsv):
     with torch.device("meta"):
@@ -146,7 +151,7 @@ def test_kv_cache_move_compacts_per_row():
     for name, old in before.items():  # keys and values move alike
         expected = old.clone()
         for row in range(2):
-            for s, d in zip(src[row].tolist(), dst[row].tolist()):
+            for s, d in zip(src[row].tolist(), dst[row].tolist(), strict=True):
                 expected[:, row, :, d] = old[:, row, :, s]
         assert torch.equal(getattr(cache, name), expected), name  # moved slots, and every other slot unchanged
         assert not torch.equal(expected, old)
@@ -172,11 +177,14 @@ def test_random_official_format_gpt_b_loads_strictly(gpt_b_file, tmp_path):
     load_weights(Transformer(gpt_config("GPT-B", "c2i", 256)), raw, expected="GPT-B c2i")
 
 
-@pytest.mark.parametrize("damage,pattern", [
-    ("rename", r"missing 1: layers\.3\.ffn_norm\.weight.*unexpected 1: layers\.3\.ffn_norm\.weights"),
-    ("drop", r"missing 1: output\.weight"),
-    ("reshape", r"wrong shape 1: tok_embeddings\.weight \(16384, 700\) != \(16384, 768\)"),
-])
+@pytest.mark.parametrize(
+    "damage,pattern",
+    [
+        ("rename", r"missing 1: layers\.3\.ffn_norm\.weight.*unexpected 1: layers\.3\.ffn_norm\.weights"),
+        ("drop", r"missing 1: output\.weight"),
+        ("reshape", r"wrong shape 1: tok_embeddings\.weight \(16384, 700\) != \(16384, 768\)"),
+    ],
+)
 def test_damaged_checkpoint_fails_clearly(gpt_b_file, tmp_path, damage, pattern):
     _, sd = gpt_b_file
     sd = dict(sd)

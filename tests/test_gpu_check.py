@@ -8,8 +8,23 @@ from script_helpers import load_script
 def test_gpu_check_cpu_form_writes_its_report(tmp_path):
     script = load_script("gpu_check")
     out = tmp_path / "gpu"
-    code = script.main(["--device", "cpu", "--dtype", "float32", "--compile", "none", "--tiny", "--images", "2",
-                        "--targets", "world,llamagen", "--out", str(out)])
+    code = script.main(
+        [
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--compile",
+            "none",
+            "--tiny",
+            "--images",
+            "2",
+            "--targets",
+            "world,llamagen",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     report = json.loads(out.with_suffix(".json").read_text())
     assert [r["target"].split()[0] for r in report["results"]] == ["embedded", "random"]

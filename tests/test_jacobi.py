@@ -41,8 +41,9 @@ def test_greedy_sjd_reproduces_greedy_ar(window, init, cfg_scale):
     assert (steps < model.config.num_image_tokens - 1).any(), "SJD should save target forwards"
 
 
-@pytest.mark.parametrize("factory", [lambda s: sjd(s, window=4), lambda s: gsd(s, window=4, p_thr=1.0, d_thr=None)],
-                         ids=["sjd", "gsd"])
+@pytest.mark.parametrize(
+    "factory", [lambda s: sjd(s, window=4), lambda s: gsd(s, window=4, p_thr=1.0, d_thr=None)], ids=["sjd", "gsd"]
+)
 def test_images_do_not_depend_on_the_batch(factory):
     model, _ = tiny()
     cond, keys = text_condition(), keys_tensor(5, range(4))
@@ -68,7 +69,9 @@ def test_gsd_without_grouping_is_sjd(sampling):
     assert float(on.per_sample["tv_realised_max"].max()) > 1e-3
 
 
-def brute_force_law(p: torch.Tensor, q: torch.Tensor, radius: int, p_thr: float, close: torch.Tensor | None) -> torch.Tensor:
+def brute_force_law(
+    p: torch.Tensor, q: torch.Tensor, radius: int, p_thr: float, close: torch.Tensor | None
+) -> torch.Tensor:
     """GSD's law at one position by enumeration: group of every token by explicit loops, then
     P(x) = q(x) a(x) + (1 - sum q a) norm(max(0, p - q))(x)."""
     vocab = p.shape[0]
@@ -77,8 +80,15 @@ def brute_force_law(p: torch.Tensor, q: torch.Tensor, radius: int, p_thr: float,
     for x in range(vocab):
         r = order.index(x)
         ranks = [r] if radius == 0 else range(r - radius, r + radius)
-        group = [order[i] for i in ranks if 0 <= i < vocab
-                 and (order[i] == x or (abs(float(p[order[i]] - p[x])) < p_thr and (close is None or bool(close[x, order[i]]))))]
+        group = [
+            order[i]
+            for i in ranks
+            if 0 <= i < vocab
+            and (
+                order[i] == x
+                or (abs(float(p[order[i]] - p[x])) < p_thr and (close is None or bool(close[x, order[i]])))
+            )
+        ]
         p_g, q_g = sum(float(p[y]) for y in group), sum(float(q[y]) for y in group)
         accept[x] = min(1.0, p_g / q_g) if q_g > 0 else 1.0
     taken = q.double() * accept
@@ -87,7 +97,9 @@ def brute_force_law(p: torch.Tensor, q: torch.Tensor, radius: int, p_thr: float,
     return taken + (1 - taken.sum()) * rest
 
 
-@pytest.mark.parametrize("radius,p_thr,with_distance", [(0, 0.15, False), (2, 0.15, False), (3, 0.05, True), (7, 1.0, False)])
+@pytest.mark.parametrize(
+    "radius,p_thr,with_distance", [(0, 0.15, False), (2, 0.15, False), (3, 0.05, True), (7, 1.0, False)]
+)
 def test_grouped_law_matches_enumeration(radius, p_thr, with_distance):
     generator = torch.Generator().manual_seed(radius)
     vocab = 12
@@ -133,14 +145,17 @@ def test_the_test_draws_from_the_law_it_records(radius):
         assert chisquare(counts.numpy(), target.numpy()).pvalue < 1e-6
 
 
-@pytest.mark.parametrize("name,sampling,factory", [
-    ("sjd-greedy", GREEDY, lambda s, **kw: sjd(s, window=3, **kw)),
-    ("sjd-sampled-horizon", SAMPLED, lambda s, **kw: sjd(s, window=3, init="horizon", **kw)),
-    ("sjd-reuse", SAMPLED, lambda s, **kw: sjd(s, window=3, reuse=0.2, **kw)),
-    ("gsd-sampled", SAMPLED, lambda s, **kw: gsd(s, window=3, p_thr=1.0, d_thr=None, **kw)),
-    ("gsd-greedy", GREEDY, lambda s, **kw: gsd(s, window=3, p_thr=1.0, d_thr=None, **kw)),
-    ("gsd-distance", SAMPLED, lambda s, **kw: gsd(s, window=3, radius=2, d_thr=200.0, **kw)),
-])
+@pytest.mark.parametrize(
+    "name,sampling,factory",
+    [
+        ("sjd-greedy", GREEDY, lambda s, **kw: sjd(s, window=3, **kw)),
+        ("sjd-sampled-horizon", SAMPLED, lambda s, **kw: sjd(s, window=3, init="horizon", **kw)),
+        ("sjd-reuse", SAMPLED, lambda s, **kw: sjd(s, window=3, reuse=0.2, **kw)),
+        ("gsd-sampled", SAMPLED, lambda s, **kw: gsd(s, window=3, p_thr=1.0, d_thr=None, **kw)),
+        ("gsd-greedy", GREEDY, lambda s, **kw: gsd(s, window=3, p_thr=1.0, d_thr=None, **kw)),
+        ("gsd-distance", SAMPLED, lambda s, **kw: gsd(s, window=3, radius=2, d_thr=200.0, **kw)),
+    ],
+)
 def test_jacobi_step_captures_as_one_graph_and_matches_eager(name, sampling, factory):
     model, _ = tiny()
     cond, keys = text_condition(), keys_tensor(0, range(4))
@@ -198,8 +213,11 @@ def test_sjd_sampling_is_lossless_and_gsd_is_caught(world):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kwargs", [dict(window=16), dict(window=8, init="horizon"), dict(window=8, init="vertical"),
-                                    dict(window=8, reuse=0.3)], ids=["w16", "horizon", "vertical", "reuse"])
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(window=16), dict(window=8, init="horizon"), dict(window=8, init="vertical"), dict(window=8, reuse=0.3)],
+    ids=["w16", "horizon", "vertical", "reuse"],
+)
 def test_sjd_variants_are_lossless(world, kwargs):
     from world_fixture import WORLD_SAMPLING
 
@@ -209,11 +227,20 @@ def test_sjd_variants_are_lossless(world, kwargs):
 
 # ----- configs and the command line ------------------------------------------------------------------
 
-@pytest.mark.parametrize("overrides,fields", [
-    (("decoding=sjd", "window=4", "init=horizon", "reuse=0.3"),
-     {"decoding": "sjd", "window": 4, "init": "horizon", "reuse": 0.3, "acceptance": "exact"}),
-    (("decoding=gsd", "window=4", "gsd_p_thr=0.5"), {"decoding": "gsd", "gsd_radius": 7, "gsd_p_thr": 0.5, "acceptance": "gsd"}),
-])
+
+@pytest.mark.parametrize(
+    "overrides,fields",
+    [
+        (
+            ("decoding=sjd", "window=4", "init=horizon", "reuse=0.3"),
+            {"decoding": "sjd", "window": 4, "init": "horizon", "reuse": 0.3, "acceptance": "exact"},
+        ),
+        (
+            ("decoding=gsd", "window=4", "gsd_p_thr=0.5"),
+            {"decoding": "gsd", "gsd_radius": 7, "gsd_p_thr": 0.5, "acceptance": "gsd"},
+        ),
+    ],
+)
 def test_configs_compose_and_decode(tmp_path, overrides, fields):
     proc, out = run(tmp_path, *overrides, "num_images=3", "batch_size=2", "warmup=0")
     assert proc.returncode == 0, proc.stderr
@@ -231,16 +258,22 @@ def test_configs_compose_and_decode(tmp_path, overrides, fields):
     assert method_label(load_records([out])[0]).startswith(f"{fields['decoding'].upper()} W=4 ")
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (("decoding=sjd", "window=0"), "window=0 must be an integer >= 1"),
-    (("decoding=sjd", "window=1000"), "window=1000 is larger than the image"),
-    (("decoding=sjd", "init=diagonal"), "init='diagonal' is not a window initialisation; allowed: random, horizon, vertical"),
-    (("decoding=sjd", "reuse=1.5"), "reuse=1.5 must be a number in (0, 1]"),
-    (("decoding=gsd", "gsd_radius=-1"), "gsd_radius=-1 must be an integer >= 0"),
-    (("decoding=gsd", "gsd_p_thr=0"), "gsd_p_thr=0 must be a number in (0, 1]"),
-    (("decoding=gsd", "gsd_p_thr=1.5"), "gsd_p_thr=1.5 must be a number in (0, 1]"),
-    (("decoding=gsd", "gsd_d_thr=-2"), "gsd_d_thr=-2 must be a number > 0"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (("decoding=sjd", "window=0"), "window=0 must be an integer >= 1"),
+        (("decoding=sjd", "window=1000"), "window=1000 is larger than the image"),
+        (
+            ("decoding=sjd", "init=diagonal"),
+            "init='diagonal' is not a window initialisation; allowed: random, horizon, vertical",
+        ),
+        (("decoding=sjd", "reuse=1.5"), "reuse=1.5 must be a number in (0, 1]"),
+        (("decoding=gsd", "gsd_radius=-1"), "gsd_radius=-1 must be an integer >= 0"),
+        (("decoding=gsd", "gsd_p_thr=0"), "gsd_p_thr=0 must be a number in (0, 1]"),
+        (("decoding=gsd", "gsd_p_thr=1.5"), "gsd_p_thr=1.5 must be a number in (0, 1]"),
+        (("decoding=gsd", "gsd_d_thr=-2"), "gsd_d_thr=-2 must be a number > 0"),
+    ],
+)
 def test_bad_jacobi_input_is_one_line_and_writes_nothing(tmp_path, overrides, message):
     proc, out = run(tmp_path, "num_images=2", *overrides)
     assert proc.returncode == 2, proc.stderr

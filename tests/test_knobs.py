@@ -17,12 +17,15 @@ def composed(*overrides: str):
         return compose("config", overrides=["model=tiny_random_c2i", *overrides])
 
 
-@pytest.mark.parametrize("decoding,recorded", [
-    ("ar", {"k": None, "delta": None, "lambda": None}),
-    ("eagle", {"k": None, "delta": None, "lambda": None}),
-    ("lantern", {"k": 1000, "delta": 0.2, "lambda": None}),
-    ("lantern_pp", {"k": 10, "delta": None, "lambda": 3.0}),
-])
+@pytest.mark.parametrize(
+    "decoding,recorded",
+    [
+        ("ar", {"k": None, "delta": None, "lambda": None}),
+        ("eagle", {"k": None, "delta": None, "lambda": None}),
+        ("lantern", {"k": 1000, "delta": 0.2, "lambda": None}),
+        ("lantern_pp", {"k": 10, "delta": None, "lambda": 3.0}),
+    ],
+)
 def test_delta_is_a_top_level_key_for_every_decoder(decoding, recorded):
     cfg = composed(f"decoding={decoding}", "delta=0.2")  # no "+": the key exists whichever decoder runs
     assert cfg.delta == 0.2 and "k" in cfg and "lambda" in cfg
@@ -47,9 +50,23 @@ def test_the_first_comparison_a_researcher_runs(tmp_path):
     """`python run.py -m decoding=ar,eagle,lantern delta=0.2` runs all three; only LANTERN uses delta."""
     sweep = tmp_path / "sweep"
     proc = subprocess.run(
-        [sys.executable, "run.py", "-m", "decoding=ar,eagle,lantern", "delta=0.2", "model=tiny_random_c2i", "num_images=1",
-         "warmup=0", "speedup_baseline=null", "wandb.mode=disabled", f"hydra.sweep.dir={sweep}"],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "run.py",
+            "-m",
+            "decoding=ar,eagle,lantern",
+            "delta=0.2",
+            "model=tiny_random_c2i",
+            "num_images=1",
+            "warmup=0",
+            "speedup_baseline=null",
+            "wandb.mode=disabled",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     records = {r["decoding"]: r for r in (json.loads(p.read_text()) for p in sweep.glob("*/metrics.json"))}

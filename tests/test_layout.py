@@ -16,11 +16,15 @@ PACKAGE = Path(__file__).resolve().parents[1] / "lantern"
 # Layers from the bottom up. A module may import its own wing, the ground helpers and any wing of a
 # lower layer; wings of one layer (metrics, results) do not import each other.
 LAYERS = {
-    "errors": 0, "checks": 0, "rng": 0, "files": 0,  # ground helpers
+    "errors": 0,
+    "checks": 0,
+    "rng": 0,
+    "files": 0,  # ground helpers
     "models": 1,
     "rules": 2,
     "decoding": 3,
-    "metrics": 4, "results": 4,
+    "metrics": 4,
+    "results": 4,
     "training": 5,
     "run": 6,
     "cli": 7,
@@ -63,7 +67,9 @@ def graph() -> dict[str, list[tuple[str, int]]]:
 def test_lantern_has_at_most_twelve_top_level_modules_and_packages():
     top = sorted({wing(name) for name in modules() if wing(name)})
     assert len(top) <= MAX_TOP_LEVEL, f"{len(top)} top-level modules and packages: {top}"
-    assert set(top) <= set(LAYERS), f"not in any layer (add it to LAYERS with its place): {sorted(set(top) - set(LAYERS))}"
+    assert set(top) <= set(LAYERS), (
+        f"not in any layer (add it to LAYERS with its place): {sorted(set(top) - set(LAYERS))}"
+    )
 
 
 def against_layers(edges: dict[str, list[tuple[str, int]]]) -> list[str]:
@@ -87,12 +93,16 @@ def test_no_module_imports_from_a_higher_layer_or_a_sibling_wing():
 
 
 def test_the_layer_check_catches_upward_and_sideways_imports():
-    edges = {"lantern.models.bundle": [("lantern.rules.neighbours", 3), ("lantern.files", 4)],
-             "lantern.metrics.clip": [("lantern.results.record", 7)],
-             "lantern.run.job": [("lantern.metrics.fid", 9), ("lantern", 1)],
-             "lantern.files": [("lantern.errors", 2)]}
-    assert against_layers(edges) == ["lantern.models.bundle:3 -> lantern.rules.neighbours",
-                                     "lantern.metrics.clip:7 -> lantern.results.record"]
+    edges = {
+        "lantern.models.bundle": [("lantern.rules.neighbours", 3), ("lantern.files", 4)],
+        "lantern.metrics.clip": [("lantern.results.record", 7)],
+        "lantern.run.job": [("lantern.metrics.fid", 9), ("lantern", 1)],
+        "lantern.files": [("lantern.errors", 2)],
+    }
+    assert against_layers(edges) == [
+        "lantern.models.bundle:3 -> lantern.rules.neighbours",
+        "lantern.metrics.clip:7 -> lantern.results.record",
+    ]
 
 
 def cycles(edges: dict[str, list[str]]) -> list[list[str]]:
@@ -133,11 +143,10 @@ def test_there_is_no_import_cycle():
     assert cycles(edges) == []
 
 
-@pytest.mark.parametrize("edges, expected", [
-    ({"a": ["b"], "b": ["a"]}, [["a", "b"]]),
-    ({"a": ["b"], "b": ["c"], "c": []}, []),
-    ({"a": ["a"]}, [["a"]]),
-])
+@pytest.mark.parametrize(
+    "edges, expected",
+    [({"a": ["b"], "b": ["a"]}, [["a", "b"]]), ({"a": ["b"], "b": ["c"], "c": []}, []), ({"a": ["a"]}, [["a"]])],
+)
 def test_the_cycle_finder_finds_cycles(edges, expected):
     assert cycles(edges) == expected
 
@@ -145,4 +154,7 @@ def test_the_cycle_finder_finds_cycles(edges, expected):
 def test_the_walk_sees_lazy_imports(tmp_path):
     source = tmp_path / "m.py"
     source.write_text("def f():\n    from lantern.rules import exact\n    import lantern.files\n")
-    assert imports(source, {"lantern.rules.exact", "lantern.files"}) == [("lantern.rules.exact", 2), ("lantern.files", 3)]
+    assert imports(source, {"lantern.rules.exact", "lantern.files"}) == [
+        ("lantern.rules.exact", 2),
+        ("lantern.files", 3),
+    ]

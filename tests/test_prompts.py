@@ -25,7 +25,11 @@ def coco_file(tmp_path):
 def test_coco_longest_caption_per_image_in_image_order(coco_file):
     prompts = coco_captions(coco_file)
     assert prompts.items == ["A cat on a mat.", "Boats in a harbour at dawn.", "A brown dog runs on grass."]
-    assert coco_captions(coco_file, per_image="first").items == ["A cat on a mat.", "Boats in a harbour at dawn.", "A dog."]
+    assert coco_captions(coco_file, per_image="first").items == [
+        "A cat on a mat.",
+        "Boats in a harbour at dawn.",
+        "A dog.",
+    ]
     assert len(coco_captions(coco_file, per_image="all")) == 5
     assert coco_captions(coco_file, start=1, count=1).items == ["Boats in a harbour at dawn."]
 
@@ -37,12 +41,15 @@ def test_parti_prompts_by_category(tmp_path):
     assert parti_prompts(str(path), category="Animals").items == ["a corgi"]
 
 
-@pytest.mark.parametrize("content, message", [
-    (None, "not found"),
-    ("{}", "is not a COCO caption file"),
-    ("not json", "is not a COCO caption file"),
-    ('{"annotations": []}', "holds no captions"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "not found"),
+        ("{}", "is not a COCO caption file"),
+        ("not json", "is not a COCO caption file"),
+        ('{"annotations": []}', "holds no captions"),
+    ],
+)
 def test_bad_coco_files_get_one_clear_error(tmp_path, content, message):
     path = tmp_path / "captions.json"
     if content is not None:
@@ -64,9 +71,10 @@ def test_bad_ranges_and_parti_files_are_refused(tmp_path, coco_file):
         parti_prompts(str(bad))
 
 
-@pytest.mark.parametrize("loader,what", [
-    ("caption_file", "prompt file"), ("coco_captions", "COCO caption file"), ("parti_prompts", "PartiPrompts file"),
-])
+@pytest.mark.parametrize(
+    "loader,what",
+    [("caption_file", "prompt file"), ("coco_captions", "COCO caption file"), ("parti_prompts", "PartiPrompts file")],
+)
 def test_binary_or_non_utf8_prompt_files_name_the_file_and_line(tmp_path, loader, what):
     import lantern.run.prompts as prompts
 
@@ -78,7 +86,9 @@ def test_binary_or_non_utf8_prompt_files_name_the_file_and_line(tmp_path, loader
     assert message == f"{what} {str(latin)!r} is not UTF-8 text: line 3, column 6 has the byte 0xe9; save it as UTF-8"
     binary = tmp_path / "image.png"
     binary.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 40)
-    with pytest.raises(ConfigError, match=rf"^{what} '.*image\.png' is a binary file, not text \(a NUL byte on line 3\)"):
+    with pytest.raises(
+        ConfigError, match=rf"^{what} '.*image\.png' is a binary file, not text \(a NUL byte on line 3\)"
+    ):
         getattr(prompts, loader)(str(binary))
     assert len(str(caught.value)) < 300
 
@@ -94,12 +104,28 @@ def test_a_long_prompt_warns_once_and_is_stored_once(tmp_path):
     prompts.write_text(long + "\na white sneaker\n")
     out = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "run.py", "prompts=caption_file", f"prompts.path={prompts}", "num_images=4", "batch_size=4",
-         "warmup=0", "speedup_baseline=null", "wandb.mode=disabled", f"hydra.run.dir={out}"],
-        cwd=repo, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "run.py",
+            "prompts=caption_file",
+            f"prompts.path={prompts}",
+            "num_images=4",
+            "batch_size=4",
+            "warmup=0",
+            "speedup_baseline=null",
+            "wandb.mode=disabled",
+            f"hydra.run.dir={out}",
+        ],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
-    assert warnings == [line for line in warnings if "1 of 2 distinct prompts are longer than the text encoder's 16 tokens" in line]
+    assert warnings == [
+        line for line in warnings if "1 of 2 distinct prompts are longer than the text encoder's 16 tokens" in line
+    ]
     assert len(warnings) == 1
     record = json.loads((out / "metrics.json").read_text())
     assert record["distinct_prompts"] == [long.strip(), "a white sneaker"]

@@ -38,9 +38,19 @@ def test_a_write_killed_midway_leaves_the_old_record_whole(tmp_path):
 def test_a_run_killed_while_generating_writes_no_record_and_no_table_row(tmp_path):
     out = tmp_path / "run"
     run = subprocess.Popen(
-        [sys.executable, "run.py", "num_images=400", "batch_size=1", "warmup=0", "wandb.mode=disabled",
-         "speedup_baseline=null", f"hydra.run.dir={out}"],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "run.py",
+            "num_images=400",
+            "batch_size=1",
+            "warmup=0",
+            "wandb.mode=disabled",
+            "speedup_baseline=null",
+            f"hydra.run.dir={out}",
+        ],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 120
     while not (out / "000002.png").exists():
@@ -49,6 +59,11 @@ def test_a_run_killed_while_generating_writes_no_record_and_no_table_row(tmp_pat
     os.kill(run.pid, signal.SIGKILL)
     run.wait(timeout=30)
     assert not (out / "metrics.json").exists()
-    tables = subprocess.run([sys.executable, "scripts/make_tables.py", str(out), "--out", str(tmp_path / "table")],
-                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    tables = subprocess.run(
+        [sys.executable, "scripts/make_tables.py", str(out), "--out", str(tmp_path / "table")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert tables.returncode == 2 and tables.stderr.startswith("error:") and not (tmp_path / "table").exists()

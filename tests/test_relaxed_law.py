@@ -32,13 +32,15 @@ def roots(world):
     top-ranked children per root) and a sampled chain (one drawn child)."""
     captured = {}
     original = speculative_module.walk_tree
-    for kind, structure, rule in (("deterministic", DynamicTree(5, 10, 58), ExactDeterministic()),
-                                  ("sampled", chain(3, "sampled"), ExactSampled())):
+    for kind, structure, rule in (
+        ("deterministic", DynamicTree(5, 10, 58), ExactDeterministic()),
+        ("sampled", chain(3, "sampled"), ExactSampled()),
+    ):
         nodes = []
 
-        def spy(draft, p, *args, **kwargs):
+        def spy(draft, p, *args, _nodes=nodes, **kwargs):
             for row in range(p.shape[0]):
-                nodes.append((p[row, 0].double(), draft.candidates[row, 0], draft.q[row, 0].double()))
+                _nodes.append((p[row, 0].double(), draft.candidates[row, 0], draft.q[row, 0].double()))
             return original(draft, p, *args, **kwargs)
 
         speculative_module.walk_tree = spy
@@ -63,8 +65,15 @@ def _deterministic_law(rule, p, tokens, q):
     relaxed = rule.relax(p[None], tokens[None], valid[:1], q[None])
     noise = torch.full((vocab, vocab), 1e300, dtype=p.dtype)
     noise.fill_diagonal_(1.0)  # row y: the race picks y whenever p'(y) > 0
-    out = rule.level(p.expand(vocab, -1), tokens.expand(vocab, -1), valid, q.expand(vocab, -1),
-                     torch.zeros(vocab, tokens.shape[0], dtype=p.dtype), noise, SamplingConfig())
+    out = rule.level(
+        p.expand(vocab, -1),
+        tokens.expand(vocab, -1),
+        valid,
+        q.expand(vocab, -1),
+        torch.zeros(vocab, tokens.shape[0], dtype=p.dtype),
+        noise,
+        SamplingConfig(),
+    )
     emitted = torch.where(out.chosen >= 0, tokens.clamp_min(0)[out.chosen.clamp_min(0)], out.emitted)
     weights = relaxed.target[0]
     law = torch.zeros_like(p).scatter_add_(0, emitted, weights)
@@ -72,13 +81,20 @@ def _deterministic_law(rule, p, tokens, q):
 
 
 @pytest.mark.parametrize("siblings", [1, 10])
-@pytest.mark.parametrize("build", [lambda w: lantern(1000, 0.1, w.neighbours), lambda w: lantern(1000, 0.4, w.neighbours),
-                                   lambda w: lantern_pp(10, 3.0, w.neighbours)], ids=["delta0.1", "delta0.4", "lambda3"])
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda w: lantern(1000, 0.1, w.neighbours),
+        lambda w: lantern(1000, 0.4, w.neighbours),
+        lambda w: lantern_pp(10, 3.0, w.neighbours),
+    ],
+    ids=["delta0.1", "delta0.4", "lambda3"],
+)
 def test_bounded_deterministic_node_emits_its_relaxed_target(world, roots, build, siblings):
     rule = build(world).for_candidates("deterministic")
     delta = rule.settings.get("delta")
     realised = []
-    for p, candidates, q in roots["deterministic"]:
+    for p, _candidates, q in roots["deterministic"]:
         tokens = q.topk(siblings).indices  # the drafter's top-ranked children (EAGLE-2's candidates)
         law, relaxed, recorded = _deterministic_law(rule, p, tokens, q)
         assert torch.allclose(law, relaxed, atol=1e-9)  # the closed form emits exactly p'
@@ -98,7 +114,9 @@ def test_bounded_sampled_node_emits_its_relaxed_target(world, roots, delta):
     vocab = world.bundle.gpt.config.vocab_size
     for p, _, q in roots["sampled"]:
         xs = torch.arange(vocab)
-        relaxed = rule.relax(p[None], xs[:1, None], torch.ones(1, 1, dtype=torch.bool), q[None])  # fixed before x is drawn
+        relaxed = rule.relax(
+            p[None], xs[:1, None], torch.ones(1, 1, dtype=torch.bool), q[None]
+        )  # fixed before x is drawn
         target = relaxed.target.expand(vocab, -1)
         verdict = rule.test.verify(target, xs, q.expand(vocab, -1), torch.zeros(vocab, dtype=p.dtype))
         accept = torch.where(q > 0, torch.clamp(verdict.p_tilde / q.clamp_min(1e-300), max=1.0), 0.0)
@@ -107,8 +125,15 @@ def test_bounded_sampled_node_emits_its_relaxed_target(world, roots, delta):
         assert torch.allclose(law, relaxed.target[0], atol=1e-7)  # the exact test emits p' itself
         assert float(_tv(law, p)) == pytest.approx(float(relaxed.tv[0]), abs=1e-6)
         assert float(_tv(law, p)) <= delta + 1e-6
-        out = rule.level(p[None], xs[:1, None], torch.ones(1, 1, dtype=torch.bool), q[None],
-                         torch.rand(1, 1, dtype=p.dtype), torch.ones(1, vocab, dtype=p.dtype), SamplingConfig())
+        out = rule.level(
+            p[None],
+            xs[:1, None],
+            torch.ones(1, 1, dtype=torch.bool),
+            q[None],
+            torch.rand(1, 1, dtype=p.dtype),
+            torch.ones(1, vocab, dtype=p.dtype),
+            SamplingConfig(),
+        )
         assert float(out.tv[0]) == pytest.approx(float(relaxed.tv[0]), abs=1e-9)  # what the records get
 
 
@@ -136,10 +161,17 @@ def test_reference_siblings_follow_the_authors_loop_and_drift_past_delta(world, 
     rule = lantern(k, delta, world.neighbours, semantics="reference").for_candidates("deterministic")
     table = rule.table.indices
     drifts = []
-    for p, candidates, q in roots["deterministic"]:
+    for p, _candidates, q in roots["deterministic"]:
         tokens = q.topk(10).indices  # a full 10-sibling level
-        out = rule.level(p[None], tokens[None], torch.ones(1, len(tokens), dtype=torch.bool), q[None],
-                         torch.zeros(1, len(tokens), dtype=p.dtype), torch.ones(1, p.shape[0], dtype=p.dtype), SamplingConfig())
+        out = rule.level(
+            p[None],
+            tokens[None],
+            torch.ones(1, len(tokens), dtype=torch.bool),
+            q[None],
+            torch.zeros(1, len(tokens), dtype=p.dtype),
+            torch.ones(1, p.shape[0], dtype=p.dtype),
+            SamplingConfig(),
+        )
         law = _authors_loop_law(p, tokens, table, k, delta)
         assert float(out.tv[0]) == pytest.approx(float(_tv(law, p)), abs=1e-6)
         drifts.append(float(out.tv[0]))
@@ -155,10 +187,26 @@ def test_reference_sampled_closed_form_matches_the_enumerated_mixture(world, roo
         ps, qs = p.expand(vocab, -1), q.expand(vocab, -1)
         p_tilde, _, _ = rule.relaxed_probability(ps, xs)
         accept = torch.where(q > 0, torch.clamp(p_tilde / q.clamp_min(1e-300), max=1.0), 0.0)
-        out = rule.level(ps, xs[:, None], torch.ones(vocab, 1, dtype=torch.bool), qs, torch.ones(vocab, 1, dtype=p.dtype),
-                         None, SamplingConfig(), audit=False)  # u = 1: every x with p~ < q is rejected
+        out = rule.level(
+            ps,
+            xs[:, None],
+            torch.ones(vocab, 1, dtype=torch.bool),
+            qs,
+            torch.ones(vocab, 1, dtype=p.dtype),
+            None,
+            SamplingConfig(),
+            audit=False,
+        )  # u = 1: every x with p~ < q is rejected
         law = q * accept + ((q * (1 - accept))[:, None] * out.target).sum(0)
-        recorded = rule.level(p[None], xs[:1, None], torch.ones(1, 1, dtype=torch.bool), q[None],
-                              torch.ones(1, 1, dtype=p.dtype), None, SamplingConfig(), audit=True).tv
+        recorded = rule.level(
+            p[None],
+            xs[:1, None],
+            torch.ones(1, 1, dtype=torch.bool),
+            q[None],
+            torch.ones(1, 1, dtype=p.dtype),
+            None,
+            SamplingConfig(),
+            audit=True,
+        ).tv
         assert float(recorded[0]) == pytest.approx(float(_tv(law, p)), abs=1e-6)
         assert float(_tv(law, p)) > 0

@@ -10,11 +10,23 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run(tmp_path: Path, *overrides: str, name: str = "run", wandb_off: bool = True) -> tuple[subprocess.CompletedProcess, Path]:
+def run(
+    tmp_path: Path, *overrides: str, name: str = "run", wandb_off: bool = True
+) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp_path / name
     proc = subprocess.run(
-        [sys.executable, "run.py", "model=tiny_random_c2i", f"hydra.run.dir={out}", *(("wandb.mode=disabled",) if wandb_off else ()), *overrides],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "run.py",
+            "model=tiny_random_c2i",
+            f"hydra.run.dir={out}",
+            *(("wandb.mode=disabled",) if wandb_off else ()),
+            *overrides,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     return proc, out
 
@@ -38,18 +50,21 @@ def test_images_do_not_change_with_batch_size(tmp_path):
         assert (out1 / f"{i:06d}.png").read_bytes() == (out4 / f"{i:06d}.png").read_bytes()
 
 
-@pytest.mark.parametrize("override,message", [
-    ("top_k=-1", "top_k=-1"),
-    ("top_p=1.5", "top_p=1.5"),
-    ("temperature=-0.5", "temperature=-0.5"),
-    ("cfg_scale=-1", "cfg_scale=-1"),
-    ("num_images=0", "num_images=0"),
-    ("model.bundle.gpt.preset=GPT-Q", "unknown GPT preset 'GPT-Q'"),
-    ("model.bundle.gpt.model_type=x2i", "model_type"),
-    ("model.bundle.gpt.image_size=30", "image_size 30"),
-    ("dtype=int8", "dtype='int8'"),
-    ("speedup_every=0", "speedup_every=0"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("top_k=-1", "top_k=-1"),
+        ("top_p=1.5", "top_p=1.5"),
+        ("temperature=-0.5", "temperature=-0.5"),
+        ("cfg_scale=-1", "cfg_scale=-1"),
+        ("num_images=0", "num_images=0"),
+        ("model.bundle.gpt.preset=GPT-Q", "unknown GPT preset 'GPT-Q'"),
+        ("model.bundle.gpt.model_type=x2i", "model_type"),
+        ("model.bundle.gpt.image_size=30", "image_size 30"),
+        ("dtype=int8", "dtype='int8'"),
+        ("speedup_every=0", "speedup_every=0"),
+    ],
+)
 def test_bad_input_is_one_line_nonzero_and_writes_nothing(tmp_path, override, message):
     proc, out = run(tmp_path, override)
     assert proc.returncode != 0
@@ -58,23 +73,46 @@ def test_bad_input_is_one_line_nonzero_and_writes_nothing(tmp_path, override, me
     assert not out.exists()
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (("decoding=lantern", "delta=-0.1"), "delta=-0.1"),
-    (("decoding=lantern", "delta=1.5"), "delta=1.5"),
-    (("decoding=lantern", "delta=nan"), "delta=nan"),
-    (("decoding=lantern", "k=0"), "k=0"),
-    (("decoding=lantern", "k=5000"), "k=5000"),
-    (("decoding=lantern_pp", "lambda=0.5"), "lambda=0.5"),
-    (("decoding=eagle", "model.drafter.gpt={preset:GPT-mini,model_type:c2i,image_size:32}"), "does not match the target"),
-    (("decoding=lantern", "k=50", "model.neighbours.k_max=100", "model.neighbours.vq={preset:VQ-tiny,overrides:{codebook_size:512}}"),
-     "another codebook"),
-    (("decoding=eagle", "draft=chain", "draft.depth=0"), "depth=0"),
-    (("decoding=lantern", "decoding.acceptance.semantics=paper"), "semantics='paper' must be one of bounded, reference"),
-    (("decoding=lantern", "decoding.acceptance.tv_audit_every=0"), "tv_audit_every=0"),
-    (("decoding=lantern_pp", "decoding.acceptance.semantics=reference", "k=1023"), "k+1=1024"),
-    (("decoding=lantern", "decoding.acceptance.semantics=reference", "draft=dynamic_tree", "draft.candidates=sampled"),
-     "use draft=static_tree or draft=chain"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (("decoding=lantern", "delta=-0.1"), "delta=-0.1"),
+        (("decoding=lantern", "delta=1.5"), "delta=1.5"),
+        (("decoding=lantern", "delta=nan"), "delta=nan"),
+        (("decoding=lantern", "k=0"), "k=0"),
+        (("decoding=lantern", "k=5000"), "k=5000"),
+        (("decoding=lantern_pp", "lambda=0.5"), "lambda=0.5"),
+        (
+            ("decoding=eagle", "model.drafter.gpt={preset:GPT-mini,model_type:c2i,image_size:32}"),
+            "does not match the target",
+        ),
+        (
+            (
+                "decoding=lantern",
+                "k=50",
+                "model.neighbours.k_max=100",
+                "model.neighbours.vq={preset:VQ-tiny,overrides:{codebook_size:512}}",
+            ),
+            "another codebook",
+        ),
+        (("decoding=eagle", "draft=chain", "draft.depth=0"), "depth=0"),
+        (
+            ("decoding=lantern", "decoding.acceptance.semantics=paper"),
+            "semantics='paper' must be one of bounded, reference",
+        ),
+        (("decoding=lantern", "decoding.acceptance.tv_audit_every=0"), "tv_audit_every=0"),
+        (("decoding=lantern_pp", "decoding.acceptance.semantics=reference", "k=1023"), "k+1=1024"),
+        (
+            (
+                "decoding=lantern",
+                "decoding.acceptance.semantics=reference",
+                "draft=dynamic_tree",
+                "draft.candidates=sampled",
+            ),
+            "use draft=static_tree or draft=chain",
+        ),
+    ],
+)
 def test_bad_speculative_input_is_one_line_and_writes_nothing(tmp_path, overrides, message):
     proc, out = run(tmp_path, "num_images=2", *overrides)
     assert proc.returncode != 0
@@ -84,8 +122,15 @@ def test_bad_speculative_input_is_one_line_and_writes_nothing(tmp_path, override
 
 
 def test_speculative_run_records_acceptance(tmp_path):
-    proc, out = run(tmp_path, "decoding=lantern", "delta=0.3", "draft.candidates=deterministic", "num_images=3", "warmup=0",
-                    wandb_off=False)
+    proc, out = run(
+        tmp_path,
+        "decoding=lantern",
+        "delta=0.3",
+        "draft.candidates=deterministic",
+        "num_images=3",
+        "warmup=0",
+        wandb_off=False,
+    )
     assert proc.returncode == 0, proc.stderr
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["decoding"] == "lantern" and metrics["delta"] == 0.3 and metrics["k"] == 1000
@@ -109,27 +154,46 @@ def test_speedup_on_every_other_batch_compares_the_same_batches(tmp_path):
     assert "on 2 of 3 batches" in metrics["speedup_baseline"]
     rows = metrics["per_image"]
     assert metrics["compared_latency_s_per_image"] == pytest.approx((rows[0]["latency_s"] + rows[2]["latency_s"]) / 2)
-    assert metrics["speedup"] == pytest.approx(metrics["baseline_latency_s_per_image"] / metrics["compared_latency_s_per_image"])
+    assert metrics["speedup"] == pytest.approx(
+        metrics["baseline_latency_s_per_image"] / metrics["compared_latency_s_per_image"]
+    )
 
 
 def test_speedup_against_a_named_baseline_run(tmp_path):
     ar, ar_out = run(tmp_path, "num_images=3", "warmup=0", name="ar")
     assert ar.returncode == 0, ar.stderr
-    proc, out = run(tmp_path, "decoding=eagle", "num_images=3", "warmup=0", "speedup_baseline=null",
-                    f"speedup_baseline_run={ar_out}", name="eagle")
+    proc, out = run(
+        tmp_path,
+        "decoding=eagle",
+        "num_images=3",
+        "warmup=0",
+        "speedup_baseline=null",
+        f"speedup_baseline_run={ar_out}",
+        name="eagle",
+    )
     assert proc.returncode == 0, proc.stderr
     ar_metrics = json.loads((ar_out / "metrics.json").read_text())
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["speedup"] == pytest.approx(ar_metrics["latency_s_per_image"] / metrics["latency_s_per_image"])
     assert f"run {ar_out}" in metrics["speedup_baseline"] and "same setting and machine" in metrics["speedup_baseline"]
-    other, other_out = run(tmp_path, "decoding=eagle", "num_images=4", "warmup=0", "speedup_baseline=null",
-                           f"speedup_baseline_run={ar_out}", name="other")
+    other, other_out = run(
+        tmp_path,
+        "decoding=eagle",
+        "num_images=4",
+        "warmup=0",
+        "speedup_baseline=null",
+        f"speedup_baseline_run={ar_out}",
+        name="other",
+    )
     assert other.returncode == 2 and not other_out.exists()
     assert other.stderr.strip().splitlines()[-1] == (
-        f"error: speedup_baseline_run='{ar_out}' has num_images=3, this run num_images=4")
+        f"error: speedup_baseline_run='{ar_out}' has num_images=3, this run num_images=4"
+    )
     both, both_out = run(tmp_path, "decoding=eagle", "num_images=3", f"speedup_baseline_run={ar_out}", name="both")
     assert both.returncode == 2 and "both set" in both.stderr and not both_out.exists()
-    absent, _ = run(tmp_path, "decoding=eagle", "speedup_baseline=null", f"speedup_baseline_run={tmp_path}", name="absent")
+    absent, _ = run(
+        tmp_path, "decoding=eagle", "speedup_baseline=null", f"speedup_baseline_run={tmp_path}", name="absent"
+    )
     assert absent.returncode == 2 and "no metrics.json there" in absent.stderr
 
 
@@ -138,15 +202,25 @@ def test_missing_checkpoint_and_text_encoder_are_named(tmp_path):
     assert proc.returncode != 0 and "model.gpt_ckpt is required" in proc.stderr and not out.exists()
     vq = tmp_path / "vq.pt"
     vq.write_bytes(b"")
-    proc, out = run(tmp_path, "model=llamagen_t2i_xl_256", f"model.gpt_ckpt={tmp_path / 'absent.pt'}",
-                    f"model.vq_ckpt={vq}", f"model.text_encoder_path={tmp_path / 'nodir'}")
+    proc, out = run(
+        tmp_path,
+        "model=llamagen_t2i_xl_256",
+        f"model.gpt_ckpt={tmp_path / 'absent.pt'}",
+        f"model.vq_ckpt={vq}",
+        f"model.text_encoder_path={tmp_path / 'nodir'}",
+    )
     assert proc.returncode != 0 and "absent.pt" in proc.stderr.strip().splitlines()[-1] and not out.exists()
 
 
 def test_default_world_main_job(tmp_path):
     out = tmp_path / "default"
-    proc = subprocess.run([sys.executable, "run.py", "num_images=4", "batch_size=2", "wandb.mode=disabled", f"hydra.run.dir={out}"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "run.py", "num_images=4", "batch_size=2", "wandb.mode=disabled", f"hydra.run.dir={out}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "4 images, grid.png and metrics.json in" in proc.stdout
     metrics = json.loads((out / "metrics.json").read_text())
@@ -166,16 +240,35 @@ def test_a_neighbour_table_in_the_other_distance_space_is_refused(tmp_path):
     codebook = random_vq(cfg.model.bundle.vq, cfg.model.bundle.init_seed).raw_codebook().detach()
     load_or_build_table(codebook, 16, False, tmp_path / "tables")  # built on raw rows
     raw = table_path(tmp_path / "tables", codebook_hash(codebook, False), 16, False)
-    proc, out = run(tmp_path, "num_images=2", "decoding=lantern", "k=8", "model.neighbours.k_max=16",
-                    f"model.neighbours.path={raw}", "model.neighbours.normalize=true")
+    proc, out = run(
+        tmp_path,
+        "num_images=2",
+        "decoding=lantern",
+        "k=8",
+        "model.neighbours.k_max=16",
+        f"model.neighbours.path={raw}",
+        "model.neighbours.normalize=true",
+    )
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
-    assert lines[0].startswith("error: ") and "built on raw codebook rows but l2-normalised rows were requested" in lines[0]
+    assert (
+        lines[0].startswith("error: ")
+        and "built on raw codebook rows but l2-normalised rows were requested" in lines[0]
+    )
     assert not out.exists()
     # The same file is what the authors' semantics asks for by default: it runs.
-    proc, out = run(tmp_path, "num_images=2", "warmup=0", "speedup_baseline=null", "decoding=lantern", "k=8",
-                    "model.neighbours.k_max=16", f"model.neighbours.path={raw}", "decoding.acceptance.semantics=reference",
-                    name="reference")
+    proc, out = run(
+        tmp_path,
+        "num_images=2",
+        "warmup=0",
+        "speedup_baseline=null",
+        "decoding=lantern",
+        "k=8",
+        "model.neighbours.k_max=16",
+        f"model.neighbours.path={raw}",
+        "decoding.acceptance.semantics=reference",
+        name="reference",
+    )
     assert proc.returncode == 0, proc.stderr
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["semantics"] == "reference" and metrics["neighbours_normalized"] is False

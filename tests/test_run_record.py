@@ -5,18 +5,25 @@ import json
 import pytest
 from test_run import REPO
 
-from lantern.results.record import (
-    SCHEMA_VERSION,
-    RecordError,
-    build_record,
-    json_schema,
-    read_record,
-    write_record,
-)
+from lantern.results.record import SCHEMA_VERSION, RecordError, build_record, json_schema, read_record, write_record
 
-FIELDS = {"decoding": "lantern", "model": "m", "prompts": "p", "num_images": 2, "batch_size": 1, "seed": 0,
-          "temperature": 1.0, "top_k": 0, "top_p": 1.0, "cfg_scale": 3.0, "k": 1000, "delta": 0.1, "lambda": None,
-          "environment": {"device": "cpu"}, "acceptance_histogram": [3, 1]}
+FIELDS = {
+    "decoding": "lantern",
+    "model": "m",
+    "prompts": "p",
+    "num_images": 2,
+    "batch_size": 1,
+    "seed": 0,
+    "temperature": 1.0,
+    "top_k": 0,
+    "top_p": 1.0,
+    "cfg_scale": 3.0,
+    "k": 1000,
+    "delta": 0.1,
+    "lambda": None,
+    "environment": {"device": "cpu"},
+    "acceptance_histogram": [3, 1],
+}
 
 
 def test_a_built_record_round_trips_with_its_version_and_extras(tmp_path):
@@ -35,12 +42,15 @@ def test_the_builder_refuses_a_record_that_breaks_the_schema():
         build_record({**FIELDS, "num_images": "2"})
 
 
-@pytest.mark.parametrize("change,message", [
-    ({"seed": 1.5}, "field 'seed': input should be a valid integer"),
-    ({"latency_s_per_image": [0.1]}, "field 'latency_s_per_image': input should be a valid number"),
-    ({"environment": "cpu"}, "field 'environment': input should be a valid dictionary"),
-    ({"schema_version": "1"}, "schema_version='1'"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"seed": 1.5}, "field 'seed': input should be a valid integer"),
+        ({"latency_s_per_image": [0.1]}, "field 'latency_s_per_image': input should be a valid number"),
+        ({"environment": "cpu"}, "field 'environment': input should be a valid dictionary"),
+        ({"schema_version": "1"}, "schema_version='1'"),
+    ],
+)
 def test_reading_names_the_file_and_the_bad_field(tmp_path, change, message):
     (tmp_path / "metrics.json").write_text(json.dumps({**FIELDS, "schema_version": 1, **change}))
     with pytest.raises(RecordError) as caught:
@@ -57,5 +67,6 @@ def test_records_before_versioning_read_as_version_0(tmp_path):
 def test_the_shipped_json_schema_is_the_current_one():
     shipped = json.loads((REPO / "docs" / "run_record.schema.json").read_text())
     assert shipped == json.loads(json.dumps(json_schema())), (
-        "regenerate docs/run_record.schema.json: python -c \"import json; from lantern.results.record import json_schema; "
-        "open('docs/run_record.schema.json','w').write(json.dumps(json_schema(), indent=2) + '\\n')\"")
+        'regenerate docs/run_record.schema.json: python -c "import json; from lantern.results.record import json_schema; '
+        "open('docs/run_record.schema.json','w').write(json.dumps(json_schema(), indent=2) + '\\n')\""
+    )

@@ -15,12 +15,24 @@ from lantern.run.lock import FolderLock
 from lantern.run.rundir import first_difference
 
 IMAGES = 48  # enough that a signal sent after image 2 lands before the run ends (the tiny model does ~20 images/s)
-BASE = ("model=tiny_random_c2i", f"num_images={IMAGES}", "batch_size=1", "warmup=0", "speedup_baseline=null", "wandb.mode=disabled")
+BASE = (
+    "model=tiny_random_c2i",
+    f"num_images={IMAGES}",
+    "batch_size=1",
+    "warmup=0",
+    "speedup_baseline=null",
+    "wandb.mode=disabled",
+)
 
 
 def start(out: Path, *overrides: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "run.py", *BASE, f"hydra.run.dir={out}", *overrides], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "run.py", *BASE, f"hydra.run.dir={out}", *overrides],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
@@ -32,14 +44,22 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
 
 
 def finish(out: Path, *overrides: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "run.py", *BASE, f"hydra.run.dir={out}", *overrides], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "run.py", *BASE, f"hydra.run.dir={out}", *overrides],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def snapshot(folder: Path) -> dict:
     """Every file's (mtime, bytes) but the lock file's (each writer notes its pid there)."""
-    return {p.relative_to(folder).as_posix(): (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(folder.rglob("*"))
-            if p.is_file() and p.name != ".lock"}
+    return {
+        p.relative_to(folder).as_posix(): (p.stat().st_mtime_ns, p.read_bytes())
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != ".lock"
+    }
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +71,9 @@ def reference(tmp_path_factory):
     return out
 
 
-def test_ctrl_c_then_kill_9_then_rerun_gives_the_uninterrupted_images_without_redoing_finished_ones(tmp_path, reference):
+def test_ctrl_c_then_kill_9_then_rerun_gives_the_uninterrupted_images_without_redoing_finished_ones(
+    tmp_path, reference
+):
     out = tmp_path / "run"
     first = start(out)
     wait_for(out / "000002.png", first)
@@ -59,7 +81,9 @@ def test_ctrl_c_then_kill_9_then_rerun_gives_the_uninterrupted_images_without_re
     _, stderr = first.communicate(timeout=60)
     assert first.returncode == 130, stderr
     lines = [line for line in stderr.splitlines() if line.strip() and "batch/s" not in line and "%|" not in line]
-    assert lines == [f"interrupted by Ctrl-C; finished images in {out} are kept, rerun the same command to resume"], stderr
+    assert lines == [f"interrupted by Ctrl-C; finished images in {out} are kept, rerun the same command to resume"], (
+        stderr
+    )
     assert not (out / "metrics.json").exists() and (out / "run_config.json").is_file()
 
     second = start(out)
@@ -86,7 +110,8 @@ def test_ctrl_c_then_kill_9_then_rerun_gives_the_uninterrupted_images_without_re
     assert not [p for p in out.rglob("*.tmp")], "a killed writer's temporary file was left behind"
     ref = json.loads((reference / "metrics.json").read_text())
     assert [r["steps"] if "steps" in r else None for r in record["per_image"]] == [
-        r["steps"] if "steps" in r else None for r in ref["per_image"]]
+        r["steps"] if "steps" in r else None for r in ref["per_image"]
+    ]
 
 
 def test_a_finished_run_is_skipped_and_a_changed_config_is_refused(tmp_path, reference):
@@ -96,8 +121,10 @@ def test_a_finished_run_is_skipped_and_a_changed_config_is_refused(tmp_path, ref
     changed = finish(reference, "seed=1")
     lines = [line for line in changed.stderr.splitlines() if line.strip()]
     assert changed.returncode == 2 and len(lines) == 1, changed.stderr
-    assert lines[0] == (f"error: run folder '{reference}' holds a finished run with another config (seed: 0 -> 1); "
-                        "rerun with the same config to resume, or choose another folder")
+    assert lines[0] == (
+        f"error: run folder '{reference}' holds a finished run with another config (seed: 0 -> 1); "
+        "rerun with the same config to resume, or choose another folder"
+    )
     assert snapshot(reference) == before
 
 
@@ -110,7 +137,10 @@ def test_a_second_writer_is_refused_and_changes_nothing(tmp_path):
         proc = finish(out)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
-    assert lines[0].startswith(f"error: run folder '{out}' is being written by another process (") and f"pid {os.getpid()}" in lines[0]
+    assert (
+        lines[0].startswith(f"error: run folder '{out}' is being written by another process (")
+        and f"pid {os.getpid()}" in lines[0]
+    )
     assert snapshot(out) == before
 
 

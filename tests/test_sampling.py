@@ -115,13 +115,33 @@ def test_greedy_is_one_hot_and_temperature_sharpens():
     torch.testing.assert_close(hot, (logits / 0.5).softmax(-1))
 
 
-@pytest.mark.parametrize("field,value", [
-    ("temperature", -0.1), ("temperature", math.nan), ("temperature", math.inf), ("temperature", "hot"),
-    ("temperature", True), ("top_k", -1), ("top_k", 2.5), ("top_k", "abc"), ("top_k", math.inf), ("top_p", 0.0),
-    ("top_p", 1.01), ("top_p", math.nan), ("top_p", "all"), ("cfg_scale", -1.0), ("cfg_scale", math.inf),
-    ("cfg_scale", -math.inf), ("cfg_scale", math.nan), ("cfg_scale", None), ("cfg_interval", -2), ("cfg_interval", 1.5),
-    ("cfg_interval", "x"), ("cfg_below_one", "average"),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("temperature", -0.1),
+        ("temperature", math.nan),
+        ("temperature", math.inf),
+        ("temperature", "hot"),
+        ("temperature", True),
+        ("top_k", -1),
+        ("top_k", 2.5),
+        ("top_k", "abc"),
+        ("top_k", math.inf),
+        ("top_p", 0.0),
+        ("top_p", 1.01),
+        ("top_p", math.nan),
+        ("top_p", "all"),
+        ("cfg_scale", -1.0),
+        ("cfg_scale", math.inf),
+        ("cfg_scale", -math.inf),
+        ("cfg_scale", math.nan),
+        ("cfg_scale", None),
+        ("cfg_interval", -2),
+        ("cfg_interval", 1.5),
+        ("cfg_interval", "x"),
+        ("cfg_below_one", "average"),
+    ],
+)
 def test_bad_sampling_values_name_the_field(field, value):
     with pytest.raises(ConfigError, match=f"^{field}="):
         SamplingConfig(**{field: value})
@@ -159,8 +179,12 @@ def test_the_two_op_multiply_is_bit_identical_to_the_split_one():
     """Every image ever drawn stays the same: the hash's products agree with the overflow-free split form
     on 200,000 random 32-bit lanes and the range's edges, and the uniforms agree bit for bit."""
     gen = torch.Generator().manual_seed(0)
-    x = torch.cat([torch.randint(0, 1 << 32, (200_000,), generator=gen, dtype=torch.long),
-                   torch.tensor([0, 1, (1 << 31) - 1, 1 << 31, (1 << 32) - 1])])
+    x = torch.cat(
+        [
+            torch.randint(0, 1 << 32, (200_000,), generator=gen, dtype=torch.long),
+            torch.tensor([0, 1, (1 << 31) - 1, 1 << 31, (1 << 32) - 1]),
+        ]
+    )
     for c in (0x7FEB352D, 0x846CA68B, 0x9E3779B9, 0xFFFFFFFF, 1, 1 << 31):
         assert torch.equal(rng._mul32(x, c), _split_mul32(x, c)), hex(c)
     keys = torch.cat([rng.keys_tensor(3, range(50)), torch.tensor([0, (1 << 63) - 1])])

@@ -25,8 +25,15 @@ VOCAB = 8
 def tiny(model_type="t2i", vocab=VOCAB, seed=0):
     """A GPT-nano target over a small vocabulary (4x4 tokens) and a random drafter for it."""
     torch.manual_seed(seed)
-    cfg = gpt_config("GPT-nano", model_type, 64, vocab_size=vocab, num_classes=10, caption_dim=8,
-                     cls_token_num=4 if model_type == "t2i" else 1)
+    cfg = gpt_config(
+        "GPT-nano",
+        model_type,
+        64,
+        vocab_size=vocab,
+        num_classes=10,
+        caption_dim=8,
+        cls_token_num=4 if model_type == "t2i" else 1,
+    )
     return Transformer(cfg).eval(), Drafter(DrafterConfig(cfg)).eval()
 
 
@@ -158,10 +165,12 @@ def _marginal_statistics(rule, structure):
     sampling = SamplingConfig(temperature=1.0, cfg_scale=2.0)
     marginals = _exact_marginals(model, ClassConditioner(10).encode([3]), sampling)
     many = ClassConditioner(10).encode([3] * SAMPLES)
-    result = SpeculativeDecoder(sampling, drafter, structure, rule).generate(model, many, keys_tensor(9, range(SAMPLES)))
+    result = SpeculativeDecoder(sampling, drafter, structure, rule).generate(
+        model, many, keys_tensor(9, range(SAMPLES))
+    )
     stats = [
         _chi2(torch.bincount(result.codes[:, position], minlength=VOCAB).double(), marginal.double(), SAMPLES)
-        for position, marginal in zip((1, 2), marginals)
+        for position, marginal in zip((1, 2), marginals, strict=True)
     ]
     return stats, result.per_sample["histogram"]
 
@@ -175,13 +184,18 @@ def _marginal_statistics(rule, structure):
         (ExactDeterministic(), prior_tree(3, 3, 8)),
         (_SequentialDeterministic(), DynamicTree(3, 3, 8)),
     ],
-    ids=["sampled_chain", "sampled_static_tree", "deterministic_dynamic_tree", "deterministic_static_tree",
-         "deterministic_sequential_loop"],
+    ids=[
+        "sampled_chain",
+        "sampled_static_tree",
+        "deterministic_dynamic_tree",
+        "deterministic_static_tree",
+        "deterministic_sequential_loop",
+    ],
 )
 def test_exact_speculative_sampling_preserves_the_target_marginals(rule, structure):
     stats, histogram = _marginal_statistics(rule, structure)
     assert histogram[:, 1:].sum() > SAMPLES  # drafts were accepted along the way
-    for position, (stat, dof) in zip((1, 2), stats):
+    for position, (stat, dof) in zip((1, 2), stats, strict=True):
         assert stat < chi2.ppf(0.999, dof), f"token {position}: chi2 {stat:.1f} >= {chi2.ppf(0.999, dof):.1f}"
 
 
@@ -209,7 +223,9 @@ def test_cache_after_speculative_decoding_equals_the_ar_cache():
 
     model.new_cache = capture
     try:
-        result = SpeculativeDecoder(sampling, drafter, DynamicTree(4, 3, 10), ExactDeterministic()).generate(model, cond, keys)
+        result = SpeculativeDecoder(sampling, drafter, DynamicTree(4, 3, 10), ExactDeterministic()).generate(
+            model, cond, keys
+        )
     finally:
         del model.new_cache
     cache = caches[0]
@@ -232,14 +248,18 @@ def test_images_do_not_depend_on_batch_composition():
     sampling = SamplingConfig(temperature=1.0, cfg_scale=2.0)
     decoder = SpeculativeDecoder(sampling, drafter, DynamicTree(4, 3, 10), ExactDeterministic())
     together = decoder.generate(model, text_condition(prompts), keys_tensor(4, range(4))).codes
-    alone = torch.cat([decoder.generate(model, text_condition([prompts[i]]), keys_tensor(4, [i])).codes for i in range(4)])
+    alone = torch.cat(
+        [decoder.generate(model, text_condition([prompts[i]]), keys_tensor(4, [i])).codes for i in range(4)]
+    )
     assert torch.equal(together, alone)
 
 
 def test_drafter_for_another_target_is_refused():
     model, _ = tiny()
     other = gpt_config("GPT-nano", "t2i", 64, vocab_size=16, caption_dim=8, cls_token_num=4)
-    decoder = SpeculativeDecoder(SamplingConfig(temperature=0), Drafter(DrafterConfig(other)), chain(2), ExactDeterministic())
+    decoder = SpeculativeDecoder(
+        SamplingConfig(temperature=0), Drafter(DrafterConfig(other)), chain(2), ExactDeterministic()
+    )
     with pytest.raises(ConfigError, match="vocabulary 16.*vocabulary 8"):
         decoder.generate(model, text_condition(["a"]), keys_tensor(0, [0]))
 
@@ -260,8 +280,24 @@ def test_bad_draft_settings_are_refused(build, message):
 
 # Tensor methods and torch functions that make the host wait for the device (on a GPU), patched on the
 # CPU to count host reads. Indexing syncs only with a boolean mask, repeat_interleave only with tensor repeats.
-HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "__complex__", "numpy", "__array__",
-              "__format__", "__repr__", "nonzero", "masked_select", "unique", "unique_consecutive", "argwhere")
+HOST_READS = (
+    "item",
+    "tolist",
+    "__bool__",
+    "__int__",
+    "__float__",
+    "__index__",
+    "__complex__",
+    "numpy",
+    "__array__",
+    "__format__",
+    "__repr__",
+    "nonzero",
+    "masked_select",
+    "unique",
+    "unique_consecutive",
+    "argwhere",
+)
 HOST_READ_FUNCTIONS = ("nonzero", "masked_select", "unique", "unique_consecutive", "argwhere")
 
 
@@ -273,6 +309,7 @@ def _count_host_reads(monkeypatch, calls: list) -> None:
             if when(*args, **kwargs):
                 calls.append(name)
             return original(*args, **kwargs)
+
         return wrapper
 
     def bool_index(self, index, *rest):
@@ -286,15 +323,23 @@ def _count_host_reads(monkeypatch, calls: list) -> None:
     for name in ("__getitem__", "__setitem__"):
         monkeypatch.setattr(torch.Tensor, name, counted(getattr(torch.Tensor, name), f"{name}[bool]", bool_index))
     tensor_repeats = lambda self, repeats=None, *a, **k: isinstance(repeats, torch.Tensor)  # noqa: E731
-    monkeypatch.setattr(torch.Tensor, "repeat_interleave",
-                        counted(torch.Tensor.repeat_interleave, "repeat_interleave", tensor_repeats))
+    monkeypatch.setattr(
+        torch.Tensor, "repeat_interleave", counted(torch.Tensor.repeat_interleave, "repeat_interleave", tensor_repeats)
+    )
 
 
 def test_the_host_read_counter_sees_each_kind_of_read(monkeypatch):
     calls = []
     _count_host_reads(monkeypatch, calls)
     x = torch.arange(6.0)
-    x.sum().item(), bool(x.any()), x[x > 2], x.nonzero(), torch.unique(x), x.repeat_interleave(torch.ones(6, dtype=torch.long))
+    (
+        x.sum().item(),
+        bool(x.any()),
+        x[x > 2],
+        x.nonzero(),
+        torch.unique(x),
+        x.repeat_interleave(torch.ones(6, dtype=torch.long)),
+    )
     x[torch.tensor([0, 1])], x[1:3], x.repeat_interleave(2)  # not host reads
     assert calls == ["item", "__bool__", "__getitem__[bool]", "nonzero", "torch.unique", "repeat_interleave"]
 
@@ -304,7 +349,10 @@ def test_at_most_one_host_synchronisation_per_verification_step(monkeypatch):
     cond, keys = text_condition(), keys_tensor(0, range(4))
     calls = []
     _count_host_reads(monkeypatch, calls)
-    for sampling in (SamplingConfig(temperature=0, cfg_scale=2.0), SamplingConfig(temperature=1.0, top_k=5, cfg_scale=2.0)):
+    for sampling in (
+        SamplingConfig(temperature=0, cfg_scale=2.0),
+        SamplingConfig(temperature=1.0, top_k=5, cfg_scale=2.0),
+    ):
         for structure in structures() + [chain(3, "sampled"), DynamicTree(4, 3, 10, "sampled")]:
             calls.clear()
             result = SpeculativeDecoder(sampling, drafter, structure, ExactDeterministic()).generate(model, cond, keys)
@@ -322,7 +370,10 @@ def test_at_most_one_host_synchronisation_per_step_on_cuda():
     cond = text_condition()
     cond = type(cond)(cond.values.cuda(), cond.mask.cuda())
     keys = keys_tensor(0, range(4), "cuda")
-    for sampling in (SamplingConfig(temperature=0, cfg_scale=2.0), SamplingConfig(temperature=1.0, top_k=5, cfg_scale=2.0)):
+    for sampling in (
+        SamplingConfig(temperature=0, cfg_scale=2.0),
+        SamplingConfig(temperature=1.0, top_k=5, cfg_scale=2.0),
+    ):
         for structure in structures() + [chain(3, "sampled"), DynamicTree(4, 3, 10, "sampled")]:
             decoder = SpeculativeDecoder(sampling, drafter, structure, ExactDeterministic())
             decoder.generate(model, cond, keys)  # warm-up: lazy initialisation may synchronise once
@@ -359,8 +410,15 @@ def test_every_decoding_and_draft_config_instantiates_and_decodes(decoding, draf
     from test_run import REPO
 
     with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):
-        cfg = compose("config", overrides=["model=tiny_random_c2i", f"decoding={decoding}", f"draft={draft}",
-                                           "model.neighbours.cache_dir=outputs/test_neighbours"])
+        cfg = compose(
+            "config",
+            overrides=[
+                "model=tiny_random_c2i",
+                f"decoding={decoding}",
+                f"draft={draft}",
+                "model.neighbours.cache_dir=outputs/test_neighbours",
+            ],
+        )
     bundle = instantiate(cfg.model.bundle)
     decoder = instantiate(cfg.decoding)
     assert decoder.name == decoding and decoder.describe()["draft"] == draft.replace("static_paths", "static_tree")

@@ -21,8 +21,18 @@ from lantern.results.tables import (
     write_tables,
 )
 
-SETTING = {"model": "m", "prompts": "p", "num_images": 4, "batch_size": 2, "seed": 0, "temperature": 1.0, "top_k": 0,
-           "top_p": 1.0, "cfg_scale": 3.0, "environment": {"device": "cpu", "device_name": "cpu A (2 cores)"}}
+SETTING = {
+    "model": "m",
+    "prompts": "p",
+    "num_images": 4,
+    "batch_size": 2,
+    "seed": 0,
+    "temperature": 1.0,
+    "top_k": 0,
+    "top_p": 1.0,
+    "cfg_scale": 3.0,
+    "environment": {"device": "cpu", "device_name": "cpu A (2 cores)"},
+}
 
 
 def record(tmp_path, name, **fields):
@@ -33,18 +43,42 @@ def record(tmp_path, name, **fields):
 
 
 def test_rows_follow_the_paper_order_and_speedup_comes_from_the_matching_ar_run(tmp_path):
-    record(tmp_path, "c", decoding="lantern", draft="chain", k=1000, delta=0.4, latency_s_per_image=0.05, mean_accepted_length=3.0)
-    record(tmp_path, "a", decoding="lantern", draft="chain", k=1000, delta=0.1, latency_s_per_image=0.08, mean_accepted_length=2.0)
+    record(
+        tmp_path,
+        "c",
+        decoding="lantern",
+        draft="chain",
+        k=1000,
+        delta=0.4,
+        latency_s_per_image=0.05,
+        mean_accepted_length=3.0,
+    )
+    record(
+        tmp_path,
+        "a",
+        decoding="lantern",
+        draft="chain",
+        k=1000,
+        delta=0.1,
+        latency_s_per_image=0.08,
+        mean_accepted_length=2.0,
+    )
     record(tmp_path, "b", decoding="ar", latency_s_per_image=0.1, mean_accepted_length=1.0, fid=50.0)
     record(tmp_path, "d", decoding="eagle", draft="chain", latency_s_per_image=0.2, mean_accepted_length=1.5)
     record(tmp_path, "e", decoding="lantern_pp", draft="chain", k=10, **{"lambda": 3.0}, latency_s_per_image=0.1)
     rows = table_rows(load_records([tmp_path]))
     assert [r["method"] for r in rows] == [
-        "AR", "EAGLE exact (chain)", "LANTERN k=1000 d=0.1 (chain)", "LANTERN k=1000 d=0.4 (chain)", "LANTERN++ k=10 l=3.0 (chain)",
+        "AR",
+        "EAGLE exact (chain)",
+        "LANTERN k=1000 d=0.1 (chain)",
+        "LANTERN k=1000 d=0.4 (chain)",
+        "LANTERN++ k=10 l=3.0 (chain)",
     ]
     assert [round(r["speedup"], 3) for r in rows] == [1.0, 0.5, 1.25, 2.0, 1.0]
     assert rows[0]["fid"] == 50.0 and rows[1]["baseline"].endswith("b")
-    assert f"| AR | 1.00 | 100.0 | 1.00x | 100.0 | 50.00 | - | - | 0.000 / 0.000 | {tmp_path / 'b'} |" in to_markdown(rows)
+    assert f"| AR | 1.00 | 100.0 | 1.00x | 100.0 | 50.00 | - | - | 0.000 / 0.000 | {tmp_path / 'b'} |" in to_markdown(
+        rows
+    )
     assert rows[0]["baseline"] == f"itself ({tmp_path / 'b'})" and rows[1]["baseline_ms"] == 100.0
     assert list(csv.DictReader(io.StringIO(to_csv(rows))))[2]["method"] == "LANTERN k=1000 d=0.1 (chain)"
     assert r"\begin{tabular}" in to_latex(rows) and "2.00$\\times$" in to_latex(rows)
@@ -53,14 +87,39 @@ def test_rows_follow_the_paper_order_and_speedup_comes_from_the_matching_ar_run(
 
 
 def test_rows_name_candidates_and_semantics_and_show_realised_tv_beside_delta(tmp_path):
-    record(tmp_path, "a", decoding="lantern", draft="chain", candidates="sampled", semantics="bounded", k=1000, delta=0.1,
-           tv_realised_mean=0.05, tv_realised_max=0.1, latency_s_per_image=0.1)
-    record(tmp_path, "b", decoding="lantern", draft="dynamic_tree", candidates="deterministic", semantics="reference", k=1000,
-           delta=0.1, tv_realised_mean=0.75, tv_realised_max=0.99, latency_s_per_image=0.1)
+    record(
+        tmp_path,
+        "a",
+        decoding="lantern",
+        draft="chain",
+        candidates="sampled",
+        semantics="bounded",
+        k=1000,
+        delta=0.1,
+        tv_realised_mean=0.05,
+        tv_realised_max=0.1,
+        latency_s_per_image=0.1,
+    )
+    record(
+        tmp_path,
+        "b",
+        decoding="lantern",
+        draft="dynamic_tree",
+        candidates="deterministic",
+        semantics="reference",
+        k=1000,
+        delta=0.1,
+        tv_realised_mean=0.75,
+        tv_realised_max=0.99,
+        latency_s_per_image=0.1,
+    )
     record(tmp_path, "c", decoding="ar", latency_s_per_image=0.1)
     rows = table_rows(load_records([tmp_path]))
     assert [r["method"] for r in rows] == [
-        "AR", "LANTERN k=1000 d=0.1 (chain, sampled)", "LANTERN k=1000 d=0.1 (dynamic_tree, reference)"]
+        "AR",
+        "LANTERN k=1000 d=0.1 (chain, sampled)",
+        "LANTERN k=1000 d=0.1 (dynamic_tree, reference)",
+    ]
     markdown = to_markdown(rows)
     assert "| 0.10 | 0.050 / 0.100 |" in markdown and "| 0.10 | 0.750 / 0.990 |" in markdown
     assert to_latex(rows).startswith("% Needs \\usepackage{booktabs}")
@@ -72,8 +131,13 @@ def test_no_speedup_without_a_matching_baseline(tmp_path):
     record(tmp_path, "b", decoding="ar", latency_s_per_image=0.1, **{"seed": 1})
     record(tmp_path, "c", decoding="ar", latency_s_per_image=0.1, batch_size=4)
     record(tmp_path, "d", decoding="ar", latency_s_per_image=0.1, environment={"device": "cpu", "device_name": "cpu B"})
-    record(tmp_path, "e", decoding="ar", latency_s_per_image=0.1,
-           environment={"device": "cpu", "device_name": "cpu A (2 cores)", "num_threads": 2})  # other threads
+    record(
+        tmp_path,
+        "e",
+        decoding="ar",
+        latency_s_per_image=0.1,
+        environment={"device": "cpu", "device_name": "cpu A (2 cores)", "num_threads": 2},
+    )  # other threads
     rows = table_rows(load_records([tmp_path]))
     assert rows[-1]["method"] == "EAGLE exact (chain) [batch_size=2, seed=0, device_name=cpu A (2 cores)]"
     assert rows[-1]["speedup"] is None
@@ -89,9 +153,21 @@ def test_missing_or_empty_runs_are_refused(tmp_path):
 def test_multirun_writes_a_table_whose_rows_match_the_records(tmp_path):
     sweep = tmp_path / "sweep"
     proc = subprocess.run(
-        [sys.executable, "run.py", "-m", "model=tiny_random_c2i", "decoding=ar,lantern", "num_images=2", "warmup=0",
-         "wandb.mode=disabled", f"hydra.sweep.dir={sweep}"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "run.py",
+            "-m",
+            "model=tiny_random_c2i",
+            "decoding=ar,lantern",
+            "num_images=2",
+            "warmup=0",
+            "wandb.mode=disabled",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     table = json.loads((sweep / "table.json").read_text())
@@ -106,10 +182,27 @@ def test_multirun_writes_a_table_whose_rows_match_the_records(tmp_path):
 def test_speedup_spread_and_the_ar_time_behind_it(tmp_path):
     batches = [{"rank": 0, "indices": [0, 1], "seconds": 0.2}, {"rank": 0, "indices": [2, 3], "seconds": 0.4}]
     record(tmp_path, "ar", decoding="ar", latency_s_per_image=0.15, per_batch=batches, latency_s_iqr=[0.1, 0.2])
-    record(tmp_path, "eagle", decoding="eagle", draft="chain", latency_s_per_image=0.1,
-           per_batch=[{**batches[0], "seconds": 0.1}, {**batches[1], "seconds": 0.1}])
-    record(tmp_path, "own", decoding="lantern", draft="chain", k=10, delta=0.1, latency_s_per_image=0.05, speedup=3.0,
-           speedup_iqr=[2.5, 3.5], baseline_latency_s_per_image=0.15, speedup_baseline="ar, interleaved in this run")
+    record(
+        tmp_path,
+        "eagle",
+        decoding="eagle",
+        draft="chain",
+        latency_s_per_image=0.1,
+        per_batch=[{**batches[0], "seconds": 0.1}, {**batches[1], "seconds": 0.1}],
+    )
+    record(
+        tmp_path,
+        "own",
+        decoding="lantern",
+        draft="chain",
+        k=10,
+        delta=0.1,
+        latency_s_per_image=0.05,
+        speedup=3.0,
+        speedup_iqr=[2.5, 3.5],
+        baseline_latency_s_per_image=0.15,
+        speedup_baseline="ar, interleaved in this run",
+    )
     rows = table_rows(load_records([tmp_path]))
     ar, eagle, own = rows
     assert ar["latency_iqr_ms"] == [100.0, 200.0] and ar["baseline_ms"] == 150.0
@@ -126,25 +219,60 @@ def test_latency_runs_lend_rows_their_latency_and_speedup_and_quality_runs_keep_
     quality.mkdir(), latency.mkdir()
     big = {"num_images": 1000, "batch_size": 50}
     record(quality, "ar", decoding="ar", latency_s_per_image=0.02, mean_accepted_length=1.0, fid=60.0, **big)
-    record(quality, "lantern", decoding="lantern", draft="chain", k=1000, delta=0.1, latency_s_per_image=0.04, fid=61.0,
-           mean_accepted_length=2.2, speedup=0.5, baseline_latency_s_per_image=0.02, **big)
+    record(
+        quality,
+        "lantern",
+        decoding="lantern",
+        draft="chain",
+        k=1000,
+        delta=0.1,
+        latency_s_per_image=0.04,
+        fid=61.0,
+        mean_accepted_length=2.2,
+        speedup=0.5,
+        baseline_latency_s_per_image=0.02,
+        **big,
+    )
     record(quality, "sjd", decoding="sjd", window=16, init="random", latency_s_per_image=0.03, speedup=0.7, **big)
     small = {"num_images": 30, "batch_size": 1}
     record(latency, "ar", decoding="ar", latency_s_per_image=0.66, mean_accepted_length=1.0, **small)
-    record(latency, "lantern", decoding="lantern", draft="chain", k=1000, delta=0.1, latency_s_per_image=0.6,
-           speedup=1.1, speedup_iqr=[1.0, 1.2], baseline_latency_s_per_image=0.66, **small)
+    record(
+        latency,
+        "lantern",
+        decoding="lantern",
+        draft="chain",
+        k=1000,
+        delta=0.1,
+        latency_s_per_image=0.6,
+        speedup=1.1,
+        speedup_iqr=[1.0, 1.2],
+        baseline_latency_s_per_image=0.66,
+        **small,
+    )
     record(latency, "other", decoding="lantern", draft="chain", k=1000, delta=0.4, latency_s_per_image=0.4, **small)
     rows = table_rows(load_records([quality]), latency=load_records([latency]))
     assert [r["method"] for r in rows] == ["AR", "LANTERN k=1000 d=0.1 (chain)", "SJD W=16 random"]  # no setting notes
     ar, lantern, sjd = rows
     assert ar["latency_ms"] == pytest.approx(660.0) and ar["speedup"] == 1.0 and ar["latency_batch"] == 1
     assert ar["throughput_speedup"] == 1.0 and ar["throughput_batch"] == 50 and ar["fid"] == 60.0
-    assert lantern["speedup"] == 1.1 and lantern["speedup_iqr"] == [1.0, 1.2] and lantern["baseline_ms"] == pytest.approx(660.0)
-    assert lantern["throughput_speedup"] == 0.5 and lantern["tau"] == 2.2 and lantern["latency_run"] == str(latency / "lantern")
+    assert (
+        lantern["speedup"] == 1.1
+        and lantern["speedup_iqr"] == [1.0, 1.2]
+        and lantern["baseline_ms"] == pytest.approx(660.0)
+    )
+    assert (
+        lantern["throughput_speedup"] == 0.5
+        and lantern["tau"] == 2.2
+        and lantern["latency_run"] == str(latency / "lantern")
+    )
     assert lantern["run"] == str(quality / "lantern")
-    assert sjd["latency_ms"] is None and sjd["speedup"] is None and sjd["throughput_speedup"] == 0.7  # no latency run of it
+    assert (
+        sjd["latency_ms"] is None and sjd["speedup"] is None and sjd["throughput_speedup"] == 0.7
+    )  # no latency run of it
     markdown = to_markdown(rows, root=tmp_path)
-    assert "| AR ms/image | throughput speed-up | FID |" in markdown and markdown.splitlines()[2].endswith("| quality/ar | latency/ar |")
+    assert "| AR ms/image | throughput speed-up | FID |" in markdown and markdown.splitlines()[2].endswith(
+        "| quality/ar | latency/ar |"
+    )
     assert "| 600.0 | 1.10x [1.00, 1.20] | 660.0 | 0.50x | 61.00 |" in markdown
     assert "at batch 1 (latency run column)" in markdown and "at batch 50." in markdown
     assert "Throughput &" in to_latex(rows) and "{lrrrrrrrrr}" in to_latex(rows)
@@ -160,8 +288,13 @@ def test_make_tables_joins_latency_runs(tmp_path):
     record(quality, "ar", decoding="ar", latency_s_per_image=0.02, num_images=1000, batch_size=50)
     record(latency, "ar", decoding="ar", latency_s_per_image=0.5, batch_size=1)
     out = tmp_path / "tables"
-    proc = subprocess.run([sys.executable, "scripts/make_tables.py", str(quality), "--latency", str(latency), "--out", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "scripts/make_tables.py", str(quality), "--latency", str(latency), "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     table = json.loads((out / "table.json").read_text())
     assert table["rows"][0]["latency_ms"] == pytest.approx(500.0) and table["latency_runs"] == [str(latency / "ar")]
@@ -176,27 +309,40 @@ def test_runs_of_different_settings_are_told_apart(tmp_path):
 def test_a_failed_job_is_named_under_the_table(tmp_path):
     record(tmp_path, "0", decoding="ar", latency_s_per_image=0.1)
     (tmp_path / "1").mkdir()
-    (tmp_path / "1" / FAILED_NAME).write_text(json.dumps({"overrides": ["decoding=eagle"], "error": "RuntimeError: boom"}))
+    (tmp_path / "1" / FAILED_NAME).write_text(
+        json.dumps({"overrides": ["decoding=eagle"], "error": "RuntimeError: boom"})
+    )
     paths = write_tables(load_records([tmp_path]), tmp_path, failed=failed_jobs([tmp_path]))
     assert "FAILED job 1 (decoding=eagle): RuntimeError: boom" in paths["md"].read_text()
     assert "% FAILED job 1 (decoding=eagle): RuntimeError: boom" in paths["tex"].read_text()
     assert json.loads(paths["json"].read_text())["failed"][0]["overrides"] == ["decoding=eagle"]
 
 
-@pytest.mark.parametrize("payload,message", [
-    ([1, 2], "a JSON object is expected, not list"),
-    ({}, "field 'decoding': field required"),
-    ({**SETTING, "decoding": "ar", "latency_s_per_image": "0.1"}, "field 'latency_s_per_image': input should be a valid number"),
-    ({**SETTING, "decoding": "ar", "num_images": "4"}, "field 'num_images': input should be a valid integer"),
-    ({**SETTING, "decoding": "ar", "schema_version": 99}, "schema_version=99; this lantern reads versions 0, 1"),
-])
+@pytest.mark.parametrize(
+    "payload,message",
+    [
+        ([1, 2], "a JSON object is expected, not list"),
+        ({}, "field 'decoding': field required"),
+        (
+            {**SETTING, "decoding": "ar", "latency_s_per_image": "0.1"},
+            "field 'latency_s_per_image': input should be a valid number",
+        ),
+        ({**SETTING, "decoding": "ar", "num_images": "4"}, "field 'num_images': input should be a valid integer"),
+        ({**SETTING, "decoding": "ar", "schema_version": 99}, "schema_version=99; this lantern reads versions 0, 1"),
+    ],
+)
 def test_make_tables_refuses_a_malformed_record_with_one_line_and_writes_nothing(tmp_path, payload, message):
     run = tmp_path / "run"
     run.mkdir()
     (run / "metrics.json").write_text(json.dumps(payload))
     out = tmp_path / "tables"
-    proc = subprocess.run([sys.executable, "scripts/make_tables.py", str(run), "--out", str(out)], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "scripts/make_tables.py", str(run), "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert lines[0].startswith(f"error: '{run / 'metrics.json'}'") and message in lines[0], lines[0]
@@ -207,17 +353,38 @@ def test_make_tables_out_must_be_a_folder(tmp_path):
     run = record(tmp_path, "run", decoding="ar", latency_s_per_image=0.1)
     target = tmp_path / "table.md"
     target.write_text("keep")
-    proc = subprocess.run([sys.executable, "scripts/make_tables.py", str(run), "--out", str(target)], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and proc.stderr.strip() == f"error: --out='{target}' is a file; give a folder (the tables are written into it)"
+    proc = subprocess.run(
+        [sys.executable, "scripts/make_tables.py", str(run), "--out", str(target)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (
+        proc.returncode == 2
+        and proc.stderr.strip() == f"error: --out='{target}' is a file; give a folder (the tables are written into it)"
+    )
     assert target.read_text() == "keep" and sorted(p.name for p in tmp_path.iterdir()) == ["run", "table.md"]
 
 
 def sweep(tmp_path, *overrides):
     return subprocess.run(
-        [sys.executable, "run.py", "-m", "model=tiny_random_c2i", "num_images=2", "warmup=0", "speedup_baseline=null",
-         "wandb.mode=disabled", f"hydra.sweep.dir={tmp_path / 'sweep'}", *overrides],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "run.py",
+            "-m",
+            "model=tiny_random_c2i",
+            "num_images=2",
+            "warmup=0",
+            "speedup_baseline=null",
+            "wandb.mode=disabled",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+            *overrides,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -229,13 +396,21 @@ def test_a_sweep_with_a_failed_job_still_writes_the_table_naming_it_and_a_rerun_
     table = json.loads((folder / "table.json").read_text())
     assert [row["method"] for row in table["rows"]] == ["AR"] and table["failed"][0]["run"] == str(folder / "1")
     failed = [line for line in (folder / "table.md").read_text().splitlines() if line.startswith("FAILED")]
-    assert len(failed) == 1 and failed[0].startswith("FAILED job 1 (") and "Error locating target 'lantern.run.job.NoSuchJob'" in failed[0]
+    assert (
+        len(failed) == 1
+        and failed[0].startswith("FAILED job 1 (")
+        and "Error locating target 'lantern.run.job.NoSuchJob'" in failed[0]
+    )
     record_mtime = (folder / "0" / "metrics.json").stat().st_mtime_ns
     again = sweep(tmp_path, jobs)
     assert "already finished" in again.stdout and (folder / "0" / "metrics.json").stat().st_mtime_ns == record_mtime
     other = sweep(tmp_path, "seed=0,1")
     lines = [line for line in other.stderr.splitlines() if line.strip()]
-    assert other.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: sweep folder '{folder}' holds a sweep of other overrides")
+    assert (
+        other.returncode == 2
+        and len(lines) == 1
+        and lines[0].startswith(f"error: sweep folder '{folder}' holds a sweep of other overrides")
+    )
     assert "job._target_" in (folder / "multirun.yaml").read_text()
 
 
@@ -243,6 +418,8 @@ def test_the_pareto_plot_lists_far_outliers_instead_of_squashing_the_axis(tmp_pa
     from lantern.results.tables import _far_outliers, pareto_plot
 
     assert _far_outliers([60.0, 62.0, 64.0, 187.0]) == {187.0} and _far_outliers([60.0, 100.0, 110.0]) == set()
-    rows = [{"speedup": s, "fid": f, "tau": 1.0, "method": m, "tv_realised": 0.0}
-            for s, f, m in ((1.0, 64.0, "AR"), (1.1, 62.0, "exact"), (1.4, 66.0, "lantern"), (0.6, 187.0, "broken"))]
+    rows = [
+        {"speedup": s, "fid": f, "tau": 1.0, "method": m, "tv_realised": 0.0}
+        for s, f, m in ((1.0, 64.0, "AR"), (1.1, 62.0, "exact"), (1.4, 66.0, "lantern"), (0.6, 187.0, "broken"))
+    ]
     assert pareto_plot(rows, tmp_path / "p.png").stat().st_size > 0

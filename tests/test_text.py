@@ -52,12 +52,7 @@ def test_left_pad_rotates_rows_and_zeroes_padding():
     assert isinstance(out, TextEmbedding)
     assert out.states.shape == (4, 5, 2) and out.mask.shape == (4, 5) and out.mask.dtype == torch.bool
     expected_mask = torch.tensor(
-        [
-            [False, False, False, True, True],
-            [False] * 5,
-            [True] * 5,
-            [False, False, False, False, True],
-        ]
+        [[False, False, False, True, True], [False] * 5, [True] * 5, [False, False, False, False, True]]
     )
     assert torch.equal(out.mask, expected_mask)
     assert torch.equal(out.states[0, 3:], states[0, :2])
@@ -167,7 +162,7 @@ def test_t5_encode_is_left_padded_and_matches_unpadded_run(t5_encoder):
     assert out.states.dtype == torch.float32 and out.mask.dtype == torch.bool
     counts = [len(prompt.split()) + 1 for prompt in PROMPTS]  # words + </s>
     assert out.mask.sum(dim=1).tolist() == counts
-    for row, (prompt, n) in enumerate(zip(PROMPTS, counts)):
+    for row, (prompt, n) in enumerate(zip(PROMPTS, counts, strict=True)):
         assert not out.mask[row, : T5_MAX_LENGTH - n].any()
         assert out.mask[row, T5_MAX_LENGTH - n :].all()
         assert torch.equal(out.states[row, : T5_MAX_LENGTH - n], torch.zeros(T5_MAX_LENGTH - n, T5_DIM))

@@ -8,7 +8,13 @@ from lantern.run.tracking import WandbLogger, scalars
 
 def test_offline_logging_writes_a_local_run(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
-    record = {"decoding": "lantern", "delta": 0.1, "mean_accepted_length": 2.5, "per_image": [1, 2], "config": {"k": 1000}}
+    record = {
+        "decoding": "lantern",
+        "delta": 0.1,
+        "mean_accepted_length": 2.5,
+        "per_image": [1, 2],
+        "config": {"k": 1000},
+    }
     WandbLogger(mode="offline", project="lantern-test").log_run(tmp_path, record)
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
@@ -16,7 +22,10 @@ def test_offline_logging_writes_a_local_run(tmp_path, monkeypatch):
 
 def test_a_sweep_table_is_logged_offline(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
-    rows = [{"method": "AR", "tau": 1.0, "speedup": 1.0, "fid": None}, {"method": "LANTERN", "tau": 2.0, "speedup": 1.5, "fid": 3.0}]
+    rows = [
+        {"method": "AR", "tau": 1.0, "speedup": 1.0, "fid": None},
+        {"method": "LANTERN", "tau": 2.0, "speedup": 1.5, "fid": 3.0},
+    ]
     WandbLogger(mode="offline", project="lantern-test").log_table(tmp_path, rows)
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
@@ -45,7 +54,9 @@ def test_runs_are_grouped_and_named_and_quiet(tmp_path, monkeypatch):
             seen["finished"] = True
 
     monkeypatch.setattr(wandb, "init", lambda **kwargs: seen.update(kwargs) or FakeRun())
-    WandbLogger(mode="offline", group="sweep-2026-12-01", name="decoding=eagle,delta=0.1").log_run(tmp_path, {"decoding": "eagle"})
+    WandbLogger(mode="offline", group="sweep-2026-12-01", name="decoding=eagle,delta=0.1").log_run(
+        tmp_path, {"decoding": "eagle"}
+    )
     assert seen["group"] == "sweep-2026-12-01" and seen["name"] == "decoding=eagle,delta=0.1" and seen["finished"]
     assert seen["settings"].silent is True and seen["settings"].console == "off"
     WandbLogger(mode="offline").log_table(tmp_path / "2026-12-01", [{"method": "AR", "speedup_iqr": [1.0, 2.0]}])
@@ -63,13 +74,30 @@ def test_online_without_a_key_or_a_server_is_one_line_before_any_work(tmp_path):
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB")}
     env["HOME"] = str(tmp_path)  # no ~/.netrc
-    cases = [({}, "no W&B API key is set"),
-             ({"WANDB_API_KEY": "a" * 40, "WANDB_BASE_URL": "http://127.0.0.1:9"}, "W&B at http://127.0.0.1:9 does not answer")]
+    cases = [
+        ({}, "no W&B API key is set"),
+        (
+            {"WANDB_API_KEY": "a" * 40, "WANDB_BASE_URL": "http://127.0.0.1:9"},
+            "W&B at http://127.0.0.1:9 does not answer",
+        ),
+    ]
     for extra, message in cases:
         out = tmp_path / "run"
-        proc = subprocess.run([sys.executable, "run.py", "model=tiny_random_c2i", "num_images=2", "wandb.mode=online",
-                               f"hydra.run.dir={out}"], cwd=REPO, env={**env, **extra}, capture_output=True, text=True,
-                              timeout=300)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "run.py",
+                "model=tiny_random_c2i",
+                "num_images=2",
+                "wandb.mode=online",
+                f"hydra.run.dir={out}",
+            ],
+            cwd=REPO,
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         assert proc.returncode == 2 and len(lines) == 1, proc.stderr
         assert lines[0].startswith("error: wandb.mode=online but ") and message in lines[0], lines[0]

@@ -14,13 +14,7 @@ from script_helpers import fashion_root, load_script
 
 from lantern.metrics.classifier import pad_to_world
 from lantern.metrics.clip import CLIPScore, encode_images, encode_texts
-from lantern.models.world.fashion_mnist import (
-    CLASS_NAMES,
-    NUM_CLASSES,
-    all_captions,
-    caption_for,
-    load_split,
-)
+from lantern.models.world.fashion_mnist import CLASS_NAMES, NUM_CLASSES, all_captions, caption_for, load_split
 from lantern.models.world.load import DEFAULT_WORLD, verify_world, world_file
 from lantern.training.clip import (
     CONFIG_NAME,
@@ -33,8 +27,22 @@ from lantern.training.clip import (
     zero_shot_scores,
 )
 
-TINY_ARGS = ["--embed-dim", "16", "--vision-width", "32", "--vision-layers", "1", "--vision-head-width", "16",
-             "--text-width", "16", "--text-heads", "2", "--text-layers", "1"]
+TINY_ARGS = [
+    "--embed-dim",
+    "16",
+    "--vision-width",
+    "32",
+    "--vision-layers",
+    "1",
+    "--vision-head-width",
+    "16",
+    "--text-width",
+    "16",
+    "--text-heads",
+    "2",
+    "--text-layers",
+    "1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +60,9 @@ def world_scorer() -> CLIPScore:
 
 def test_training_pixels_are_what_open_clip_preprocess_gives(test_split, world_scorer):
     images, labels = test_split
-    pixels, y, _ = clip_batch(torch.from_numpy(images[:8]), torch.from_numpy(labels[:8]), torch.arange(8),
-                              augment=False)  # (8, 3, 32, 32)
+    pixels, y, _ = clip_batch(
+        torch.from_numpy(images[:8]), torch.from_numpy(labels[:8]), torch.arange(8), augment=False
+    )  # (8, 3, 32, 32)
     _, preprocess, _ = world_scorer.load()
     expected = torch.stack([preprocess(Image.fromarray(im)) for im in pad_to_world(images[:8])])  # (8, 3, 32, 32)
     torch.testing.assert_close(pixels, expected, atol=1e-5, rtol=0)
@@ -67,7 +76,7 @@ def test_caption_ids_index_the_table_with_the_prefix_on_about_half(test_split):
     torch.manual_seed(0)
     _, y, ids = clip_batch(images, labels, torch.arange(512))
     captions = [table[i] for i in ids.tolist()]
-    assert all(CLASS_NAMES[label] in caption for label, caption in zip(y.tolist(), captions))
+    assert all(CLASS_NAMES[label] in caption for label, caption in zip(y.tolist(), captions, strict=True))
     prefixed = np.mean([c.startswith(PREFIX) for c in captions])
     assert 0.4 < prefixed < 0.6
     assert len({c.removeprefix(PREFIX) for c in captions if CLASS_NAMES[3] in c}) == 7  # every template is drawn
@@ -90,7 +99,9 @@ def test_soft_targets_do_not_punish_same_class_pairs():
 
 
 def test_zero_shot_scores_on_a_hand_made_case():
-    text = torch.nn.functional.normalize(torch.randn(NUM_CLASSES * 7, 8, generator=torch.Generator().manual_seed(0)), dim=-1)
+    text = torch.nn.functional.normalize(
+        torch.randn(NUM_CLASSES * 7, 8, generator=torch.Generator().manual_seed(0)), dim=-1
+    )
     class_emb = torch.nn.functional.normalize(text.view(NUM_CLASSES, 7, 8).mean(dim=1), dim=-1)  # (10, 8)
     labels = np.array([0, 1, 2, 3])
     images = class_emb[[0, 1, 2, 5]]  # (4, 8): the last image looks like class 5, not 3
@@ -104,9 +115,26 @@ def test_script_trains_exports_resumes_and_the_file_loads_through_clipscore(test
     images, labels = test_split
     root = fashion_root(tmp_path / "data", images, labels, train=128, test=40)
     out = tmp_path / "out"
-    argv = ["--data-root", str(root), "--test-root", str(root), "--out-dir", str(out), "--steps", "2",
-            "--batch-size", "32", "--no-progress", "--log-every", "1", "--ckpt-every", "1", "--score-images", "10",
-            *TINY_ARGS]
+    argv = [
+        "--data-root",
+        str(root),
+        "--test-root",
+        str(root),
+        "--out-dir",
+        str(out),
+        "--steps",
+        "2",
+        "--batch-size",
+        "32",
+        "--no-progress",
+        "--log-every",
+        "1",
+        "--ckpt-every",
+        "1",
+        "--score-images",
+        "10",
+        *TINY_ARGS,
+    ]
     script = load_script("train_clip")
     assert script.main(argv) == 0
     report = json.loads((out / "clip_report.json").read_text())
@@ -123,7 +151,10 @@ def test_script_trains_exports_resumes_and_the_file_loads_through_clipscore(test
     assert -1.0 <= score <= 1.0
     assert report["test"]["clip_score"]["lantern"]["matched"] == pytest.approx(
         CLIPScore(str(out / WEIGHTS_NAME), MODEL_NAME, "lantern", str(out / CONFIG_NAME)).score(
-            pad_to_world(images[-40:-30]), [caption_for(int(y), i) for i, y in enumerate(labels[-40:-30])]), abs=1e-5)
+            pad_to_world(images[-40:-30]), [caption_for(int(y), i) for i, y in enumerate(labels[-40:-30])]
+        ),
+        abs=1e-5,
+    )
     longer = list(argv)
     longer[argv.index("--steps") + 1] = "3"
     assert script.main(longer) == 0
@@ -132,13 +163,16 @@ def test_script_trains_exports_resumes_and_the_file_loads_through_clipscore(test
     assert "zero-shot accuracy" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--steps", "0"], "--steps must be >= 1"),
-    (["--prefix-prob", "1.5"], "--prefix-prob must be in [0, 1]"),
-    (["--patch-size", "5"], "patch_size must divide the image size 32"),
-    (["--context-length", "8"], "context_length 8 is too short"),
-    (["--data-root", "NOWHERE"], "Fashion-MNIST train split not found"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--steps", "0"], "--steps must be >= 1"),
+        (["--prefix-prob", "1.5"], "--prefix-prob must be in [0, 1]"),
+        (["--patch-size", "5"], "patch_size must divide the image size 32"),
+        (["--context-length", "8"], "context_length 8 is too short"),
+        (["--data-root", "NOWHERE"], "Fashion-MNIST train split not found"),
+    ],
+)
 def test_bad_arguments_print_one_line_and_exit_2(argv, message, tmp_path, capsys):
     script = load_script("train_clip")
     argv = [a.replace("NOWHERE", str(tmp_path / "nowhere")) for a in argv]

@@ -10,13 +10,7 @@ from omegaconf import OmegaConf
 from safetensors.torch import save_file
 
 from lantern.errors import ConfigError
-from lantern.models.drafter import (
-    VOCAB_KEY,
-    Drafter,
-    DrafterConfig,
-    drafter_metadata,
-    load_drafter,
-)
+from lantern.models.drafter import VOCAB_KEY, Drafter, DrafterConfig, drafter_metadata, load_drafter
 from lantern.models.kv_cache import NoCache
 from lantern.models.llamagen.gpt import Transformer, gpt_config, prefix_causal_mask
 from lantern.models.sampling import SamplingConfig
@@ -24,8 +18,12 @@ from lantern.training.drafter import DrafterObjective, evaluate_drafter, generat
 from lantern.training.loop import EpochBatches, Trainer
 
 T, N, VOCAB, CAPTION_DIM = 4, 64, 64, 16
-TINY_GPT = {"preset": "GPT-nano", "model_type": "t2i", "image_size": 32,
-            "overrides": {"vocab_size": VOCAB, "caption_dim": CAPTION_DIM, "cls_token_num": T}}
+TINY_GPT = {
+    "preset": "GPT-nano",
+    "model_type": "t2i",
+    "image_size": 32,
+    "overrides": {"vocab_size": VOCAB, "caption_dim": CAPTION_DIM, "cls_token_num": T},
+}
 VQ = {"preset": "VQ-fashion"}  # downsample 4: 32x32 -> 8x8 tokens
 
 
@@ -152,8 +150,9 @@ def test_only_image_predicting_entries_are_scored():
 def test_condition_dropout_uses_the_null_condition():
     target = tiny_target()
     codes, caption_ids, states, masks = toy_data()
-    objective = DrafterObjective(target, Drafter(DrafterConfig(target.config)), codes, caption_ids, states, masks,
-                                 cond_dropout=1.0)
+    objective = DrafterObjective(
+        target, Drafter(DrafterConfig(target.config)), codes, caption_ids, states, masks, cond_dropout=1.0
+    )
     seen = []
     handle = target.cls_embedding.cap_proj.register_forward_hook(lambda m, args, out: seen.append(args[0]))
     objective(torch.arange(4))
@@ -167,8 +166,9 @@ def test_objective_is_generic_over_class_conditions():
     drafter = Drafter(DrafterConfig(target.config))
     codes = torch.randint(0, VOCAB, (4, N))
     labels, label_masks = torch.arange(5), torch.ones(5, 1, dtype=torch.bool)
-    objective = DrafterObjective(target, drafter, codes, torch.tensor([0, 1, 2, 3]), labels, label_masks,
-                                 cond_dropout=1.0)
+    objective = DrafterObjective(
+        target, drafter, codes, torch.tensor([0, 1, 2, 3]), labels, label_masks, cond_dropout=1.0
+    )
     seen = []
     handle = target.cls_embedding.embedding_table.register_forward_hook(lambda m, args, out: seen.append(args[0]))
     loss, logs = objective(torch.arange(4))
@@ -185,10 +185,18 @@ def test_export_loads_with_load_drafter(tmp_path):
     drafter = Drafter(DrafterConfig(target.config))
     codes, caption_ids, states, masks = toy_data()
     objective = DrafterObjective(target, drafter, codes, caption_ids, states, masks)
-    trainer = Trainer(drafter, torch.optim.AdamW(drafter.parameters(), lr=1e-3), objective,
-                      EpochBatches(4, 2, 0, lambda idx: idx), max_steps=2, out_dir=tmp_path, progress=False,
-                      export_name="drafter.safetensors", export_dtype=torch.float16,
-                      export_metadata=drafter_metadata(drafter))
+    trainer = Trainer(
+        drafter,
+        torch.optim.AdamW(drafter.parameters(), lr=1e-3),
+        objective,
+        EpochBatches(4, 2, 0, lambda idx: idx),
+        max_steps=2,
+        out_dir=tmp_path,
+        progress=False,
+        export_name="drafter.safetensors",
+        export_dtype=torch.float16,
+        export_metadata=drafter_metadata(drafter),
+    )
     trainer.fit()
     loaded = load_drafter(tmp_path / "drafter.safetensors", gpt=TINY_GPT, vq=VQ)
     rounded = Drafter(DrafterConfig(target.config))
@@ -216,7 +224,7 @@ def reference_state_dict(drafter: Drafter) -> dict:
             continue
         _, index, rest = key.split(".", 2)
         if rest == "attention.wqkv.weight":
-            for name, part in zip("qkv", value.chunk(3)):
+            for name, part in zip("qkv", value.chunk(3), strict=True):
                 out[f"layers.{index}.self_attn.{name}_proj.weight"] = part.clone()
         else:
             out[f"layers.{index}.{names[rest]}"] = value.clone()
@@ -243,7 +251,9 @@ def test_hidden_size_mismatch_names_both_sizes(tmp_path):
     target = tiny_target()
     drafter = Drafter(DrafterConfig(target.config))
     path = tmp_path / "drafter.safetensors"
-    save_file({k: v.contiguous() for k, v in drafter.state_dict().items()}, str(path), metadata=drafter_metadata(drafter))
+    save_file(
+        {k: v.contiguous() for k, v in drafter.state_dict().items()}, str(path), metadata=drafter_metadata(drafter)
+    )
     wide = {**TINY_GPT, "overrides": {**TINY_GPT["overrides"], "dim": 128}}
     with pytest.raises(ConfigError, match=r"hidden size 64.*hidden size 128"):
         load_drafter(path, gpt=wide, vq=VQ)
@@ -261,8 +271,9 @@ def test_generated_codes_are_cached_and_independent_of_batching(tmp_path):
     assert first.shape == (5, N) and first.dtype == torch.long
     more = generate_codes(target, states, masks, ids, sampling, 7, cache, key, batch_size=3, progress=False)
     assert torch.equal(more[:5], first)
-    whole = generate_codes(target, states, masks, ids, sampling, 7, tmp_path / "other.pt", key, batch_size=8,
-                           progress=False)
+    whole = generate_codes(
+        target, states, masks, ids, sampling, 7, tmp_path / "other.pt", key, batch_size=8, progress=False
+    )
     assert torch.equal(whole, more)
     assert torch.load(cache, weights_only=True)["codes"].shape[0] == 8
     other_seed = generate_codes(target, states, masks, ids, sampling, 8, cache, {"what": "seed 8"}, progress=False)
@@ -278,8 +289,14 @@ def test_config_target_matches_the_world_model_config():
 
 def run_script(*overrides, timeout=120):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, str(REPO / "scripts" / "train_drafter.py"), *overrides], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "train_drafter.py"), *overrides],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_script_rejects_a_bad_data_kind(tmp_path):
@@ -291,15 +308,28 @@ def test_script_rejects_a_bad_data_kind(tmp_path):
 
 def test_script_self_distillation_smoke(tmp_path):
     out = tmp_path / "run"
-    result = run_script("data=self", "num_samples=8", "generation.batch_size=4", "batch_size=4", "steps=3",
-                        "warmup_steps=1", "eval_images=20", "num_threads=1", "progress=false", f"out_dir={out}")
+    result = run_script(
+        "data=self",
+        "num_samples=8",
+        "generation.batch_size=4",
+        "batch_size=4",
+        "steps=3",
+        "warmup_steps=1",
+        "eval_images=20",
+        "num_threads=1",
+        "progress=false",
+        f"out_dir={out}",
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads((out / "drafter_report.json").read_text())
     assert report["training"]["steps"] == 3 and report["data"]["sequences"] == 8
     assert report["held_out"]["images"] == 20 and 0.0 <= report["held_out"]["top1"] <= 1.0
     model = OmegaConf.load(REPO / "conf" / "model" / "fashion_t2i.yaml")
-    drafter = load_drafter(out / "drafter.safetensors", gpt=OmegaConf.to_container(model.bundle.gpt),
-                           vq=OmegaConf.to_container(model.bundle.vq))
+    drafter = load_drafter(
+        out / "drafter.safetensors",
+        gpt=OmegaConf.to_container(model.bundle.gpt),
+        vq=OmegaConf.to_container(model.bundle.vq),
+    )
     assert drafter.config.dim == 128 and drafter.config.vocab_size == 2048  # the world target GPT-deep: 24 x 128
     assert torch.load(out / "codes_self.pt", weights_only=True)["codes"].shape == (8, 64)
 
@@ -314,8 +344,9 @@ def test_cached_target_states_give_the_same_loss(cond_dropout):
     drafter = Drafter(DrafterConfig(target.config))
     losses, grads = [], []
     for cache in (False, True):
-        objective = DrafterObjective(target, drafter, codes, caption, states, masks, cond_dropout=cond_dropout,
-                                     noise=0.2, cache_states=cache)
+        objective = DrafterObjective(
+            target, drafter, codes, caption, states, masks, cond_dropout=cond_dropout, noise=0.2, cache_states=cache
+        )
         torch.manual_seed(7)
         drafter.zero_grad()
         loss, _ = objective(torch.tensor([3, 0, 2, 1, 3]))
@@ -330,5 +361,6 @@ def test_cached_states_need_one_condition_per_sequence():
     target = tiny_target()
     codes, caption_ids, states, masks = toy_data()
     with pytest.raises(ConfigError, match="cache_states"):
-        DrafterObjective(target, Drafter(DrafterConfig(target.config)), codes, caption_ids, states, masks,
-                         cache_states=True)  # two conditions per sequence
+        DrafterObjective(
+            target, Drafter(DrafterConfig(target.config)), codes, caption_ids, states, masks, cache_states=True
+        )  # two conditions per sequence

@@ -20,8 +20,17 @@ def test_gpt_objective_learns(tmp_path):
     model, objective = toy_problem()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     first, _ = objective(torch.arange(8))
-    trainer = Trainer(model, optimizer, objective, EpochBatches(8, 8, 0, lambda idx: idx), max_steps=40,
-                      out_dir=tmp_path, ckpt_every=40, log_every=10, progress=False)
+    trainer = Trainer(
+        model,
+        optimizer,
+        objective,
+        EpochBatches(8, 8, 0, lambda idx: idx),
+        max_steps=40,
+        out_dir=tmp_path,
+        ckpt_every=40,
+        log_every=10,
+        progress=False,
+    )
     trainer.fit()
     with torch.no_grad():
         last, logs = objective(torch.arange(8))

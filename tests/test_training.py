@@ -13,13 +13,7 @@ from safetensors.torch import load_file
 from lantern.errors import ConfigError
 from lantern.models.llamagen.vq import VQConfig, VQModel, vq_config
 from lantern.training import loop as loop_module
-from lantern.training.loop import (
-    CHECKPOINT_NAME,
-    CONFIG_NAME,
-    EpochBatches,
-    Trainer,
-    warmup_cosine,
-)
+from lantern.training.loop import CHECKPOINT_NAME, CONFIG_NAME, EpochBatches, Trainer, warmup_cosine
 from lantern.training.vq import VQObjective, evaluate_vq
 
 TINY_VQ = VQConfig(
@@ -42,8 +36,18 @@ def _vq_trainer(out_dir, max_steps: int, ckpt_every: int = 100, restart_every: i
     batches = EpochBatches(len(images), 4, seed=1, load=lambda idx: images[idx])
     config = {"lr": lr, "steps": max_steps, "nested": {"a": 1}}
     return Trainer(
-        model, optimizer, objective, batches, max_steps=max_steps, out_dir=out_dir, ckpt_every=ckpt_every,
-        log_every=2, progress=False, grad_clip=1.0, lr_schedule=warmup_cosine(2, 6, 0.1), config=config,
+        model,
+        optimizer,
+        objective,
+        batches,
+        max_steps=max_steps,
+        out_dir=out_dir,
+        ckpt_every=ckpt_every,
+        log_every=2,
+        progress=False,
+        grad_clip=1.0,
+        lr_schedule=warmup_cosine(2, 6, 0.1),
+        config=config,
     )
 
 
@@ -141,9 +145,7 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         trainer.save_checkpoint()
     assert path.read_bytes() == before
-    assert sorted(os.listdir(tmp_path)) == sorted(
-        ["checkpoint.pt", "config.yaml", "log.jsonl", "model.safetensors"]
-    )
+    assert sorted(os.listdir(tmp_path)) == sorted(["checkpoint.pt", "config.yaml", "log.jsonl", "model.safetensors"])
 
 
 def test_dead_code_restart_increases_usage():

@@ -74,7 +74,9 @@ def test_restore_advice_suggests_git_only_for_tracked_files_of_this_repository(t
     (tmp_path / "a.bin").write_bytes(b"weightz")
     with pytest.raises(CheckpointError) as outside:
         verify_world(tmp_path)
-    assert "git checkout" not in str(outside.value) and "restore it from where the world folder came from" in str(outside.value)
+    assert "git checkout" not in str(outside.value) and "restore it from where the world folder came from" in str(
+        outside.value
+    )
     from lantern.models.world.load import restore_hint
 
     shipped = REPO / "worlds" / "fashion_mnist" / "gpt.safetensors"

@@ -26,7 +26,7 @@ def _chain(exc: BaseException):
 
 
 def _unknown_key(exc: BaseException) -> str | None:
-    """"unknown key ..." when an OmegaConf key error in the chain names a missing key of a known node."""
+    """ "unknown key ..." when an OmegaConf key error in the chain names a missing key of a known node."""
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
     for cause in _chain(exc):
@@ -42,11 +42,7 @@ def _unknown_key(exc: BaseException) -> str | None:
 
 def hydra_message(exc: BaseException) -> str | None:
     """One line for a Hydra command-line or composition error in ``exc``'s chain, else ``None``."""
-    from hydra.errors import (
-        ConfigCompositionException,
-        MissingConfigException,
-        OverrideParseException,
-    )
+    from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 
     for cause in _chain(exc):
         if isinstance(cause, MissingConfigException):
@@ -57,8 +53,10 @@ def hydra_message(exc: BaseException) -> str | None:
             return one_line(str(cause))
         if isinstance(cause, OverrideParseException):
             reason = str(cause.message).strip().splitlines()[0] if str(cause.message).strip() else "syntax error"
-            return one_line(f"cannot parse the override {cause.override!r}: {reason} "
-                            "(Hydra's override grammar: key=value, quote values with spaces)")
+            return one_line(
+                f"cannot parse the override {cause.override!r}: {reason} "
+                "(Hydra's override grammar: key=value, quote values with spaces)"
+            )
         if isinstance(cause, ConfigCompositionException):
             return one_line(_unknown_key(cause) or str(cause))
     return None

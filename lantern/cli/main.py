@@ -33,14 +33,19 @@ def run_or_exit(task: Callable[[], T], out_dir: str | Path | None = None) -> T:
     a bug and propagates with its traceback.
     """
     speaks = os.environ.get("RANK", "0") == "0"  # one line per run, not one per torchrun process
-    previous = signal.signal(signal.SIGTERM, _terminate) if threading.current_thread() is threading.main_thread() else None
+    previous = (
+        signal.signal(signal.SIGTERM, _terminate) if threading.current_thread() is threading.main_thread() else None
+    )
     try:
         return task()
     except (KeyboardInterrupt, Terminated) as exc:
         _remove_if_empty(out_dir)
         if speaks:
             where = f"; finished images in {out_dir} are kept, rerun the same command to resume" if out_dir else ""
-            print(f"interrupted by {'Ctrl-C' if isinstance(exc, KeyboardInterrupt) else 'SIGTERM'}{where}", file=sys.stderr)
+            print(
+                f"interrupted by {'Ctrl-C' if isinstance(exc, KeyboardInterrupt) else 'SIGTERM'}{where}",
+                file=sys.stderr,
+            )
         sys.exit(130 if isinstance(exc, KeyboardInterrupt) else 143)
     except Exception as exc:
         message = user_message(exc)
@@ -81,7 +86,9 @@ def run_hydra(main: Callable[[], None]) -> None:
         if message is None and task is not None and not _raised_in(exc, task):
             # Hydra failed before the task started: composing the command line's overrides.
             overrides = " ".join(sys.argv[1:])
-            message = one_line(f"cannot compose the config from the overrides {overrides!r}: {type(exc).__name__}: {exc}")
+            message = one_line(
+                f"cannot compose the config from the overrides {overrides!r}: {type(exc).__name__}: {exc}"
+            )
         if message is None:
             raise
         if os.environ.get("RANK", "0") == "0":

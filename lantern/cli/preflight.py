@@ -22,7 +22,10 @@ from lantern.errors import ConfigError
 
 # The knobs whose default is null (so their kind cannot come from the default): name -> (test, allowed).
 NULLABLE_KNOBS = {
-    "k": (lambda v: _number(v) and float(v).is_integer() and v >= 1, "must be an integer >= 1 (LANTERN's neighbours) or null"),
+    "k": (
+        lambda v: _number(v) and float(v).is_integer() and v >= 1,
+        "must be an integer >= 1 (LANTERN's neighbours) or null",
+    ),
     "delta": (lambda v: _number(v) and 0 <= v <= 1, "must be a number in [0, 1] (LANTERN's TV budget) or null"),
     "lambda": (lambda v: _number(v) and v >= 1, "must be a number >= 1 (LANTERN++'s cap) or null"),
 }

@@ -13,12 +13,7 @@ from lantern.errors import ConfigError
 from lantern.models.condition import Condition
 from lantern.models.kv_cache import KVCache
 from lantern.models.llamagen.gpt import Transformer, prefix_causal_mask
-from lantern.models.sampling import (
-    SamplingConfig,
-    guided_logits,
-    guided_logits_at,
-    next_token,
-)
+from lantern.models.sampling import SamplingConfig, guided_logits, guided_logits_at, next_token
 
 # How attention runs. fast: PyTorch's default SDPA kernel over this decoder's cache (T + N - 1 slots).
 # reference: as LlamaGen's generate(): the math SDPA backend over find_multiple(T + N, 8) cache slots, so
@@ -32,8 +27,13 @@ def reference_cache_length(cond_len: int, num_tokens: int) -> int:
 
 
 def decode_one_token(
-    model: Transformer, sampling: SamplingConfig, cache: KVCache, mask: torch.Tensor, keys: torch.Tensor,
-    token: torch.Tensor, step: torch.Tensor,
+    model: Transformer,
+    sampling: SamplingConfig,
+    cache: KVCache,
+    mask: torch.Tensor,
+    keys: torch.Tensor,
+    token: torch.Tensor,
+    step: torch.Tensor,
 ) -> torch.Tensor:
     """Feed image token ``step - 1`` (``token`` (rows, 1)) and draw image token ``step`` (B,).
 
@@ -69,8 +69,14 @@ class ARDecoder:
 
     name = "ar"
 
-    def __init__(self, sampling: SamplingConfig, compile: str = "none", backend: str = "inductor", guard=None,
-                 attention: str = "fast"):
+    def __init__(
+        self,
+        sampling: SamplingConfig,
+        compile: str = "none",
+        backend: str = "inductor",
+        guard=None,
+        attention: str = "fast",
+    ):
         if attention not in ATTENTION:
             raise ConfigError(f"attention={attention!r} must be one of {', '.join(ATTENTION)}")
         self.attention = attention
@@ -124,7 +130,8 @@ class ARDecoder:
             step = step + 1
         per_image = torch.full((batch,), num_tokens - 1, dtype=torch.long)
         return DecodeResult(
-            codes, {"target_forwards": float(num_tokens), "steps": float(num_tokens)},
+            codes,
+            {"target_forwards": float(num_tokens), "steps": float(num_tokens)},
             {"steps": per_image, "tokens": per_image.clone()},
         )
 

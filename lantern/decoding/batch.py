@@ -14,7 +14,9 @@ from lantern.models.llamagen.gpt import Transformer, prefix_causal_mask
 from lantern.models.sampling import SamplingConfig
 
 
-def guided_inputs(model: Transformer, condition: Condition, sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor]:
+def guided_inputs(
+    model: Transformer, condition: Condition, sampling: SamplingConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Condition embeddings and mask for the model batch: (B, T, D), (B, T), or (2B, ...) as ``[cond; uncond]``.
 
     With CFG the unconditional half uses the null condition and the same caption mask as its
@@ -27,7 +29,9 @@ def guided_inputs(model: Transformer, condition: Condition, sampling: SamplingCo
     return model.embed_condition(values), mask
 
 
-def prefill_condition(model: Transformer, cond_emb: torch.Tensor, cond_mask: torch.Tensor, cache, capacity: int) -> torch.Tensor:
+def prefill_condition(
+    model: Transformer, cond_emb: torch.Tensor, cond_mask: torch.Tensor, cache, capacity: int
+) -> torch.Tensor:
     """Write the condition (rows, T, D) into cache slots ``0..T-1`` with a mask over the whole
     ``capacity``; return the final-norm hidden states (rows, T, D) (the last predicts image token 0)."""
     rows, cond_len = cond_emb.shape[:2]
@@ -37,7 +41,9 @@ def prefill_condition(model: Transformer, cond_emb: torch.Tensor, cond_mask: tor
     return model.forward_embeddings(cond_emb, index, index.expand(rows, -1), mask, cache)
 
 
-def tree_attention_mask(valid: torch.Tensor, base: torch.Tensor, ancestors: torch.Tensor, offset: int = 0) -> torch.Tensor:
+def tree_attention_mask(
+    valid: torch.Tensor, base: torch.Tensor, ancestors: torch.Tensor, offset: int = 0
+) -> torch.Tensor:
     """Attention mask (B, 1, n, W) over every cache column for ``n`` tree queries.
 
     ``valid`` (B, W) says which columns hold real keys (padded condition slots do not); ``base`` (B,)

@@ -25,12 +25,18 @@ def check_compile(mode: str, device: torch.device | str | None = None, backend: 
         return mode
     device = torch.device(device)
     if not torch._dynamo.is_dynamo_supported():
-        raise ConfigError(f"compile={mode} needs torch.compile, which this Python/torch build does not support; use compile=none")
+        raise ConfigError(
+            f"compile={mode} needs torch.compile, which this Python/torch build does not support; use compile=none"
+        )
     if mode == "reduce-overhead" and device.type != "cuda":
-        raise ConfigError(f"compile=reduce-overhead captures CUDA graphs and needs device=cuda (got device={device.type}); "
-                          "use compile=default on the CPU")
+        raise ConfigError(
+            f"compile=reduce-overhead captures CUDA graphs and needs device=cuda (got device={device.type}); "
+            "use compile=default on the CPU"
+        )
     if backend == "inductor" and device.type == "cpu" and shutil.which("g++") is None and shutil.which("c++") is None:
-        raise ConfigError(f"compile={mode} on the CPU needs a C++ compiler (g++) for Inductor; install one or use compile=none")
+        raise ConfigError(
+            f"compile={mode} on the CPU needs a C++ compiler (g++) for Inductor; install one or use compile=none"
+        )
     return mode
 
 

@@ -54,18 +54,21 @@ class FashionClassifier(nn.Module):
         w = width
         self.width = width
         self.features = nn.Sequential(
-            _block(1, w), _block(w, w), nn.MaxPool2d(2),  # (N, w, 16, 16)
-            _block(w, 2 * w), _block(2 * w, 2 * w), nn.MaxPool2d(2),  # (N, 2w, 8, 8)
-            _block(2 * w, 4 * w), nn.MaxPool2d(2),  # (N, 4w, 4, 4)
+            _block(1, w),
+            _block(w, w),
+            nn.MaxPool2d(2),  # (N, w, 16, 16)
+            _block(w, 2 * w),
+            _block(2 * w, 2 * w),
+            nn.MaxPool2d(2),  # (N, 2w, 8, 8)
+            _block(2 * w, 4 * w),
+            nn.MaxPool2d(2),  # (N, 4w, 4, 4)
         )
         self.head = nn.Sequential(nn.Flatten(), nn.Dropout(dropout), nn.Linear(4 * w * 16, num_classes))
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """(N, C, 32, 32) float in [-1, 1] -> (N, num_classes) logits."""
         if images.ndim != 4 or tuple(images.shape[2:]) != (RESOLUTION, RESOLUTION):
-            raise ConfigError(
-                f"classifier input must be (N, C, {RESOLUTION}, {RESOLUTION}), got {tuple(images.shape)}"
-            )
+            raise ConfigError(f"classifier input must be (N, C, {RESOLUTION}, {RESOLUTION}), got {tuple(images.shape)}")
         gray = images.mean(dim=1, keepdim=True)  # (N, 1, 32, 32)
         return self.head(self.features(gray))  # (N, 10)
 
@@ -119,7 +122,9 @@ def predict(classifier: nn.Module, images: np.ndarray | torch.Tensor, batch_size
 
 
 def prompt_accuracy(
-    classifier: nn.Module, images_uint8: np.ndarray | torch.Tensor, labels: Sequence[int] | np.ndarray,
+    classifier: nn.Module,
+    images_uint8: np.ndarray | torch.Tensor,
+    labels: Sequence[int] | np.ndarray,
     batch_size: int = 500,
 ) -> float:
     """Fraction of images whose predicted class equals the prompt's label (in [0, 1])."""
@@ -141,7 +146,6 @@ def pad_to_world(images: np.ndarray) -> np.ndarray:
         raise ConfigError(f"expected uint8 (N, {IMAGE_SIZE}, {IMAGE_SIZE}) images, got {images.dtype} {images.shape}")
     padded = np.pad(images, ((0, 0), (PAD, PAD), (PAD, PAD)))  # (N, 32, 32)
     return np.repeat(padded[..., None], 3, axis=3)  # (N, 32, 32, 3)
-
 
 
 def fashion_test_images(count: int | None = None) -> np.ndarray:

@@ -55,7 +55,7 @@ def _load(model: str, pretrained: str, model_config: str | None, device: str):
         open_clip.add_model_config(model_config)
     if model not in open_clip.list_models():
         raise ConfigError(f"unknown open_clip model {model!r} (register its JSON with metrics.clip.model_config=FILE)")
-    local = pretrained[len("local-dir:"):] if pretrained.startswith("local-dir:") else pretrained
+    local = pretrained[len("local-dir:") :] if pretrained.startswith("local-dir:") else pretrained
     if not os.path.exists(local):
         raise ConfigError(
             f"CLIP weights not found: {pretrained!r}; give a local open_clip weights file or local-dir:FOLDER "
@@ -74,7 +74,9 @@ def encode_images(clip, preprocess, images: np.ndarray, batch_size: int = 64, de
 
     embeddings = []
     for start in range(0, len(images), batch_size):
-        pixels = torch.stack([preprocess(Image.fromarray(im)) for im in images[start : start + batch_size]])  # (b, 3, S, S)
+        pixels = torch.stack(
+            [preprocess(Image.fromarray(im)) for im in images[start : start + batch_size]]
+        )  # (b, 3, S, S)
         embeddings.append(torch.nn.functional.normalize(clip.encode_image(pixels.to(device)).float(), dim=-1).cpu())
     return torch.cat(embeddings)  # (N, E)
 
@@ -89,8 +91,9 @@ def encode_texts(clip, tokenizer, captions: Sequence[str], batch_size: int = 64,
     return torch.cat(embeddings)  # (N, E)
 
 
-def clip_cosines(clip, preprocess, tokenizer, images: np.ndarray, captions: Sequence[str], batch_size: int = 64,
-                 device: str = "cpu") -> np.ndarray:
+def clip_cosines(
+    clip, preprocess, tokenizer, images: np.ndarray, captions: Sequence[str], batch_size: int = 64, device: str = "cpu"
+) -> np.ndarray:
     """Cosine similarity (N,) of each uint8 (N, H, W, 3) image with its caption."""
     image_emb = encode_images(clip, preprocess, images, batch_size, device)  # (N, E)
     text_emb = encode_texts(clip, tokenizer, captions, batch_size, device)  # (N, E)
@@ -106,8 +109,13 @@ class CLIPScore:
     """The run's CLIP score (``clip_score``) under ``convention``; no I/O until it is computed."""
 
     def __init__(
-        self, pretrained: str, model: str = "ViT-B-32", convention: str = "lantern", model_config: str | None = None,
-        batch_size: int = 64, device: str = "cpu",
+        self,
+        pretrained: str,
+        model: str = "ViT-B-32",
+        convention: str = "lantern",
+        model_config: str | None = None,
+        batch_size: int = 64,
+        device: str = "cpu",
     ):
         if convention not in CONVENTIONS:
             raise ConfigError(f"CLIP convention={convention!r} must be one of {', '.join(CONVENTIONS)}")
@@ -129,7 +137,8 @@ class CLIPScore:
             except Exception as exc:  # noqa: BLE001 - open_clip and torch raise many kinds for a bad file
                 raise CheckpointError(
                     f"metrics.clip.pretrained={self.pretrained!r} cannot be loaded as {self.model} weights: "
-                    f"{unreadable_reason(exc)}") from exc
+                    f"{unreadable_reason(exc)}"
+                ) from exc
         return self._loaded
 
     def check(self, prompts: Sequence, labels: Sequence[int] | None = None) -> None:
@@ -142,11 +151,16 @@ class CLIPScore:
         _check_captions(captions)
         prefix, scale, clamp = CONVENTIONS[self.convention]
         clip, preprocess, tokenizer = self.load()
-        cosines = clip_cosines(clip, preprocess, tokenizer, images, [prefix + c for c in captions], self.batch_size, self.device)
+        cosines = clip_cosines(
+            clip, preprocess, tokenizer, images, [prefix + c for c in captions], self.batch_size, self.device
+        )
         if clamp:
             cosines = np.maximum(cosines, 0.0)
         return float(scale * cosines.mean())
 
     def __call__(self, run_dir: Path, prompts: Sequence, labels: Sequence[int] | None) -> dict:
-        return {"clip_score": self.score(read_images(run_dir, len(prompts)), list(prompts)),
-                "clip_convention": self.convention, "clip_model": self.model}
+        return {
+            "clip_score": self.score(read_images(run_dir, len(prompts)), list(prompts)),
+            "clip_convention": self.convention,
+            "clip_model": self.model,
+        }

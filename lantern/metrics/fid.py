@@ -299,8 +299,7 @@ def _trace_sqrt_product_sqrtm(sigma1: np.ndarray, sigma2: np.ndarray) -> float:
 
 
 def frechet_distance(
-    mu1: np.ndarray, sigma1: np.ndarray, mu2: np.ndarray, sigma2: np.ndarray, eps: float = 1e-6,
-    method: str = "eigh",
+    mu1: np.ndarray, sigma1: np.ndarray, mu2: np.ndarray, sigma2: np.ndarray, eps: float = 1e-6, method: str = "eigh"
 ) -> float:
     """Frechet distance between N(mu1, sigma1) and N(mu2, sigma2).
 
@@ -345,8 +344,14 @@ def fid_from_features(features_a: np.ndarray, features_b: np.ndarray, method: st
 
 
 def compute_fid(
-    images_a: ImageSource, images_b: ImageSource, extractor: FeatureExtractor | None = None, *,
-    device: str | torch.device = "cpu", batch_size: int = 32, progress: bool = True, method: str = "eigh",
+    images_a: ImageSource,
+    images_b: ImageSource,
+    extractor: FeatureExtractor | None = None,
+    *,
+    device: str | torch.device = "cpu",
+    batch_size: int = 32,
+    progress: bool = True,
+    method: str = "eigh",
 ) -> float:
     """FID between two image sets, each a uint8 (N, H, W, 3) array or a folder of PNGs.
 
@@ -369,6 +374,7 @@ class StatsKey:
 
     def filename(self) -> str:
         """``<name>-<resolution>px-<feature_net>-n<count>.npz`` with unsafe characters replaced."""
+
         def safe(text: str) -> str:
             return re.sub(r"[^A-Za-z0-9._-]+", "_", text)
 
@@ -422,19 +428,29 @@ def load_cached_stats(path: str | os.PathLike, key: StatsKey, fingerprint: str |
 
 def save_stats(path: str | os.PathLike, stats: FIDStats, key: StatsKey, fingerprint: str) -> Path:
     """Write ``stats`` with its ``key`` and ``fingerprint`` to ``path`` atomically (:func:`lantern.files.write_atomic`)."""
+
     def write(tmp: str) -> None:
         with open(tmp, "wb") as handle:  # a handle, so numpy does not append .npz to the temporary name
             np.savez(
-                handle, mu=stats.mu, sigma=stats.sigma, count=np.int64(stats.count),
-                key=np.str_(json.dumps(asdict(key), sort_keys=True)), fingerprint=np.str_(fingerprint),
+                handle,
+                mu=stats.mu,
+                sigma=stats.sigma,
+                count=np.int64(stats.count),
+                key=np.str_(json.dumps(asdict(key), sort_keys=True)),
+                fingerprint=np.str_(fingerprint),
             )
 
     return write_atomic(path, write)
 
 
 def reference_stats(
-    name: str, images: ImageSource, extractor: FeatureExtractor, cache_dir: str | os.PathLike = DEFAULT_STATS_DIR,
-    *, batch_size: int = 32, progress: bool = True,
+    name: str,
+    images: ImageSource,
+    extractor: FeatureExtractor,
+    cache_dir: str | os.PathLike = DEFAULT_STATS_DIR,
+    *,
+    batch_size: int = 32,
+    progress: bool = True,
 ) -> FIDStats:
     """Statistics of a named reference set, from ``cache_dir`` when cached for exactly this set.
 
@@ -465,6 +481,7 @@ def _legacy_linalg() -> types.SimpleNamespace:
     ``sqrtm(A, disp=False)`` returns ``(root, errest)`` like scipy < 1.18, with the Frobenius
     error estimate ``|root @ root - A| / |A|`` scipy used to return.
     """
+
     def sqrtm(matrix, disp=True, blocksize=64):
         root = scipy.linalg.sqrtm(matrix)
         if disp:
@@ -495,8 +512,13 @@ def _cleanfid_scipy_compat(module: types.ModuleType) -> Iterator[None]:
 
 
 def fid_with_cleanfid(
-    folder_a: str | os.PathLike, folder_b: str | os.PathLike, extractor: InceptionFeatures | None = None, *,
-    device: str | torch.device = "cpu", batch_size: int = 32, verbose: bool = False,
+    folder_a: str | os.PathLike,
+    folder_b: str | os.PathLike,
+    extractor: InceptionFeatures | None = None,
+    *,
+    device: str | torch.device = "cpu",
+    batch_size: int = 32,
+    verbose: bool = False,
 ) -> float:
     """FID between two PNG folders computed by clean-fid itself (``mode="clean"``), offline.
 
@@ -514,8 +536,14 @@ def fid_with_cleanfid(
     extractor = InceptionFeatures(device) if extractor is None else extractor
     with _cleanfid_scipy_compat(cleanfid_fid):
         score = cleanfid_fid.compute_fid(
-            str(folder_a), str(folder_b), mode="clean", custom_feat_extractor=extractor, device=device,
-            num_workers=0, batch_size=batch_size, verbose=verbose,
+            str(folder_a),
+            str(folder_b),
+            mode="clean",
+            custom_feat_extractor=extractor,
+            device=device,
+            num_workers=0,
+            batch_size=batch_size,
+            verbose=verbose,
         )
     return float(score)
 
@@ -535,8 +563,13 @@ class FID:
     """
 
     def __init__(
-        self, reference_name: str, reference: Callable[[], np.ndarray | str], batch_size: int = 64,
-        cache_dir: str = "outputs/fid_stats", device: str = "cpu", progress: bool = True,
+        self,
+        reference_name: str,
+        reference: Callable[[], np.ndarray | str],
+        batch_size: int = 64,
+        cache_dir: str = "outputs/fid_stats",
+        device: str = "cpu",
+        progress: bool = True,
     ):
         self.reference_name, self.reference = reference_name, reference
         self.batch_size, self.cache_dir, self.device, self.progress = batch_size, cache_dir, device, progress
@@ -556,9 +589,20 @@ class FID:
         images = read_images(run_dir, len(prompts))
         reference_images = self._reference if self._reference is not None else self.reference()
         reference = reference_stats(
-            f"{self.reference_name}_{len(reference_images)}" if isinstance(reference_images, np.ndarray) else self.reference_name,
-            reference_images, extractor, self.cache_dir, batch_size=self.batch_size, progress=self.progress,
+            f"{self.reference_name}_{len(reference_images)}"
+            if isinstance(reference_images, np.ndarray)
+            else self.reference_name,
+            reference_images,
+            extractor,
+            self.cache_dir,
+            batch_size=self.batch_size,
+            progress=self.progress,
         )
-        generated = FIDStats.from_features(extractor.features(images, batch_size=self.batch_size, progress=self.progress))
-        return {"fid": fid_from_stats(generated, reference), "fid_reference": self.reference_name,
-                "fid_seconds": time.perf_counter() - start}
+        generated = FIDStats.from_features(
+            extractor.features(images, batch_size=self.batch_size, progress=self.progress)
+        )
+        return {
+            "fid": fid_from_stats(generated, reference),
+            "fid_reference": self.reference_name,
+            "fid_seconds": time.perf_counter() - start,
+        }

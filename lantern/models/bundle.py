@@ -37,8 +37,7 @@ class ModelBundle:
 def _build(gpt: Mapping, vq: Mapping) -> tuple[Transformer, VQModel, str]:
     vq_cfg = vq_config(vq["preset"], **dict(vq.get("overrides") or {}))
     gpt_cfg = gpt_config(
-        gpt["preset"], gpt["model_type"], int(gpt["image_size"]), vq_cfg.downsample,
-        **dict(gpt.get("overrides") or {}),
+        gpt["preset"], gpt["model_type"], int(gpt["image_size"]), vq_cfg.downsample, **dict(gpt.get("overrides") or {})
     )
     if gpt_cfg.vocab_size != vq_cfg.codebook_size:
         raise ConfigError(
@@ -61,8 +60,14 @@ def _require_file(key: str, path) -> str:
 
 
 def load_bundle(
-    name: str, gpt: Mapping, vq: Mapping, gpt_ckpt: str, vq_ckpt: str, conditioner: Callable,
-    device: str = "cpu", dtype: str = "float32",
+    name: str,
+    gpt: Mapping,
+    vq: Mapping,
+    gpt_ckpt: str,
+    vq_ckpt: str,
+    conditioner: Callable,
+    device: str = "cpu",
+    dtype: str = "float32",
 ) -> ModelBundle:
     """Build the configured architectures and load their weights strictly from ``gpt_ckpt`` / ``vq_ckpt``.
 
@@ -79,8 +84,13 @@ def load_bundle(
 
 
 def random_bundle(
-    name: str, gpt: Mapping, vq: Mapping, conditioner: Callable, init_seed: int = 0,
-    device: str = "cpu", dtype: str = "float32",
+    name: str,
+    gpt: Mapping,
+    vq: Mapping,
+    conditioner: Callable,
+    init_seed: int = 0,
+    device: str = "cpu",
+    dtype: str = "float32",
 ) -> ModelBundle:
     """A bundle with randomly initialised weights (seeded): for tests, smoke runs and speed benchmarks."""
     device, dtype = resolve_device(device), resolve_dtype(dtype)

@@ -32,8 +32,10 @@ def unreadable_reason(exc: BaseException) -> str:
     text = str(exc)
     refused = _REFUSED_GLOBAL.search(text)
     if refused:
-        return (f"it holds a pickled {refused.group(1)}, not only tensors, and is not loaded (a pickle can run code); "
-                "re-save the state dict alone: torch.save(model.state_dict(), path)")
+        return (
+            f"it holds a pickled {refused.group(1)}, not only tensors, and is not loaded (a pickle can run code); "
+            "re-save the state dict alone: torch.save(model.state_dict(), path)"
+        )
     return one_line(text.strip().splitlines()[0] if text.strip() else type(exc).__name__, 200)
 
 
@@ -60,8 +62,10 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
             if wrapper in obj and isinstance(obj[wrapper], Mapping):
                 obj = obj[wrapper]
                 break
-    if not isinstance(obj, Mapping) or not obj or not all(
-        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()
+    if (
+        not isinstance(obj, Mapping)
+        or not obj
+        or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items())
     ):
         raise CheckpointError(
             f"{path!r} is not a state dict: expected a mapping of names to tensors, "

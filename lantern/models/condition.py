@@ -73,7 +73,10 @@ class TextConditioner:
     def check_model(self, config) -> None:
         """Raise ConfigError unless the GPT ``config`` takes this encoder's tokens and width."""
         encoder = self.encoder
-        if config.model_type != "t2i" or (encoder.max_length, encoder.dim) != (config.cls_token_num, config.caption_dim):
+        if config.model_type != "t2i" or (encoder.max_length, encoder.dim) != (
+            config.cls_token_num,
+            config.caption_dim,
+        ):
             raise ConfigError(
                 f"text encoder gives {encoder.max_length} tokens of dim {encoder.dim}, but the {config.model_type} "
                 f"GPT expects {config.cls_token_num} condition tokens of dim {config.caption_dim}"
@@ -96,9 +99,12 @@ class TextConditioner:
         long = [prompt for prompt in distinct if truncated(prompt)]
         if long:
             first = long[0] if len(long[0]) <= 60 else long[0][:57] + "..."
-            print(f"warning: {len(long)} of {len(distinct)} distinct prompts are longer than the text encoder's "
-                  f"{self.encoder.max_length} tokens and are truncated to them (the first: {first!r}, "
-                  f"{len(long[0])} characters)", file=sys.stderr)
+            print(
+                f"warning: {len(long)} of {len(distinct)} distinct prompts are longer than the text encoder's "
+                f"{self.encoder.max_length} tokens and are truncated to them (the first: {first!r}, "
+                f"{len(long[0])} characters)",
+                file=sys.stderr,
+            )
 
     def encode(self, prompts: list) -> Condition:
         """Captions -> Condition with values (B, T, C) float and mask (B, T)."""
@@ -109,7 +115,7 @@ class TextConditioner:
 
 
 def load_t5_conditioner(
-    path: str, max_length: int = 120, dtype: str = "bfloat16", device="cpu", preprocessing: str = "clean",
+    path: str, max_length: int = 120, dtype: str = "bfloat16", device="cpu", preprocessing: str = "clean"
 ) -> TextConditioner:
     """A :class:`TextConditioner` over FLAN-T5 loaded from the local folder ``path``.
 

@@ -52,7 +52,9 @@ class DrafterConfig:
         if not isinstance(self.n_layer, int) or self.n_layer < 1:
             raise ConfigError(f"drafter n_layer={self.n_layer!r} must be an integer >= 1")
         if self.condition_input not in CONDITION_INPUTS:
-            raise ConfigError(f"drafter condition_input={self.condition_input!r} must be one of {', '.join(CONDITION_INPUTS)}")
+            raise ConfigError(
+                f"drafter condition_input={self.condition_input!r} must be one of {', '.join(CONDITION_INPUTS)}"
+            )
 
     @property
     def dim(self) -> int:
@@ -181,7 +183,9 @@ def from_reference_keys(state_dict: Mapping[str, torch.Tensor]) -> tuple[dict[st
 
 def _target_config(gpt: Mapping, vq: Mapping) -> GPTConfig:
     downsample = vq_config(vq["preset"], **dict(vq.get("overrides") or {})).downsample
-    return gpt_config(gpt["preset"], gpt["model_type"], int(gpt["image_size"]), downsample, **dict(gpt.get("overrides") or {}))
+    return gpt_config(
+        gpt["preset"], gpt["model_type"], int(gpt["image_size"]), downsample, **dict(gpt.get("overrides") or {})
+    )
 
 
 def _layer_count(state_dict: Mapping[str, torch.Tensor]) -> int:
@@ -190,8 +194,13 @@ def _layer_count(state_dict: Mapping[str, torch.Tensor]) -> int:
 
 
 def load_drafter(
-    path: str | os.PathLike | None, gpt: Mapping, vq: Mapping, device: str = "cpu", dtype: str = "float32",
-    norm_eps: float = 1e-6, condition_input: str = "embedding",
+    path: str | os.PathLike | None,
+    gpt: Mapping,
+    vq: Mapping,
+    device: str = "cpu",
+    dtype: str = "float32",
+    norm_eps: float = 1e-6,
+    condition_input: str = "embedding",
 ) -> Drafter:
     """Build the drafter for the target described by ``gpt``/``vq`` (model-config nodes) and load ``path``.
 
@@ -227,7 +236,9 @@ def load_drafter(
     return drafter.to(device=device, dtype=torch_dtype).eval()
 
 
-def random_drafter(gpt: Mapping, vq: Mapping, init_seed: int = 0, n_layer: int = 1, device: str = "cpu", dtype: str = "float32") -> Drafter:
+def random_drafter(
+    gpt: Mapping, vq: Mapping, init_seed: int = 0, n_layer: int = 1, device: str = "cpu", dtype: str = "float32"
+) -> Drafter:
     """A seeded, randomly initialised drafter for the described target (smoke runs and tests)."""
     torch.manual_seed(init_seed)
     drafter = Drafter(DrafterConfig(_target_config(gpt, vq), n_layer=n_layer))

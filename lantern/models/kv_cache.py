@@ -21,9 +21,15 @@ class KVCache:
 
     @classmethod
     def allocate(
-        cls, n_layer: int, batch: int, n_head: int, max_len: int, head_dim: int,
-        dtype: torch.dtype, device: torch.device | str,
-    ) -> "KVCache":
+        cls,
+        n_layer: int,
+        batch: int,
+        n_head: int,
+        max_len: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> KVCache:
         """Zero-filled cache for ``batch`` rows and ``max_len`` slots."""
         shape = (n_layer, batch, n_head, max_len, head_dim)
         return cls(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
@@ -36,7 +42,7 @@ class KVCache:
     def max_len(self) -> int:
         return self.k.shape[3]
 
-    def layer(self, index: int) -> "LayerCache":
+    def layer(self, index: int) -> LayerCache:
         """View of one layer's slots, handed to that layer's attention."""
         return LayerCache(self.k[index], self.v[index])
 
@@ -60,7 +66,9 @@ class LayerCache:
         self.k = k  # (B, H, L, hd)
         self.v = v
 
-    def update(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write ``k``, ``v`` (B, H, S, hd) at per-row ``slots`` (B, S) and return the first ``length`` slots.
 
         Rows may write different slots (speculative rows accept different numbers of tokens).
@@ -74,8 +82,10 @@ class LayerCache:
 class NoCache:
     """Stand-in for training and teacher forcing: attention sees exactly the keys it was given."""
 
-    def layer(self, index: int) -> "NoCache":
+    def layer(self, index: int) -> NoCache:
         return self
 
-    def update(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return k, v

@@ -50,16 +50,32 @@ class SamplingConfig:
 
     def __post_init__(self):
         checks = [
-            ("temperature", self.temperature, _real(self.temperature) and self.temperature >= 0,
-             "must be a finite number >= 0 (0 = greedy)"),
+            (
+                "temperature",
+                self.temperature,
+                _real(self.temperature) and self.temperature >= 0,
+                "must be a finite number >= 0 (0 = greedy)",
+            ),
             ("top_k", self.top_k, _integer(self.top_k) and self.top_k >= 0, "must be an integer >= 0 (0 = off)"),
             ("top_p", self.top_p, _real(self.top_p) and 0 < self.top_p <= 1, "must be a number in (0, 1] (1 = off)"),
-            ("cfg_scale", self.cfg_scale, _real(self.cfg_scale) and self.cfg_scale >= 0,
-             "must be a finite number >= 0 (guidance when > 1)"),
-            ("cfg_interval", self.cfg_interval, _integer(self.cfg_interval) and self.cfg_interval >= -1,
-             "must be an integer >= -1 (-1 = guide every token)"),
-            ("cfg_below_one", self.cfg_below_one, self.cfg_below_one in CFG_BELOW_ONE,
-             f"must be one of {', '.join(CFG_BELOW_ONE)}"),
+            (
+                "cfg_scale",
+                self.cfg_scale,
+                _real(self.cfg_scale) and self.cfg_scale >= 0,
+                "must be a finite number >= 0 (guidance when > 1)",
+            ),
+            (
+                "cfg_interval",
+                self.cfg_interval,
+                _integer(self.cfg_interval) and self.cfg_interval >= -1,
+                "must be an integer >= -1 (-1 = guide every token)",
+            ),
+            (
+                "cfg_below_one",
+                self.cfg_below_one,
+                self.cfg_below_one in CFG_BELOW_ONE,
+                f"must be one of {', '.join(CFG_BELOW_ONE)}",
+            ),
         ]
         for name, value, ok, allowed in checks:
             if not ok:

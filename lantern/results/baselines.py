@@ -51,9 +51,14 @@ def recorded_speedup(record: RunRecord, path: str | Path, latency_s_per_image: f
 
     ``latency_s_per_image`` is None when this process decoded no image (all were finished before).
     """
-    described = (f"{record.decoding} run {path} (commit {str(record.environment.get('commit'))[:7]}, "
-                 f"{record.environment.get('device_name')}), same setting and machine")
+    described = (
+        f"{record.decoding} run {path} (commit {str(record.environment.get('commit'))[:7]}, "
+        f"{record.environment.get('device_name')}), same setting and machine"
+    )
     if latency_s_per_image is None:
         return {"baseline_latency_s_per_image": record.latency_s_per_image, "speedup_baseline": described}
-    return {"speedup": record.latency_s_per_image / latency_s_per_image,
-            "baseline_latency_s_per_image": record.latency_s_per_image, "speedup_baseline": described}
+    return {
+        "speedup": record.latency_s_per_image / latency_s_per_image,
+        "baseline_latency_s_per_image": record.latency_s_per_image,
+        "speedup_baseline": described,
+    }

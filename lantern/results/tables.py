@@ -30,9 +30,26 @@ from lantern.results.record import RECORD_NAME, RunRecord, read_record
 
 FAILED_NAME = ".failed.json"  # beside a sweep job's images when the job raised (written by SweepTable)
 FAMILY_ORDER = {"ar": 0, "eagle": 1, "lantern": 2, "lantern_pp": 3, "sjd": 4, "gsd": 5}
-COLUMNS = ("method", "tau", "latency_ms", "latency_iqr_ms", "speedup", "speedup_iqr", "baseline_ms", "fid", "clip_score",
-           "delta", "tv_realised", "tv_realised_max", "baseline", "run", "latency_batch", "latency_run", "throughput_speedup",
-           "throughput_batch")
+COLUMNS = (
+    "method",
+    "tau",
+    "latency_ms",
+    "latency_iqr_ms",
+    "speedup",
+    "speedup_iqr",
+    "baseline_ms",
+    "fid",
+    "clip_score",
+    "delta",
+    "tv_realised",
+    "tv_realised_max",
+    "baseline",
+    "run",
+    "latency_batch",
+    "latency_run",
+    "throughput_speedup",
+    "throughput_batch",
+)
 # What a latency run must share with a quality run to lend it its timing (not the image count or batch size).
 LATENCY_KEYS = tuple(key for key in SETTING_KEYS if key not in ("num_images", "batch_size"))
 
@@ -62,8 +79,13 @@ def failed_jobs(paths: Iterable[str | Path]) -> list[dict]:
                     entry = json.loads(marker.read_text(encoding="utf-8"))
                 except (OSError, ValueError):
                     entry = {}
-                failed.append({"run": str(marker.parent), "overrides": entry.get("overrides", []),
-                               "error": entry.get("error", "unknown")})
+                failed.append(
+                    {
+                        "run": str(marker.parent),
+                        "overrides": entry.get("overrides", []),
+                        "error": entry.get("error", "unknown"),
+                    }
+                )
     return failed
 
 
@@ -83,7 +105,9 @@ def method_label(record: RunRecord) -> str:
     if decoding == "lantern_pp":
         return f"LANTERN++ k={record.k} l={record.lambda_}{draft}"
     if decoding in ("sjd", "gsd"):  # the Jacobi decoders (docs/jacobi.md): window and initialisation
-        jacobi = f"W={record.get('window')} {record.get('init')}" + (f" reuse={record.get('reuse')}" if record.get("reuse") else "")
+        jacobi = f"W={record.get('window')} {record.get('init')}" + (
+            f" reuse={record.get('reuse')}" if record.get("reuse") else ""
+        )
         if decoding == "gsd":
             jacobi += f" r={record.get('gsd_radius')} p={record.get('gsd_p_thr')} d={record.get('gsd_d_thr')}"
         return f"{decoding.upper()} {jacobi}" + (" (greedy)" if record.candidates == "greedy" else "")
@@ -105,10 +129,12 @@ def _setting_notes(records: list[RunRecord]) -> dict[int, str]:
     Empty when all records share one setting, so rows only carry what tells them apart.
     """
     keys = SETTING_KEYS + tuple(f"environment.{key}" for key in MACHINE_KEYS)
-    values = {id(r): dict(zip(keys, _setting(r))) for r in records}
+    values = {id(r): dict(zip(keys, _setting(r), strict=True)) for r in records}
     differing = [key for key in keys if len({repr(v[key]) for v in values.values()}) > 1]
-    return {ident: (" [" + ", ".join(f"{key.split('.')[-1]}={v[key]}" for key in differing) + "]") if differing else ""
-            for ident, v in values.items()}
+    return {
+        ident: (" [" + ", ".join(f"{key.split('.')[-1]}={v[key]}" for key in differing) + "]") if differing else ""
+        for ident, v in values.items()
+    }
 
 
 def _quartiles(values: list[float]) -> list[float] | None:
@@ -123,8 +149,11 @@ def _quartiles(values: list[float]) -> list[float] | None:
 def _batch_ratios(baseline: RunRecord, record: RunRecord) -> list[float]:
     """Per-batch AR / decoder time over the batches (same indices) both runs decoded and timed."""
     times = {tuple(b["indices"]): b["seconds"] for b in baseline.per_batch or [] if b.get("seconds")}
-    return [times[tuple(b["indices"])] / b["seconds"] for b in record.per_batch or []
-            if b.get("seconds") and tuple(b["indices"]) in times]
+    return [
+        times[tuple(b["indices"])] / b["seconds"]
+        for b in record.per_batch or []
+        if b.get("seconds") and tuple(b["indices"]) in times
+    ]
 
 
 def _speed(record: RunRecord, baselines: dict) -> dict:
@@ -162,8 +191,11 @@ def _baselines(records: list[RunRecord]) -> dict:
 
 def _method_key(record: RunRecord) -> tuple:
     """A method under one setting, whatever the image count and batch size (matches quality and latency runs)."""
-    return ((method_label(record),) + tuple(repr(record.get(key)) for key in LATENCY_KEYS)
-            + tuple(record.environment.get(key) for key in MACHINE_KEYS))
+    return (
+        (method_label(record),)
+        + tuple(repr(record.get(key)) for key in LATENCY_KEYS)
+        + tuple(record.environment.get(key) for key in MACHINE_KEYS)
+    )
 
 
 def table_rows(records: list[RunRecord], latency: list[RunRecord] | None = None) -> list[dict]:
@@ -180,7 +212,9 @@ def table_rows(records: list[RunRecord], latency: list[RunRecord] | None = None)
         for record in latency:
             key = _method_key(record)
             if key in timing:
-                raise ConfigError(f"two latency runs of {method_label(record)}: {timing[key]['latency_run']} and {record.run_dir}")
+                raise ConfigError(
+                    f"two latency runs of {method_label(record)}: {timing[key]['latency_run']} and {record.run_dir}"
+                )
             timing[key] = _speed(record, latency_baselines)
     notes = _setting_notes(records)
     rows = []
@@ -190,23 +224,35 @@ def table_rows(records: list[RunRecord], latency: list[RunRecord] | None = None)
         if latency:
             throughput = {"throughput_speedup": own["speedup"], "throughput_batch": record.get("batch_size")}
             speed = timing.get(_method_key(record), {key: None for key in own})
-        rows.append({
-            "method": method_label(record) + notes[id(record)],
-            "tau": record.mean_accepted_length,
-            **{key: speed[key] for key in ("latency_ms", "latency_iqr_ms", "speedup", "speedup_iqr", "baseline_ms")},
-            "fid": record.fid,
-            "clip_score": record.clip_score,
-            "delta": record.delta,
-            "tv_realised": 0.0 if record.decoding == "ar" else record.tv_realised_mean,  # AR samples p itself
-            "tv_realised_max": 0.0 if record.decoding == "ar" else record.tv_realised_max,
-            "baseline": speed["baseline"],
-            "run": record.run_dir,
-            "latency_batch": speed["latency_batch"],
-            "latency_run": speed["latency_run"],
-            **throughput,
-            "_order": (FAMILY_ORDER.get(record.decoding, 9), record.semantics or "", record.draft or "",
-                       record.candidates or "", record.k or 0, record.delta or 0, record.lambda_ or 0, record.run_dir),
-        })
+        rows.append(
+            {
+                "method": method_label(record) + notes[id(record)],
+                "tau": record.mean_accepted_length,
+                **{
+                    key: speed[key] for key in ("latency_ms", "latency_iqr_ms", "speedup", "speedup_iqr", "baseline_ms")
+                },
+                "fid": record.fid,
+                "clip_score": record.clip_score,
+                "delta": record.delta,
+                "tv_realised": 0.0 if record.decoding == "ar" else record.tv_realised_mean,  # AR samples p itself
+                "tv_realised_max": 0.0 if record.decoding == "ar" else record.tv_realised_max,
+                "baseline": speed["baseline"],
+                "run": record.run_dir,
+                "latency_batch": speed["latency_batch"],
+                "latency_run": speed["latency_run"],
+                **throughput,
+                "_order": (
+                    FAMILY_ORDER.get(record.decoding, 9),
+                    record.semantics or "",
+                    record.draft or "",
+                    record.candidates or "",
+                    record.k or 0,
+                    record.delta or 0,
+                    record.lambda_ or 0,
+                    record.run_dir,
+                ),
+            }
+        )
     rows.sort(key=lambda row: row["_order"])
     for row in rows:
         del row["_order"]
@@ -258,14 +304,18 @@ def _throughput_cell(row: dict, times: str = "x") -> str:
 
 
 def _notes(failed: list[dict], root: Path | None, rows: list[dict] | None = None) -> list[str]:
-    lines = ["Latency: decode time per image, mean [interquartile range over batches]. Speed-up: AR time / "
-             "decoder time [interquartile range of per-batch ratios]; AR ms/image is the AR time it was measured "
-             "against (interleaved in the same run, or the named AR run)."]
+    lines = [
+        "Latency: decode time per image, mean [interquartile range over batches]. Speed-up: AR time / "
+        "decoder time [interquartile range of per-batch ratios]; AR ms/image is the AR time it was measured "
+        "against (interleaved in the same run, or the named AR run)."
+    ]
     if rows and _joined(rows):
-        lines.append(f"Latency, speed-up and AR ms/image come from the latency runs at batch {_batches(rows, 'latency_batch')} "
-                     f"(latency run column); tau, FID, CLIP and TV from the quality runs (run column); throughput "
-                     f"speed-up is the quality run's own, at batch {_batches(rows, 'throughput_batch')}. Per-sample seeds "
-                     "make a sample the same at any batch size.")
+        lines.append(
+            f"Latency, speed-up and AR ms/image come from the latency runs at batch {_batches(rows, 'latency_batch')} "
+            f"(latency run column); tau, FID, CLIP and TV from the quality runs (run column); throughput "
+            f"speed-up is the quality run's own, at batch {_batches(rows, 'throughput_batch')}. Per-sample seeds "
+            "make a sample the same at any batch size."
+        )
     for job in failed:
         lines.append(f"FAILED job {_short_run(job['run'], root)} ({' '.join(job['overrides'])}): {job['error']}")
     return lines
@@ -278,16 +328,22 @@ def to_markdown(rows: list[dict], failed: list[dict] | None = None, root: Path |
     Rows with latency from separate runs add a throughput column and the latency run.
     """
     joined = _joined(rows)
-    lines = ["| method | tau | latency ms/image [IQR] | speed-up [IQR] | AR ms/image | "
-             + ("throughput speed-up | " if joined else "") + "FID | CLIP | delta | realised TV mean / max | run |"
-             + (" latency run |" if joined else ""),
-             "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if joined else "")]
+    lines = [
+        "| method | tau | latency ms/image [IQR] | speed-up [IQR] | AR ms/image | "
+        + ("throughput speed-up | " if joined else "")
+        + "FID | CLIP | delta | realised TV mean / max | run |"
+        + (" latency run |" if joined else ""),
+        "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if joined else ""),
+    ]
     for r in rows:
-        lines.append(f"| {r['method']} | {_fmt(r['tau'])} | {_fmt(r['latency_ms'], 1)}{_range(r['latency_iqr_ms'], 1)} | "
-                     f"{_speedup_cell(r)} | {_fmt(r['baseline_ms'], 1)} | " + (f"{_throughput_cell(r)} | " if joined else "")
-                     + f"{_fmt(r['fid'])} | {_fmt(r['clip_score'], 4)} | "
-                     f"{_fmt(r['delta'])} | {_tv_cell(r)} | {_short_run(r['run'], root)} |"
-                     + (f" {_short_run(r['latency_run'] or '-', root)} |" if joined else ""))
+        lines.append(
+            f"| {r['method']} | {_fmt(r['tau'])} | {_fmt(r['latency_ms'], 1)}{_range(r['latency_iqr_ms'], 1)} | "
+            f"{_speedup_cell(r)} | {_fmt(r['baseline_ms'], 1)} | "
+            + (f"{_throughput_cell(r)} | " if joined else "")
+            + f"{_fmt(r['fid'])} | {_fmt(r['clip_score'], 4)} | "
+            f"{_fmt(r['delta'])} | {_tv_cell(r)} | {_short_run(r['run'], root)} |"
+            + (f" {_short_run(r['latency_run'] or '-', root)} |" if joined else "")
+        )
     return "\n".join(lines + [""] + _notes(failed or [], root, rows)) + "\n"
 
 
@@ -298,18 +354,25 @@ def _tex(text: str) -> str:
 def to_latex(rows: list[dict], failed: list[dict] | None = None, root: Path | None = None) -> str:
     """The table as a LaTeX tabular (booktabs rules), its notes and failed jobs as comments."""
     joined = _joined(rows)
-    lines = ["% Needs \\usepackage{booktabs} (\\toprule, \\midrule, \\bottomrule).",
-             *(f"% {_tex(note)}" for note in _notes(failed or [], root, rows)),
-             r"\begin{tabular}{lrrrrrrrr" + ("r" if joined else "") + "}", r"\toprule",
-             r"Method & $\tau$ & Latency (ms) & Speed-up & AR (ms) & " + (r"Throughput & " if joined else "")
-             + r"FID & CLIP & $\delta$ & TV (mean / max) \\",
-             r"\midrule"]
+    lines = [
+        "% Needs \\usepackage{booktabs} (\\toprule, \\midrule, \\bottomrule).",
+        *(f"% {_tex(note)}" for note in _notes(failed or [], root, rows)),
+        r"\begin{tabular}{lrrrrrrrr" + ("r" if joined else "") + "}",
+        r"\toprule",
+        r"Method & $\tau$ & Latency (ms) & Speed-up & AR (ms) & "
+        + (r"Throughput & " if joined else "")
+        + r"FID & CLIP & $\delta$ & TV (mean / max) \\",
+        r"\midrule",
+    ]
     times = r"$\times$"
     for r in rows:
-        lines.append(f"{_tex(r['method'])} & {_fmt(r['tau'])} & {_fmt(r['latency_ms'], 1)}{_range(r['latency_iqr_ms'], 1)} & "
-                     f"{_speedup_cell(r, times)} & {_fmt(r['baseline_ms'], 1)} & " + (f"{_throughput_cell(r, times)} & " if joined else "")
-                     + f"{_fmt(r['fid'])} & "
-                     f"{_fmt(r['clip_score'], 4)} & {_fmt(r['delta'])} & {_tv_cell(r)} \\\\")
+        lines.append(
+            f"{_tex(r['method'])} & {_fmt(r['tau'])} & {_fmt(r['latency_ms'], 1)}{_range(r['latency_iqr_ms'], 1)} & "
+            f"{_speedup_cell(r, times)} & {_fmt(r['baseline_ms'], 1)} & "
+            + (f"{_throughput_cell(r, times)} & " if joined else "")
+            + f"{_fmt(r['fid'])} & "
+            f"{_fmt(r['clip_score'], 4)} & {_fmt(r['delta'])} & {_tv_cell(r)} \\\\"
+        )
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"
 
@@ -343,8 +406,11 @@ def pareto_plot(rows: list[dict], path: Path) -> Path:
 
     use_fid = any(r["fid"] is not None for r in rows)
     key, label = ("fid", "FID (lower is better)") if use_fid else ("tau", "tau (mean accepted length)")
-    points = [(r["speedup"], r[key], r["method"] + ("" if not r.get("tv_realised") else f" [TV {r['tv_realised']:.3f}]"))
-              for r in rows if r["speedup"] is not None and r[key] is not None]
+    points = [
+        (r["speedup"], r[key], r["method"] + ("" if not r.get("tv_realised") else f" [TV {r['tv_realised']:.3f}]"))
+        for r in rows
+        if r["speedup"] is not None and r[key] is not None
+    ]
     figure, axis = plt.subplots(figsize=(9, 6))
     outliers = _far_outliers([y for _, y, _ in points]) if use_fid else set()
     shown = [p for p in points if p[1] not in outliers]
@@ -355,7 +421,7 @@ def pareto_plot(rows: list[dict], path: Path) -> Path:
         off = [f"{name}: FID {y:.1f}, {x:.2f}x" for x, y, name in points if y in outliers]
         axis.text(0.01, 0.99, "off the chart:\n" + "\n".join(off), transform=axis.transAxes, fontsize=6, va="top")
     better = (lambda a, b: a <= b) if use_fid else (lambda a, b: a >= b)
-    front = sorted((p for p in points if not any(q[0] >= p[0] and better(q[1], p[1]) and q[:2] != p[:2] for q in points)))
+    front = sorted(p for p in points if not any(q[0] >= p[0] and better(q[1], p[1]) and q[:2] != p[:2] for q in points))
     if len(front) > 1:
         axis.plot([p[0] for p in front], [p[1] for p in front], color="tab:orange", label="Pareto front")
         axis.legend()
@@ -368,8 +434,13 @@ def pareto_plot(rows: list[dict], path: Path) -> Path:
     return path
 
 
-def write_tables(records: list[RunRecord], out_dir: str | Path, stem: str = "table",
-                 failed: list[dict] | None = None, latency: list[RunRecord] | None = None) -> dict[str, Path]:
+def write_tables(
+    records: list[RunRecord],
+    out_dir: str | Path,
+    stem: str = "table",
+    failed: list[dict] | None = None,
+    latency: list[RunRecord] | None = None,
+) -> dict[str, Path]:
     """Write ``stem.md``, ``stem.csv``, ``stem.tex``, ``stem.json`` and ``stem_pareto.png`` into ``out_dir``.
 
     ``failed``: sweep jobs without a record (:func:`failed_jobs`), named under the table. ``latency``: runs
@@ -379,10 +450,20 @@ def write_tables(records: list[RunRecord], out_dir: str | Path, stem: str = "tab
     rows, failed = table_rows(records, latency), failed or []  # a refused join writes nothing
     out.mkdir(parents=True, exist_ok=True)
     paths = {}
-    for suffix, text in (("md", to_markdown(rows, failed, out)), ("csv", to_csv(rows)), ("tex", to_latex(rows, failed, out))):
+    for suffix, text in (
+        ("md", to_markdown(rows, failed, out)),
+        ("csv", to_csv(rows)),
+        ("tex", to_latex(rows, failed, out)),
+    ):
         paths[suffix] = write_text_atomic(out / f"{stem}.{suffix}", text)
-    paths["json"] = write_json_atomic(out / f"{stem}.json", {"rows": rows, "runs": [r.run_dir for r in records],
-                                                            "latency_runs": [r.run_dir for r in latency or []],
-                                                            "failed": failed})
+    paths["json"] = write_json_atomic(
+        out / f"{stem}.json",
+        {
+            "rows": rows,
+            "runs": [r.run_dir for r in records],
+            "latency_runs": [r.run_dir for r in latency or []],
+            "failed": failed,
+        },
+    )
     paths["png"] = write_atomic(out / f"{stem}_pareto.png", lambda tmp: pareto_plot(rows, tmp))
     return paths

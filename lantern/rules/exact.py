@@ -86,7 +86,7 @@ class AcceptanceRule:
         """The law the node samples from: ``p`` itself for exact rules."""
         return identity(p, tokens)
 
-    def level(self, p, tokens, valid, q, u, noise, sampling: SamplingConfig, audit: bool = True) -> "LevelOutcome":
+    def level(self, p, tokens, valid, q, u, noise, sampling: SamplingConfig, audit: bool = True) -> LevelOutcome:
         """Test the candidates ``tokens`` (R, K) of one node against target ``p`` (R, V).
 
         ``noise`` (R, V) are the exponentials of the node's target draw (None when greedy); ``audit``
@@ -97,8 +97,12 @@ class AcceptanceRule:
         outcome = self.try_siblings(relaxed.target, tokens, valid, q, u, drawn)
         merged = relaxed.gain.gather(1, outcome.chosen.clamp_min(0)[:, None])[:, 0]  # (R,)
         return LevelOutcome(
-            chosen=outcome.chosen, target=outcome.target, proposal=outcome.proposal, emitted=outcome.emitted,
-            tv=relaxed.tv, merged=torch.where(outcome.chosen >= 0, merged, torch.zeros_like(merged)),
+            chosen=outcome.chosen,
+            target=outcome.target,
+            proposal=outcome.proposal,
+            emitted=outcome.emitted,
+            tv=relaxed.tv,
+            merged=torch.where(outcome.chosen >= 0, merged, torch.zeros_like(merged)),
         )
 
     def verify(self, p: torch.Tensor, x: torch.Tensor, q: torch.Tensor | None, u: torch.Tensor | None) -> Verdict:
@@ -140,7 +144,7 @@ class AcceptanceRule:
         """Verdict and residual for one candidate per row (rules may share work between the two)."""
         return self.verify(p, x, q, u), self.residual(p, q, x)
 
-    def for_candidates(self, kind: str) -> "AcceptanceRule":
+    def for_candidates(self, kind: str) -> AcceptanceRule:
         """The same rule for candidates of ``kind`` (sampled, deterministic or greedy)."""
         return self if _check_kind(kind) == self.candidates else _EXACT[kind]()
 

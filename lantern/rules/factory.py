@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from lantern.errors import ConfigError
 from lantern.rules.exact import _EXACT, AcceptanceRule, _check_kind
-from lantern.rules.neighbours import (
-    CodebookNeighbours,  # keeps relaxation free of checkpoint code
-)
+from lantern.rules.neighbours import CodebookNeighbours
 from lantern.rules.reference import LanternReference
 from lantern.rules.relaxation import (
     RECEIVERS,
@@ -47,8 +45,15 @@ def _check_audit(tv_audit_every) -> int:
 
 
 def _neighbour_rule(
-    settings: dict, neighbours, semantics: str, candidates: str, tv_audit_every: int, scan: int | None = SCAN,
-    receivers: str = RECEIVERS, rounds: int = ROUNDS, **bound
+    settings: dict,
+    neighbours,
+    semantics: str,
+    candidates: str,
+    tv_audit_every: int,
+    scan: int | None = SCAN,
+    receivers: str = RECEIVERS,
+    rounds: int = ROUNDS,
+    **bound,
 ) -> AcceptanceRule:
     """The rule for a neighbour relaxation with ``bound`` (``delta=`` or ``lam=``) under ``semantics``."""
     semantics, kind, every = _check_semantics(semantics), _check_kind(candidates), _check_audit(tv_audit_every)
@@ -61,8 +66,15 @@ def _neighbour_rule(
 
 
 def lantern(
-    k: int, delta: float, neighbours, semantics: str = "bounded", candidates: str = "deterministic", tv_audit_every: int = 1,
-    scan: int | None = SCAN, receivers: str = RECEIVERS, rounds: int = ROUNDS,
+    k: int,
+    delta: float,
+    neighbours,
+    semantics: str = "bounded",
+    candidates: str = "deterministic",
+    tv_audit_every: int = 1,
+    scan: int | None = SCAN,
+    receivers: str = RECEIVERS,
+    rounds: int = ROUNDS,
 ) -> AcceptanceRule:
     """LANTERN (k, delta).
 
@@ -75,17 +87,33 @@ def lantern(
     gives everything to the first one in deficit; ``rounds``: how often leftovers are offered again
     (see :mod:`lantern.rules.relaxation`).
     """
-    delta, scan, receivers, rounds = check_delta(delta), check_scan(scan), check_receivers(receivers), check_rounds(rounds)
+    delta, scan, receivers, rounds = (
+        check_delta(delta),
+        check_scan(scan),
+        check_receivers(receivers),
+        check_rounds(rounds),
+    )
     settings = {"acceptance": "lantern", "k": k, "delta": delta}
-    return _neighbour_rule(settings, neighbours, semantics, candidates, tv_audit_every, scan, receivers, rounds, delta=delta)
+    return _neighbour_rule(
+        settings, neighbours, semantics, candidates, tv_audit_every, scan, receivers, rounds, delta=delta
+    )
 
 
 def lantern_pp(
-    k: int, lam: float, neighbours, semantics: str = "bounded", candidates: str = "deterministic", tv_audit_every: int = 1,
-    scan: int | None = SCAN, receivers: str = RECEIVERS, rounds: int = ROUNDS,
+    k: int,
+    lam: float,
+    neighbours,
+    semantics: str = "bounded",
+    candidates: str = "deterministic",
+    tv_audit_every: int = 1,
+    scan: int | None = SCAN,
+    receivers: str = RECEIVERS,
+    rounds: int = ROUNDS,
 ) -> AcceptanceRule:
     """LANTERN++ (k, lambda): as :func:`lantern` with the cap ``p'(x) <= lambda p(x)`` at each receiving
     token instead of a shared TV budget (its realised TV is recorded, not bounded by a delta)."""
     lam, scan, receivers, rounds = check_lambda(lam), check_scan(scan), check_receivers(receivers), check_rounds(rounds)
     settings = {"acceptance": "lantern_pp", "k": k, "lambda": lam}
-    return _neighbour_rule(settings, neighbours, semantics, candidates, tv_audit_every, scan, receivers, rounds, lam=lam)
+    return _neighbour_rule(
+        settings, neighbours, semantics, candidates, tv_audit_every, scan, receivers, rounds, lam=lam
+    )

@@ -56,7 +56,9 @@ def neighbour_table(
     rows = _prepared(codebook, normalize)  # (V, D)
     num_codes = rows.shape[0]
     if not (isinstance(k_max, int) and 1 <= k_max <= num_codes - 1):
-        raise ConfigError(f"k_max={k_max!r} must be an integer in [1, {num_codes - 1}] for a codebook of {num_codes} codes")
+        raise ConfigError(
+            f"k_max={k_max!r} must be an integer in [1, {num_codes - 1}] for a codebook of {num_codes} codes"
+        )
     if chunk_size is None:
         chunk_size = max(1, _CHUNK_ENTRIES // num_codes)
     if chunk_size < 1:
@@ -135,7 +137,9 @@ def load_or_build_table(
         if table is not None and table.shape[0] == codebook.shape[0]:
             return table
     if not (isinstance(k_max, int) and 1 <= k_max <= codebook.shape[0] - 1):
-        raise ConfigError(f"k_max={k_max!r} must be an integer in [1, {codebook.shape[0] - 1}] for a codebook of {codebook.shape[0]} codes")
+        raise ConfigError(
+            f"k_max={k_max!r} must be an integer in [1, {codebook.shape[0] - 1}] for a codebook of {codebook.shape[0]} codes"
+        )
     table = neighbour_table(codebook, k_max, normalize).cpu()  # (V, k_max)
     cache.mkdir(parents=True, exist_ok=True)
     payload = {
@@ -190,9 +194,17 @@ def read_table_file(path: str | os.PathLike, codebook: torch.Tensor, normalize: 
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # noqa: BLE001 - any unreadable file gets the same one-line answer
-        raise ConfigError(f"model.neighbours.path={os.fspath(path)!r} is not a neighbour table file ({type(error).__name__})") from None
-    if not isinstance(payload, dict) or not isinstance(payload.get("table"), torch.Tensor) or "normalize" not in payload:
-        raise ConfigError(f"model.neighbours.path={os.fspath(path)!r} is not a neighbour table file (no table/normalize entries)")
+        raise ConfigError(
+            f"model.neighbours.path={os.fspath(path)!r} is not a neighbour table file ({type(error).__name__})"
+        ) from None
+    if (
+        not isinstance(payload, dict)
+        or not isinstance(payload.get("table"), torch.Tensor)
+        or "normalize" not in payload
+    ):
+        raise ConfigError(
+            f"model.neighbours.path={os.fspath(path)!r} is not a neighbour table file (no table/normalize entries)"
+        )
     if bool(payload["normalize"]) != normalize:
         built = "l2-normalised" if payload["normalize"] else "raw"
         wanted = "l2-normalised" if normalize else "raw"
@@ -205,7 +217,9 @@ def read_table_file(path: str | os.PathLike, codebook: torch.Tensor, normalize: 
         raise ConfigError(f"neighbour table {os.fspath(path)!r} was built for another codebook (its hash differs)")
     table = payload["table"]
     if table.ndim != 2 or table.shape[1] < k_max:
-        raise ConfigError(f"neighbour table {os.fspath(path)!r} has shape {tuple(table.shape)}; k_max={k_max} columns are needed")
+        raise ConfigError(
+            f"neighbour table {os.fspath(path)!r} has shape {tuple(table.shape)}; k_max={k_max} columns are needed"
+        )
     return table[:, :k_max].to(torch.int64)
 
 
@@ -218,13 +232,21 @@ class CodebookNeighbours:
     file in the cache's format), which must have been built in the requested space.
     """
 
-    def __init__(self, vq_ckpt: str | os.PathLike | None = None, k_max: int = 1024, normalize: bool | None = None,
-                 cache_dir: str | os.PathLike = "outputs/neighbours", path: str | os.PathLike | None = None,
-                 codebook: torch.Tensor | None = None):
+    def __init__(
+        self,
+        vq_ckpt: str | os.PathLike | None = None,
+        k_max: int = 1024,
+        normalize: bool | None = None,
+        cache_dir: str | os.PathLike = "outputs/neighbours",
+        path: str | os.PathLike | None = None,
+        codebook: torch.Tensor | None = None,
+    ):
         if (vq_ckpt is None) == (codebook is None):
             raise ConfigError("neighbours need exactly one of vq_ckpt (a tokenizer checkpoint) or codebook")
         if normalize is not None and not isinstance(normalize, bool):
-            raise ConfigError(f"model.neighbours.normalize={normalize!r} must be true, false or null (as the semantics implies)")
+            raise ConfigError(
+                f"model.neighbours.normalize={normalize!r} must be true, false or null (as the semantics implies)"
+            )
         if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 1:
             raise ConfigError(f"model.neighbours.k_max={k_max!r} must be an integer >= 1")
         self.vq_ckpt, self.k_max, self.normalize, self.cache_dir, self.path = vq_ckpt, k_max, normalize, cache_dir, path
@@ -252,9 +274,18 @@ class CodebookNeighbours:
 
 
 def random_neighbours(
-    vq: Mapping, init_seed: int = 0, k_max: int = 1024, normalize: bool | None = None, cache_dir: str = "outputs/neighbours",
+    vq: Mapping,
+    init_seed: int = 0,
+    k_max: int = 1024,
+    normalize: bool | None = None,
+    cache_dir: str = "outputs/neighbours",
     path: str | None = None,
 ):
     """The codebook neighbours of :func:`random_bundle`'s tokenizer (for smoke runs of LANTERN)."""
-    return CodebookNeighbours(k_max=k_max, normalize=normalize, cache_dir=cache_dir, path=path,
-                              codebook=random_vq(vq, init_seed).raw_codebook().detach())
+    return CodebookNeighbours(
+        k_max=k_max,
+        normalize=normalize,
+        cache_dir=cache_dir,
+        path=path,
+        codebook=random_vq(vq, init_seed).raw_codebook().detach(),
+    )

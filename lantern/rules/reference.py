@@ -35,13 +35,7 @@ import torch
 
 from lantern.errors import ConfigError
 from lantern.models.sampling import SamplingConfig, race
-from lantern.rules.exact import (
-    AcceptanceRule,
-    LevelOutcome,
-    _check_kind,
-    _first,
-    _without,
-)
+from lantern.rules.exact import AcceptanceRule, LevelOutcome, _check_kind, _first, _without
 from lantern.rules.relaxation import NeighbourTable, as_table
 
 
@@ -55,8 +49,16 @@ def _renormalised(weights: torch.Tensor) -> torch.Tensor:
 class LanternReference(AcceptanceRule):
     """The authors' LANTERN (``delta``) or LANTERN++ (``lam``) acceptance; see the module docstring."""
 
-    def __init__(self, k: int, neighbours: NeighbourTable, settings: dict, delta: float | None = None,
-                 lam: float | None = None, candidates: str = "deterministic", tv_audit_every: int = 1):
+    def __init__(
+        self,
+        k: int,
+        neighbours: NeighbourTable,
+        settings: dict,
+        delta: float | None = None,
+        lam: float | None = None,
+        candidates: str = "deterministic",
+        tv_audit_every: int = 1,
+    ):
         self.table = as_table(neighbours, k)
         if k + 1 > self.table.k_max:
             raise ConfigError(
@@ -72,7 +74,7 @@ class LanternReference(AcceptanceRule):
     def longest_path(self) -> bool:
         return self.candidates == "greedy"
 
-    def for_candidates(self, kind: str) -> "LanternReference":
+    def for_candidates(self, kind: str) -> LanternReference:
         """The same rule for candidates of ``kind``."""
         if _check_kind(kind) == self.candidates:
             return self
@@ -89,8 +91,13 @@ class LanternReference(AcceptanceRule):
 
     def describe(self) -> dict:
         """Settings recorded with results."""
-        return {**self.settings, "candidates": self.candidates, "semantics": "reference",
-                "neighbours_normalized": self.table.normalize, "tv_audit_every": self.tv_audit_every}
+        return {
+            **self.settings,
+            "candidates": self.candidates,
+            "semantics": "reference",
+            "neighbours_normalized": self.table.normalize,
+            "tv_audit_every": self.tv_audit_every,
+        }
 
     # ------------------------------------------------------------------ the relaxed test, one candidate per row
 
@@ -186,7 +193,9 @@ class LanternReference(AcceptanceRule):
         merged = (cumulative <= self._bound(p)[:, :, None]).to(torch.int64).cumprod(dim=2)
         m = merged.sum(dim=2)  # (R, V)
         moved = torch.where(m > 0, cumulative.gather(2, (m - 1).clamp_min(0)[:, :, None])[:, :, 0], torch.zeros_like(p))
-        accept = torch.where(q > 0, torch.clamp((p + moved) / q.clamp_min(1e-30), max=1.0), torch.zeros_like(p))  # (R, V)
+        accept = torch.where(
+            q > 0, torch.clamp((p + moved) / q.clamp_min(1e-30), max=1.0), torch.zeros_like(p)
+        )  # (R, V)
         r0 = (p - q).clamp_min(0)
         overlap = torch.minimum(p, q)
         extra = torch.where(m > 0, overlap[:, wide].sum(dim=2), torch.zeros_like(p))  # (R, V) mass freed on Z_x
@@ -194,7 +203,9 @@ class LanternReference(AcceptanceRule):
         weight = q * (1 - accept)  # (R, V) probability of drawing x and rejecting it
         spread = torch.where(norm > 0, weight / norm.clamp_min(1e-30), torch.zeros_like(p))
         on_zeroed = torch.zeros_like(p).scatter_add_(
-            1, wide.reshape(1, -1).expand(rows, -1), (spread * (m > 0))[:, :, None].expand(-1, -1, wide.shape[1]).reshape(rows, -1)
+            1,
+            wide.reshape(1, -1).expand(rows, -1),
+            (spread * (m > 0))[:, :, None].expand(-1, -1, wide.shape[1]).reshape(rows, -1),
         )
         empty = torch.where(norm > 0, torch.zeros_like(p), weight).sum(dim=1, keepdim=True) / vocab
         law = q * accept + r0 * spread.sum(dim=1, keepdim=True) + overlap * on_zeroed + empty

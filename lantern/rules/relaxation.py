@@ -59,7 +59,12 @@ class NeighbourTable:
     """
 
     def __init__(self, indices: torch.Tensor, normalize: bool | None = None):
-        if not isinstance(indices, torch.Tensor) or indices.ndim != 2 or indices.dtype.is_floating_point or indices.dtype == torch.bool:
+        if (
+            not isinstance(indices, torch.Tensor)
+            or indices.ndim != 2
+            or indices.dtype.is_floating_point
+            or indices.dtype == torch.bool
+        ):
             shape = tuple(indices.shape) if isinstance(indices, torch.Tensor) else type(indices).__name__
             raise ConfigError(f"neighbours must be a (V, k_max) integer table, got {shape}")
         self.indices = indices.to(torch.int64)
@@ -104,7 +109,12 @@ def as_table(neighbours, k: int) -> NeighbourTable:
 
 
 def check_delta(delta) -> float:
-    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not math.isfinite(delta) or not 0 <= delta <= 1:
+    if (
+        isinstance(delta, bool)
+        or not isinstance(delta, (int, float))
+        or not math.isfinite(delta)
+        or not 0 <= delta <= 1
+    ):
         raise ConfigError(f"delta={delta!r} must be a number in [0, 1]")
     return float(delta)
 
@@ -147,8 +157,17 @@ class NeighbourRelaxation:
     """LANTERN's latent proximity relaxation with a TV budget: ``delta`` (shared per node) and/or a
     per-receiver cap ``(lam - 1) p(x)``. ``delta=None`` means no shared budget (LANTERN++)."""
 
-    def __init__(self, k: int, neighbours, delta: float | None = None, lam: float | None = None, donors: int = 256,
-                 scan: int | None = SCAN, receivers: str = RECEIVERS, rounds: int = ROUNDS):
+    def __init__(
+        self,
+        k: int,
+        neighbours,
+        delta: float | None = None,
+        lam: float | None = None,
+        donors: int = 256,
+        scan: int | None = SCAN,
+        receivers: str = RECEIVERS,
+        rounds: int = ROUNDS,
+    ):
         self.table = as_table(neighbours, k)
         self.k = k
         self.delta = delta
@@ -177,7 +196,9 @@ class NeighbourRelaxation:
         rows, count = tokens.shape
         table = self.table.columns(self.k, p.device)  # (V, k)
         target = p.clone()  # (R, V)
-        sibling = torch.zeros(p.shape, dtype=torch.bool, device=p.device).scatter_(1, tokens.clamp_min(0), valid)  # (R, V)
+        sibling = torch.zeros(p.shape, dtype=torch.bool, device=p.device).scatter_(
+            1, tokens.clamp_min(0), valid
+        )  # (R, V)
         budget = torch.full((rows,), math.inf if self.delta is None else self.delta, dtype=p.dtype, device=p.device)
         gain = torch.zeros(rows, count, dtype=p.dtype, device=p.device)
         for slot in range(count):
@@ -219,7 +240,9 @@ class NeighbourRelaxation:
         for _ in range(self.rounds):
             receiver, asked = self._ask(offer, near, room)  # (R, A) each
             claimed = torch.zeros_like(p).scatter_add_(1, receiver, asked)  # (R, V) asked of each receiver
-            share = torch.where(claimed > 0, torch.clamp(room / claimed.clamp_min(1e-30), max=1.0), torch.zeros_like(room))
+            share = torch.where(
+                claimed > 0, torch.clamp(room / claimed.clamp_min(1e-30), max=1.0), torch.zeros_like(room)
+            )
             given = asked * share.gather(1, receiver)  # (R, A)
             given = given * torch.clamp(budget / given.sum(dim=1, keepdim=True).clamp_min(1e-30), max=1.0)
             sent = given.view(rows, donor.shape[1], -1).sum(dim=2)  # (R, M) what each donor gave
@@ -228,7 +251,9 @@ class NeighbourRelaxation:
             offer, room = (offer - sent).clamp_min(0), (room - got).clamp_min(0)
             budget = budget - given.sum(dim=1, keepdim=True)
             moved = moved + given.sum(dim=1)
-        return Relaxed(target=target.clamp_min(0), tv=moved, gain=torch.zeros(rows, count, dtype=p.dtype, device=p.device))
+        return Relaxed(
+            target=target.clamp_min(0), tv=moved, gain=torch.zeros(rows, count, dtype=p.dtype, device=p.device)
+        )
 
     def _ask(self, offer: torch.Tensor, near: torch.Tensor, room: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Where donors with ``offer`` (R, M) and neighbours ``near`` (R, M, scan) ask for how much of

@@ -4,13 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from lantern.rules.exact import (
-    _EXACT,
-    AcceptanceRule,
-    SiblingOutcome,
-    Verdict,
-    _check_kind,
-)
+from lantern.rules.exact import _EXACT, AcceptanceRule, SiblingOutcome, Verdict, _check_kind
 from lantern.rules.relaxation import NeighbourRelaxation, Relaxed
 
 
@@ -45,11 +39,19 @@ class RelaxedRule(AcceptanceRule):
         relaxed = self.relax(p, x[:, None], torch.ones_like(x[:, None], dtype=torch.bool), q)
         return self.test.residual(relaxed.target, q, x)
 
-    def for_candidates(self, kind: str) -> "RelaxedRule":
+    def for_candidates(self, kind: str) -> RelaxedRule:
         """The same relaxation with the exact test for candidates of ``kind``."""
-        return self if _check_kind(kind) == self.candidates else RelaxedRule(self.relaxation, _EXACT[kind](), self.settings)
+        return (
+            self
+            if _check_kind(kind) == self.candidates
+            else RelaxedRule(self.relaxation, _EXACT[kind](), self.settings)
+        )
 
     def describe(self) -> dict:
         """Settings recorded with results."""
-        return {**self.settings, "candidates": self.candidates, "semantics": "bounded",
-                "neighbours_normalized": self.relaxation.table.normalize}
+        return {
+            **self.settings,
+            "candidates": self.candidates,
+            "semantics": "bounded",
+            "neighbours_normalized": self.relaxation.table.normalize,
+        }

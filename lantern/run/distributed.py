@@ -75,7 +75,11 @@ def rank_from_env() -> int:
 def export_submitit_tasks() -> None:
     """Under a submitit SLURM job of several tasks (``hydra.launcher.tasks_per_node``), set the variables
     torchrun would (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) from submitit's job environment."""
-    if "WORLD_SIZE" in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) <= 1 or "SUBMITIT_EXECUTOR" not in os.environ:
+    if (
+        "WORLD_SIZE" in os.environ
+        or int(os.environ.get("SLURM_NTASKS", "1")) <= 1
+        or "SUBMITIT_EXECUTOR" not in os.environ
+    ):
         return
     from submitit.helpers import TorchDistributedEnvironment
 
@@ -111,5 +115,6 @@ def rank_device(device: str, world: World) -> str:
 def check_world(world: World, num_images: int) -> None:
     """Refuse more processes than images (a rank with nothing to do is a mistake in the launch line)."""
     if world.size > num_images:
-        raise ConfigError(f"--nproc_per_node={world.size} is more than num_images={num_images}: "
-                          f"use at most {num_images} processes")
+        raise ConfigError(
+            f"--nproc_per_node={world.size} is more than num_images={num_images}: use at most {num_images} processes"
+        )

@@ -55,7 +55,9 @@ def acceptance_summary(samples: list[dict[str, torch.Tensor]]) -> dict:
         summary["acceptance_histogram"] = [int(v) for v in sum(s["histogram"].sum(0) for s in samples)]
         drafts = sum(int(s["accepted_drafts"].sum()) for s in samples)
         measured = sum(int(s["tv_measured"].sum()) for s in samples)
-        summary["tv_realised_mean"] = (sum(float(s["tv_realised_sum"].sum()) for s in samples) / measured) if measured else None
+        summary["tv_realised_mean"] = (
+            (sum(float(s["tv_realised_sum"].sum()) for s in samples) / measured) if measured else None
+        )
         summary["tv_realised_max"] = max(float(s["tv_realised_max"].max()) for s in samples) if measured else None
         summary["tv_realised_coverage"] = measured / max(1, tokens)
         summary["merged_mass_mean"] = sum(float(s["merged_sum"].sum()) for s in samples) / max(1, drafts)
@@ -76,12 +78,28 @@ class GenerationJob:
     """
 
     def __init__(
-        self, bundle: ModelBundle, decoder, prompts: PromptSet, num_images: int, batch_size: int, seed: int,
-        warmup: int = 1, save_grid: bool = True, progress: bool = True, baseline=None, baseline_every: int = 1,
-        baseline_run: str | None = None, metrics=None, tracker=None,
+        self,
+        bundle: ModelBundle,
+        decoder,
+        prompts: PromptSet,
+        num_images: int,
+        batch_size: int,
+        seed: int,
+        warmup: int = 1,
+        save_grid: bool = True,
+        progress: bool = True,
+        baseline=None,
+        baseline_every: int = 1,
+        baseline_run: str | None = None,
+        metrics=None,
+        tracker=None,
     ):
-        for name, value, low in (("num_images", num_images, 1), ("batch_size", batch_size, 1), ("warmup", warmup, 0),
-                                 ("speedup_every", baseline_every, 1)):
+        for name, value, low in (
+            ("num_images", num_images, 1),
+            ("batch_size", batch_size, 1),
+            ("warmup", warmup, 0),
+            ("speedup_every", baseline_every, 1),
+        ):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ConfigError(f"{name}={value!r} must be an integer >= {low}")
         if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
@@ -95,8 +113,10 @@ class GenerationJob:
         self.num_images, self.batch_size, self.seed = num_images, batch_size, seed
         self.warmup, self.save_grid, self.progress = warmup, save_grid, progress
         if baseline is not None and baseline_run is not None:
-            raise ConfigError("speedup_baseline and speedup_baseline_run are both set; set speedup_baseline=null "
-                              "to compare with the recorded run")
+            raise ConfigError(
+                "speedup_baseline and speedup_baseline_run are both set; set speedup_baseline=null "
+                "to compare with the recorded run"
+            )
         self.baseline, self.baseline_every, self.baseline_run = baseline, baseline_every, baseline_run
         for each in (decoder, baseline):  # compile modes the device cannot run, before any work
             if each is not None:
@@ -124,9 +144,14 @@ class GenerationJob:
     def _setting(self) -> dict:
         """The record's setting entries: what makes two runs' latencies comparable (besides the machine)."""
         sampling = self.decoder.sampling
-        return {"model": self.bundle.name, "prompts": self.prompts.name, "num_images": self.num_images,
-                "batch_size": self.batch_size, "seed": self.seed,
-                **{key: getattr(sampling, key) for key in ("temperature", "top_k", "top_p", "cfg_scale")}}
+        return {
+            "model": self.bundle.name,
+            "prompts": self.prompts.name,
+            "num_images": self.num_images,
+            "batch_size": self.batch_size,
+            "seed": self.seed,
+            **{key: getattr(sampling, key) for key in ("temperature", "top_k", "top_p", "cfg_scale")},
+        }
 
     def _compares(self) -> bool:
         """Whether the baseline is timed beside the decoder (not when the decoder is the baseline itself)."""
@@ -142,16 +167,22 @@ class GenerationJob:
             return {"speedup": 1.0, "speedup_baseline": "this run is the baseline"} if self.baseline is not None else {}
         compared = [b for b in batches if b["baseline_seconds"] is not None]
         if not compared:
-            return {"speedup_baseline": f"{self.baseline.name}: no batch was decoded by this process, so none was timed"}
+            return {
+                "speedup_baseline": f"{self.baseline.name}: no batch was decoded by this process, so none was timed"
+            }
         seconds = sum(b["seconds"] for b in compared)
         baseline_seconds = sum(b["baseline_seconds"] for b in compared)
         images = sum(b["images"] for b in compared)
         ratios = [b["baseline_seconds"] / b["seconds"] for b in compared]
-        return {"speedup": baseline_seconds / seconds, "baseline_latency_s_per_image": baseline_seconds / images,
-                "compared_latency_s_per_image": seconds / images,
-                "speedup_median": statistics.median(ratios), "speedup_iqr": quartiles(ratios),
-                "speedup_baseline": f"{self.baseline.name}, interleaved in this run on {len(compared)} of {len(batches)} "
-                                    "batches (same prompts and seeds)"}
+        return {
+            "speedup": baseline_seconds / seconds,
+            "baseline_latency_s_per_image": baseline_seconds / images,
+            "compared_latency_s_per_image": seconds / images,
+            "speedup_median": statistics.median(ratios),
+            "speedup_iqr": quartiles(ratios),
+            "speedup_baseline": f"{self.baseline.name}, interleaved in this run on {len(compared)} of {len(batches)} "
+            "batches (same prompts and seeds)",
+        }
 
     def _decode_shard(self, store: ImageStore, indices: list[int], world: World) -> dict:
         """Decode ``indices`` (this rank's unfinished images) in batches, saving each image as it is done.
@@ -161,7 +192,7 @@ class GenerationJob:
         """
         bundle = self.bundle
         started = time.perf_counter()
-        batches = [indices[s:s + self.batch_size] for s in range(0, len(indices), self.batch_size)]
+        batches = [indices[s : s + self.batch_size] for s in range(0, len(indices), self.batch_size)]
         for _ in range(self.warmup if batches else 0):
             self._decode(batches[0])
             if self._compares():
@@ -170,8 +201,12 @@ class GenerationJob:
             torch.cuda.reset_peak_memory_stats(bundle.device)
         timed_batches, stats = [], {}
         show = self.progress and world.is_main
-        bar = tqdm(batches, desc=f"{self.decoder.name} x{len(indices)}" + (f" (rank 0 of {world.size})" if world.distributed else ""),
-                   unit="batch", disable=not show)
+        bar = tqdm(
+            batches,
+            desc=f"{self.decoder.name} x{len(indices)}" + (f" (rank 0 of {world.size})" if world.distributed else ""),
+            unit="batch",
+            disable=not show,
+        )
         for number, batch in enumerate(bar):
             timed = self._compares() and number % self.baseline_every == 0
             compared = sum(b["baseline_seconds"] is not None for b in timed_batches)
@@ -183,17 +218,36 @@ class GenerationJob:
                 baseline_seconds = self._decode(batch, self.baseline)[1]
             pixels = bundle.decode_images(result.codes).cpu().numpy()  # (B, H, W, 3)
             for position, index in enumerate(batch):
-                store.save(index, pixels[position], result.codes[position],
-                           {key: value[position] for key, value in result.per_sample.items()})
-            timed_batches.append({"rank": world.rank, "indices": batch, "images": len(batch), "seconds": seconds,
-                                  "baseline_seconds": baseline_seconds})
+                store.save(
+                    index,
+                    pixels[position],
+                    result.codes[position],
+                    {key: value[position] for key, value in result.per_sample.items()},
+                )
+            timed_batches.append(
+                {
+                    "rank": world.rank,
+                    "indices": batch,
+                    "images": len(batch),
+                    "seconds": seconds,
+                    "baseline_seconds": baseline_seconds,
+                }
+            )
             for key, value in result.stats.items():
                 stats[key] = stats.get(key, 0.0) + value
-        return {"rank": world.rank, "images": len(indices), "decode_s": sum(b["seconds"] for b in timed_batches),
-                "wall_s": time.perf_counter() - started, "peak_memory_mb": peak_memory_mb(bundle.device),
-                "batches": timed_batches, "stats": stats}
+        return {
+            "rank": world.rank,
+            "images": len(indices),
+            "decode_s": sum(b["seconds"] for b in timed_batches),
+            "wall_s": time.perf_counter() - started,
+            "peak_memory_mb": peak_memory_mb(bundle.device),
+            "batches": timed_batches,
+            "stats": stats,
+        }
 
-    def run(self, out_dir: str | Path | RunFolder, config: dict | None = None, world: World | None = None) -> dict | None:
+    def run(
+        self, out_dir: str | Path | RunFolder, config: dict | None = None, world: World | None = None
+    ) -> dict | None:
         """Write ``000000.png`` ..., ``grid.png`` and ``metrics.json`` into ``out_dir``; return the record (rank 0).
 
         ``out_dir`` is a folder path (claimed here: locked, checked against ``config``) or a
@@ -272,14 +326,29 @@ class GenerationJob:
             "tokens_per_s": tokens_per_image * decoded / total if decoded else None,
             "peak_memory_mb": max(part["peak_memory_mb"] for part in parts),
             "world_size": len(parts),
-            "ranks": [{key: part[key] for key in ("rank", "images", "decode_s", "wall_s", "peak_memory_mb")} for part in parts],
-            "timing": {"images_decoded": decoded, "images_kept": self.num_images - decoded,
-                       "covers": (f"the {decoded} images decoded by the last process"
-                                  + (f"; {self.num_images - decoded} finished earlier were kept, untimed"
-                                     if decoded < self.num_images else ""))},
-            **(self._speedup(batches) if recorded is None
-               else recorded_speedup(recorded, self.baseline_run, total / decoded if decoded else None)),
-            **acceptance_summary([{key: torch.stack([s[key] for s in samples]) for key in samples[0]}] if samples[0] else []),
+            "ranks": [
+                {key: part[key] for key in ("rank", "images", "decode_s", "wall_s", "peak_memory_mb")} for part in parts
+            ],
+            "timing": {
+                "images_decoded": decoded,
+                "images_kept": self.num_images - decoded,
+                "covers": (
+                    f"the {decoded} images decoded by the last process"
+                    + (
+                        f"; {self.num_images - decoded} finished earlier were kept, untimed"
+                        if decoded < self.num_images
+                        else ""
+                    )
+                ),
+            },
+            **(
+                self._speedup(batches)
+                if recorded is None
+                else recorded_speedup(recorded, self.baseline_run, total / decoded if decoded else None)
+            ),
+            **acceptance_summary(
+                [{key: torch.stack([s[key] for s in samples]) for key in samples[0]}] if samples[0] else []
+            ),
             "decode_stats": stats,
             "distinct_prompts": distinct,
             "per_image": per_image,

@@ -62,15 +62,18 @@ def read_text(path: str, what: str) -> str:
         data = handle.read()
     if b"\x00" in data:
         line = data[: data.index(b"\x00")].count(b"\n") + 1
-        raise ConfigError(f"{what} {path!r} is a binary file, not text (a NUL byte on line {line}); "
-                          "give a UTF-8 text file")
+        raise ConfigError(
+            f"{what} {path!r} is a binary file, not text (a NUL byte on line {line}); give a UTF-8 text file"
+        )
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise ConfigError(f"{what} {path!r} is not UTF-8 text: line {line}, column {column} has the byte "
-                          f"0x{data[exc.start]:02x}; save it as UTF-8") from None
+        raise ConfigError(
+            f"{what} {path!r} is not UTF-8 text: line {line}, column {column} has the byte "
+            f"0x{data[exc.start]:02x}; save it as UTF-8"
+        ) from None
 
 
 def caption_file(path: str, name: str | None = None) -> PromptSet:
@@ -121,7 +124,9 @@ def coco_captions(
         annotations = json.loads(text)["annotations"]
         rows = [(int(a["image_id"]), int(a.get("id", 0)), str(a["caption"]).strip()) for a in annotations]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"{path!r} is not a COCO caption file: expected {{'annotations': [{{'image_id', 'caption'}}, ...]}} ({exc})") from exc
+        raise ConfigError(
+            f"{path!r} is not a COCO caption file: expected {{'annotations': [{{'image_id', 'caption'}}, ...]}} ({exc})"
+        ) from exc
     by_image: dict[int, list[tuple[int, str]]] = {}
     for image_id, caption_id, caption in sorted(rows):
         if caption:
@@ -137,7 +142,9 @@ def coco_captions(
     return PromptSet(name or f"coco_{per_image}", "text", _subset(captions, start, count, path))
 
 
-def parti_prompts(path: str, start: int = 0, count: int | None = None, category: str | None = None, name: str = "parti") -> PromptSet:
+def parti_prompts(
+    path: str, start: int = 0, count: int | None = None, category: str | None = None, name: str = "parti"
+) -> PromptSet:
     """PartiPrompts from its TSV (columns ``Prompt``, ``Category``, ...), optionally one category."""
     if not os.path.isfile(path):
         raise ConfigError(f"PartiPrompts file not found: {path!r} (expected PartiPrompts.tsv)")

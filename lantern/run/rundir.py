@@ -26,13 +26,7 @@ import numpy as np
 import torch
 
 from lantern.errors import ConfigError, LanternError
-from lantern.files import (
-    image_name,
-    remove_stale_temps,
-    save_png,
-    write_atomic,
-    write_json_atomic,
-)
+from lantern.files import image_name, remove_stale_temps, save_png, write_atomic, write_json_atomic
 from lantern.results.record import RECORD_NAME, RunRecord, read_record
 from lantern.run.distributed import World
 from lantern.run.lock import LOCK_NAME, FolderLock
@@ -176,8 +170,10 @@ class ImageStore:
 
     def save(self, index: int, pixels: np.ndarray, codes: torch.Tensor, per_sample: dict[str, torch.Tensor]) -> None:
         """Write image ``index``: its tokens (N,) and per-sample counters, then its (H, W, 3) uint8 PNG."""
-        payload = {"codes": codes.to("cpu", torch.int32).clone(),
-                   "per_sample": {key: value.detach().cpu().clone() for key, value in per_sample.items()}}
+        payload = {
+            "codes": codes.to("cpu", torch.int32).clone(),
+            "per_sample": {key: value.detach().cpu().clone() for key, value in per_sample.items()},
+        }
         write_atomic(self.tokens_path(index), lambda tmp: torch.save(payload, tmp))
         save_png(pixels, self.folder / image_name(index))
 
@@ -212,5 +208,7 @@ def claim_run_folder(path: str | os.PathLike, config: dict, world: World | None 
             raise outcome[1]
         if not world.is_main:
             finished, resumed = outcome[1]
-            folder.claim = Claim(finished=None if finished is None else RunRecord.model_validate(finished), resumed=resumed)
+            folder.claim = Claim(
+                finished=None if finished is None else RunRecord.model_validate(finished), resumed=resumed
+            )
         yield folder

@@ -15,13 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from lantern.errors import ConfigError
 from lantern.files import write_json_atomic
 from lantern.results.record import RECORD_NAME
-from lantern.results.tables import (
-    FAILED_NAME,
-    failed_jobs,
-    load_records,
-    table_rows,
-    write_tables,
-)
+from lantern.results.tables import FAILED_NAME, failed_jobs, load_records, table_rows, write_tables
 from lantern.run.lock import FolderLock
 
 SWEEP_CONFIG = "multirun.yaml"
@@ -38,8 +32,10 @@ def check_launcher(config: DictConfig) -> None:
     missing = sorted(OmegaConf.missing_keys(launcher))
     missing += [key for key in REQUIRED.get(kind, ()) if key not in missing and launcher.get(key) is None]
     if missing:
-        raise ConfigError(f"hydra.launcher.{missing[0]} is required by {kind}: set it on the command line, "
-                          f"e.g. hydra.launcher.{missing[0]}=VALUE")
+        raise ConfigError(
+            f"hydra.launcher.{missing[0]} is required by {kind}: set it on the command line, "
+            f"e.g. hydra.launcher.{missing[0]}=VALUE"
+        )
     timeout = launcher.get("timeout_min")
     if timeout is not None and (not isinstance(timeout, int) or timeout < 1):
         raise ConfigError(f"hydra.launcher.timeout_min={timeout!r} must be an integer >= 1 (minutes)")
@@ -104,8 +100,13 @@ class SweepTable(Callback):
         run_dir = Path(config.hydra.runtime.output_dir)
         if job_return.status == JobStatus.FAILED:
             error = job_return._return_value
-            write_json_atomic(run_dir / FAILED_NAME, {"overrides": list(job_return.overrides or []),
-                                                      "error": f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"})
+            write_json_atomic(
+                run_dir / FAILED_NAME,
+                {
+                    "overrides": list(job_return.overrides or []),
+                    "error": f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}",
+                },
+            )
         elif (run_dir / FAILED_NAME).is_file():
             (run_dir / FAILED_NAME).unlink()
         self._write(Path(config.hydra.sweep.dir))

@@ -50,11 +50,25 @@ def _cell(value):
 class WandbLogger:
     """Log one run to W&B. Constructing it does nothing; :meth:`log_run` starts and finishes a W&B run."""
 
-    def __init__(self, mode: str = "offline", project: str = "lantern", group: str | None = None, name: str | None = None,
-                 quiet: bool = True, timeout_s: int = 15):
+    def __init__(
+        self,
+        mode: str = "offline",
+        project: str = "lantern",
+        group: str | None = None,
+        name: str | None = None,
+        quiet: bool = True,
+        timeout_s: int = 15,
+    ):
         if mode not in MODES:
             raise ConfigError(f"wandb.mode={mode!r} must be one of {', '.join(MODES)}")
-        self.mode, self.project, self.group, self.name, self.quiet, self.timeout_s = mode, project, group, name, quiet, timeout_s
+        self.mode, self.project, self.group, self.name, self.quiet, self.timeout_s = (
+            mode,
+            project,
+            group,
+            name,
+            quiet,
+            timeout_s,
+        )
         if quiet:
             os.environ.setdefault("WANDB_SILENT", "true")  # W&B reads it when it starts, also in its service process
 
@@ -66,7 +80,9 @@ class WandbLogger:
 
         host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
         hint = "or log with wandb.mode=offline (then `wandb sync`) or wandb.mode=disabled"
-        no_key = ConfigError(f"wandb.mode=online but no W&B API key is set: set WANDB_API_KEY or run `wandb login`, {hint}")
+        no_key = ConfigError(
+            f"wandb.mode=online but no W&B API key is set: set WANDB_API_KEY or run `wandb login`, {hint}"
+        )
         try:
             if not wandb.login(prompt=False, verify=True, timeout=self.timeout_s):  # False: no key found
                 raise no_key
@@ -89,8 +105,14 @@ class WandbLogger:
 
         name = self.name or f"{record.get('decoding')}-{Path(out_dir).name}"
         run = wandb.init(
-            project=self.project, group=self.group, name=name, dir=str(out_dir), mode=self.mode,
-            config=record.get("config") or {}, reinit="create_new", settings=self._settings(),
+            project=self.project,
+            group=self.group,
+            name=name,
+            dir=str(out_dir),
+            mode=self.mode,
+            config=record.get("config") or {},
+            reinit="create_new",
+            settings=self._settings(),
         )
         try:
             summary = scalars(record)
@@ -109,11 +131,19 @@ class WandbLogger:
 
         columns = list(rows[0])
         run = wandb.init(
-            project=self.project, group=self.group or f"sweep-{Path(out_dir).name}", name=f"table-{Path(out_dir).name}",
-            dir=str(out_dir), mode=self.mode, job_type="table", reinit="create_new", settings=self._settings(),
+            project=self.project,
+            group=self.group or f"sweep-{Path(out_dir).name}",
+            name=f"table-{Path(out_dir).name}",
+            dir=str(out_dir),
+            mode=self.mode,
+            job_type="table",
+            reinit="create_new",
+            settings=self._settings(),
         )
         try:
-            logged = {"table": wandb.Table(columns=columns, data=[[_cell(row.get(c)) for c in columns] for row in rows])}
+            logged = {
+                "table": wandb.Table(columns=columns, data=[[_cell(row.get(c)) for c in columns] for row in rows])
+            }
             if plot is not None and Path(plot).is_file():
                 logged["pareto"] = wandb.Image(str(plot))
             run.log(logged)

@@ -31,9 +31,9 @@ def training_batch(
     canvas = F.pad(x, (margin, margin, margin, margin), value=BACKGROUND)  # (B, 1, 32 + 2s, 32 + 2s)
     offsets = torch.randint(0, 2 * max_shift + 1, (len(x), 2))  # (B, 2)
     flips = torch.rand(len(x)) < 0.5  # (B,)
-    out = torch.stack([
-        canvas[i, :, dy : dy + RESOLUTION, dx : dx + RESOLUTION] for i, (dy, dx) in enumerate(offsets.tolist())
-    ])  # (B, 1, 32, 32)
+    out = torch.stack(
+        [canvas[i, :, dy : dy + RESOLUTION, dx : dx + RESOLUTION] for i, (dy, dx) in enumerate(offsets.tolist())]
+    )  # (B, 1, 32, 32)
     out[flips] = out[flips].flip(-1)
     return out, y
 

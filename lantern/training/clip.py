@@ -54,8 +54,14 @@ IMAGE_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
 def clip_config(
-    embed_dim: int = 64, vision_width: int = 96, vision_layers: int = 4, patch_size: int = 8,
-    vision_head_width: int = 32, text_width: int = 64, text_heads: int = 4, text_layers: int = 3,
+    embed_dim: int = 64,
+    vision_width: int = 96,
+    vision_layers: int = 4,
+    patch_size: int = 8,
+    vision_head_width: int = 32,
+    text_width: int = 64,
+    text_heads: int = 4,
+    text_layers: int = 3,
     context_length: int = 32,
 ) -> dict:
     """The open_clip architecture config (the content of ``lantern-fashion-clip.json``).
@@ -64,9 +70,17 @@ def clip_config(
     class token) and a causal text transformer over ``context_length`` BPE tokens, both projected
     to ``embed_dim``. ``vocab_size`` stays 49408, the vocabulary of open_clip's ``SimpleTokenizer``.
     """
-    values = {"embed_dim": embed_dim, "vision_width": vision_width, "vision_layers": vision_layers,
-              "patch_size": patch_size, "vision_head_width": vision_head_width, "text_width": text_width,
-              "text_heads": text_heads, "text_layers": text_layers, "context_length": context_length}
+    values = {
+        "embed_dim": embed_dim,
+        "vision_width": vision_width,
+        "vision_layers": vision_layers,
+        "patch_size": patch_size,
+        "vision_head_width": vision_head_width,
+        "text_width": text_width,
+        "text_heads": text_heads,
+        "text_layers": text_layers,
+        "context_length": context_length,
+    }
     for name, value in values.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ConfigError(f"CLIP {name} must be an integer >= 1, got {value!r}")
@@ -79,10 +93,20 @@ def clip_config(
         )
     return {
         "embed_dim": embed_dim,
-        "vision_cfg": {"image_size": RESOLUTION, "layers": vision_layers, "width": vision_width,
-                       "head_width": vision_head_width, "patch_size": patch_size},
-        "text_cfg": {"context_length": context_length, "vocab_size": 49408, "width": text_width,
-                     "heads": text_heads, "layers": text_layers},
+        "vision_cfg": {
+            "image_size": RESOLUTION,
+            "layers": vision_layers,
+            "width": vision_width,
+            "head_width": vision_head_width,
+            "patch_size": patch_size,
+        },
+        "text_cfg": {
+            "context_length": context_length,
+            "vocab_size": 49408,
+            "width": text_width,
+            "heads": text_heads,
+            "layers": text_layers,
+        },
     }
 
 
@@ -122,8 +146,13 @@ def normalize_pixels(gray: torch.Tensor) -> torch.Tensor:
 
 
 def clip_batch(
-    images: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor, augment: bool = True, max_shift: int = 2,
-    prefix_prob: float = 0.5, templates: int = 7,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    indices: torch.Tensor,
+    augment: bool = True,
+    max_shift: int = 2,
+    prefix_prob: float = 0.5,
+    templates: int = 7,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A batch ``(pixels (B, 3, 32, 32), labels (B,), caption ids (B,))`` from uint8 (N, 28, 28) images.
 
@@ -140,7 +169,10 @@ def clip_batch(
 
 
 def soft_clip_loss(
-    image_emb: torch.Tensor, text_emb: torch.Tensor, labels: torch.Tensor, logit_scale: torch.Tensor,
+    image_emb: torch.Tensor,
+    text_emb: torch.Tensor,
+    labels: torch.Tensor,
+    logit_scale: torch.Tensor,
     same_class_targets: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric InfoNCE of unit-norm image (B, E) and text (B, E) embeddings; returns ``(loss, logits)``.
@@ -221,7 +253,9 @@ def zero_shot_scores(image_emb: torch.Tensor, text_emb: torch.Tensor, labels: np
     return {
         "zero_shot_accuracy": float(correct.float().mean()),
         "per_class_accuracy": {
-            CLASS_NAMES[c]: float(correct[labels_t == c].float().mean()) for c in range(NUM_CLASSES) if (labels_t == c).any()
+            CLASS_NAMES[c]: float(correct[labels_t == c].float().mean())
+            for c in range(NUM_CLASSES)
+            if (labels_t == c).any()
         },
         "matched_cosine": float(matched_cos.mean()),
         "mismatched_cosine": float(mismatched_cos.mean()),

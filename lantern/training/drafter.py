@@ -38,7 +38,11 @@ from lantern.training.gpt import draw_conditions
 
 
 def drafter_pass(
-    target: Transformer, drafter: Drafter, cond_emb: torch.Tensor, cond_mask: torch.Tensor, tokens: torch.Tensor,
+    target: Transformer,
+    drafter: Drafter,
+    cond_emb: torch.Tensor,
+    cond_mask: torch.Tensor,
+    tokens: torch.Tensor,
     noise: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Teacher-forced drafter outputs and their targets on the scored entries.
@@ -54,15 +58,22 @@ def drafter_pass(
 
 
 def drafter_estimates(
-    target: Transformer, drafter: Drafter, cond_emb: torch.Tensor, cond_mask: torch.Tensor, tokens: torch.Tensor,
-    f: torch.Tensor, noise: float = 0.0,
+    target: Transformer,
+    drafter: Drafter,
+    cond_emb: torch.Tensor,
+    cond_mask: torch.Tensor,
+    tokens: torch.Tensor,
+    f: torch.Tensor,
+    noise: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`drafter_pass` given the target's teacher-forced states ``f`` (B, T+N-1, D)."""
     batch, cond_len = cond_mask.shape
     num_tokens = tokens.shape[1]
     length = cond_len + num_tokens - 2  # drafter entries 0 .. T+N-3
     with torch.no_grad():
-        embeds = torch.cat([drafter.condition_inputs(target, cond_emb), target.embed_tokens(tokens[:, : num_tokens - 1])], dim=1)  # (B, T+N-2, D)
+        embeds = torch.cat(
+            [drafter.condition_inputs(target, cond_emb), target.embed_tokens(tokens[:, : num_tokens - 1])], dim=1
+        )  # (B, T+N-2, D)
         features = f[:, :length]  # (B, T+N-2, D)
         if noise:
             features = features + (torch.rand_like(features) - 0.5) * noise
@@ -74,20 +85,33 @@ def drafter_estimates(
 
 @torch.no_grad()
 def teacher_states(
-    target: Transformer, codes: torch.Tensor, caption_ids: torch.Tensor, states: torch.Tensor, masks: torch.Tensor,
-    null: bool, batch_size: int = 250, progress: bool = False,
+    target: Transformer,
+    codes: torch.Tensor,
+    caption_ids: torch.Tensor,
+    states: torch.Tensor,
+    masks: torch.Tensor,
+    null: bool,
+    batch_size: int = 250,
+    progress: bool = False,
 ) -> torch.Tensor:
     """The target's teacher-forced final-norm states (M, T+N-1, D) of every sequence ``codes`` (M, N)
     under its one condition ``caption_ids`` (M,) (``null``: the null condition with that caption's mask),
     computed once so training steps need no target forward."""
     device = target.tok_embeddings.weight.device
     parts = []
-    for start in tqdm(range(0, codes.shape[0], batch_size), desc="target states" + (" (null)" if null else ""),
-                      disable=not progress, dynamic_ncols=True, mininterval=1.0):
+    for start in tqdm(
+        range(0, codes.shape[0], batch_size),
+        desc="target states" + (" (null)" if null else ""),
+        disable=not progress,
+        dynamic_ncols=True,
+        mininterval=1.0,
+    ):
         ids = caption_ids[start : start + batch_size]  # (b,)
         values = target.null_condition(ids.shape[0]) if null else states[ids]
         cond_emb = target.embed_condition(values.to(device))  # (b, T, D)
-        parts.append(target.teacher_hidden(cond_emb, codes[start : start + batch_size].to(device), masks[ids].to(device)).cpu())
+        parts.append(
+            target.teacher_hidden(cond_emb, codes[start : start + batch_size].to(device), masks[ids].to(device)).cpu()
+        )
     return torch.cat(parts)
 
 
@@ -129,16 +153,27 @@ class DrafterObjective:
     """
 
     def __init__(
-        self, target: Transformer, drafter: Drafter, codes: torch.Tensor, caption_ids: torch.Tensor,
-        states: torch.Tensor, masks: torch.Tensor, cond_dropout: float = 0.1, noise: float = 0.2,
-        ce_weight: float = 0.1, cache_states: bool = False, progress: bool = False,
+        self,
+        target: Transformer,
+        drafter: Drafter,
+        codes: torch.Tensor,
+        caption_ids: torch.Tensor,
+        states: torch.Tensor,
+        masks: torch.Tensor,
+        cond_dropout: float = 0.1,
+        noise: float = 0.2,
+        ce_weight: float = 0.1,
+        cache_states: bool = False,
+        progress: bool = False,
     ):
         if caption_ids.dim() == 1:
             caption_ids = caption_ids[:, None]
         if codes.shape[0] != caption_ids.shape[0]:
             raise ConfigError(f"{codes.shape[0]} token sequences but {caption_ids.shape[0]} rows of condition ids")
         if cache_states and caption_ids.shape[1] != 1:
-            raise ConfigError(f"cache_states needs one condition per sequence, got {caption_ids.shape[1]} (data=images: cache_states=false)")
+            raise ConfigError(
+                f"cache_states needs one condition per sequence, got {caption_ids.shape[1]} (data=images: cache_states=false)"
+            )
         drafter.check_target(target.config)
         self.target = target.eval().requires_grad_(False)
         self.drafter = drafter
@@ -151,30 +186,42 @@ class DrafterObjective:
         self.ce_weight = ce_weight
         self.cached = None
         if cache_states:
-            self.cached = tuple(teacher_states(target, codes, caption_ids[:, 0], states, masks, null, progress=progress)
-                                for null in (False, True))  # (M, T+N-1, D) each
+            self.cached = tuple(
+                teacher_states(target, codes, caption_ids[:, 0], states, masks, null, progress=progress)
+                for null in (False, True)
+            )  # (M, T+N-1, D) each
 
     def __call__(self, indices: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """Loss and logs of the samples ``indices`` (B,)."""
         target = self.target
         device = target.tok_embeddings.weight.device
         tokens = self.codes[indices].to(device)  # (B, N)
-        values, mask, drop = draw_conditions(target, self.caption_ids, self.states, self.masks, indices, self.cond_dropout, device)
+        values, mask, drop = draw_conditions(
+            target, self.caption_ids, self.states, self.masks, indices, self.cond_dropout, device
+        )
         with torch.no_grad():
             cond_emb = target.embed_condition(values)  # (B, T, D)
         if self.cached is None:
             f_hat, f = drafter_pass(target, self.drafter, cond_emb, mask, tokens, self.noise)
         else:
             conditional, unconditional = self.cached
-            f = torch.where(drop.view(-1, 1, 1), unconditional[indices], conditional[indices]).to(device)  # (B, T+N-1, D)
+            f = torch.where(drop.view(-1, 1, 1), unconditional[indices], conditional[indices]).to(
+                device
+            )  # (B, T+N-1, D)
             f_hat, f = drafter_estimates(target, self.drafter, cond_emb, mask, tokens, f, self.noise)
         return drafter_loss(target, f_hat, f, self.ce_weight)
 
 
 @torch.no_grad()
 def evaluate_drafter(
-    target: Transformer, drafter: Drafter, codes: torch.Tensor, caption_ids: torch.Tensor, states: torch.Tensor,
-    masks: torch.Tensor, batch_size: int = 250, ce_weight: float = 0.1,
+    target: Transformer,
+    drafter: Drafter,
+    codes: torch.Tensor,
+    caption_ids: torch.Tensor,
+    states: torch.Tensor,
+    masks: torch.Tensor,
+    batch_size: int = 250,
+    ce_weight: float = 0.1,
 ) -> dict[str, float]:
     """Held-out agreement of ``drafter`` with ``target`` on ``codes`` (M, N) under conditions ``caption_ids`` (M,).
 
@@ -200,8 +247,15 @@ def evaluate_drafter(
 
 
 def generate_codes(
-    target: Transformer, states: torch.Tensor, masks: torch.Tensor, caption_ids: torch.Tensor,
-    sampling: SamplingConfig, seed: int, cache: str | Path, key: Mapping, batch_size: int = 250,
+    target: Transformer,
+    states: torch.Tensor,
+    masks: torch.Tensor,
+    caption_ids: torch.Tensor,
+    sampling: SamplingConfig,
+    seed: int,
+    cache: str | Path,
+    key: Mapping,
+    batch_size: int = 250,
     progress: bool = True,
 ) -> torch.Tensor:
     """Token sequences (M, N) int64 sampled by ``target`` for self-distillation, cached in ``cache``.
@@ -225,8 +279,15 @@ def generate_codes(
     decoder = ARDecoder(sampling)
     device = target.tok_embeddings.weight.device
     parts = [done]
-    with tqdm(total=total, initial=done.shape[0], desc="self-distillation samples", unit="sample",
-              disable=not progress, dynamic_ncols=True, mininterval=1.0) as bar:
+    with tqdm(
+        total=total,
+        initial=done.shape[0],
+        desc="self-distillation samples",
+        unit="sample",
+        disable=not progress,
+        dynamic_ncols=True,
+        mininterval=1.0,
+    ) as bar:
         for start in range(done.shape[0], total, batch_size):
             indices = range(start, min(start + batch_size, total))
             ids = caption_ids[start : indices.stop]  # (b,)
@@ -235,6 +296,6 @@ def generate_codes(
             parts.append(result.codes.to("cpu", torch.int32).clone())  # (b, N)
             codes = torch.cat(parts)
             parts = [codes]
-            write_atomic(cache, lambda tmp: torch.save({"key": key, "codes": codes}, tmp))
+            write_atomic(cache, lambda tmp, codes=codes: torch.save({"key": key, "codes": codes}, tmp))
             bar.update(len(indices))
     return parts[0][:total].long()

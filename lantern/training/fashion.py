@@ -14,11 +14,7 @@ from tqdm.auto import tqdm
 
 from lantern.files import write_atomic
 from lantern.models.llamagen.vq import VQModel
-from lantern.models.world.fashion_mnist import (
-    NUM_CLASSES,
-    FashionMNISTImages,
-    all_captions,
-)
+from lantern.models.world.fashion_mnist import NUM_CLASSES, FashionMNISTImages, all_captions
 from lantern.training.vq import image_batch
 
 

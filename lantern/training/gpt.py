@@ -14,8 +14,13 @@ from lantern.models.llamagen.gpt import Transformer
 
 
 def draw_conditions(
-    model: Transformer, caption_ids: torch.Tensor, states: torch.Tensor, masks: torch.Tensor, indices: torch.Tensor,
-    cond_dropout: float, device: torch.device | str = "cpu",
+    model: Transformer,
+    caption_ids: torch.Tensor,
+    states: torch.Tensor,
+    masks: torch.Tensor,
+    indices: torch.Tensor,
+    cond_dropout: float,
+    device: torch.device | str = "cpu",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Condition values (B, ...), masks (B, T) and dropout flags (B,) bool (on the CPU) for samples ``indices`` (B,).
 
@@ -43,8 +48,13 @@ class GPTObjective:
     """
 
     def __init__(
-        self, model: Transformer, codes: torch.Tensor, caption_ids: torch.Tensor, states: torch.Tensor,
-        masks: torch.Tensor, cond_dropout: float = 0.1,
+        self,
+        model: Transformer,
+        codes: torch.Tensor,
+        caption_ids: torch.Tensor,
+        states: torch.Tensor,
+        masks: torch.Tensor,
+        cond_dropout: float = 0.1,
     ):
         self.model = model
         self.codes = codes

@@ -38,7 +38,14 @@ LOG_NAME = "log.jsonl"
 CHECKPOINT_FORMAT = "lantern-train-checkpoint/1"
 # Config keys that may change between a run and its resumption (dotted paths, top level or nested).
 DEFAULT_RESUME_IGNORE = (
-    "steps", "max_steps", "ckpt_every", "log_every", "progress", "num_threads", "device", "out_dir",
+    "steps",
+    "max_steps",
+    "ckpt_every",
+    "log_every",
+    "progress",
+    "num_threads",
+    "device",
+    "out_dir",
 )
 
 StepFn = Callable[[Any], tuple[torch.Tensor, Mapping[str, Any]]]
@@ -390,14 +397,20 @@ class Trainer:
         counts: dict[str, int] = {}  # per-key number of steps that reported it
         last: dict[str, float] = {}
         iterator = None
-        with tqdm(total=self.max_steps, initial=self.step, disable=not self.progress, desc="train",
-                  dynamic_ncols=True, mininterval=1.0) as bar:
+        with tqdm(
+            total=self.max_steps,
+            initial=self.step,
+            disable=not self.progress,
+            desc="train",
+            dynamic_ncols=True,
+            mininterval=1.0,
+        ) as bar:
             while self.step < self.max_steps:
                 batch, iterator = self._next_batch(iterator)
                 self.batch_in_epoch += 1
                 if self.lr_schedule is not None:
                     factor = self.lr_schedule(self.step)
-                    for group, base in zip(self.optimizer.param_groups, self.base_lrs):
+                    for group, base in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
                         group["lr"] = base * factor
                 self.optimizer.zero_grad(set_to_none=True)
                 loss, logs = self.step_fn(batch)

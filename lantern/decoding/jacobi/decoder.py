@@ -19,13 +19,7 @@ from lantern.decoding.api import DecodeResult
 from lantern.decoding.batch import column_validity, guided_inputs, prefill_condition
 from lantern.decoding.compile import check_compile, compiled, mark_static
 from lantern.decoding.jacobi.grouping import Grouping
-from lantern.decoding.jacobi.step import (
-    INITS,
-    JacobiContext,
-    JacobiState,
-    initial_tokens,
-    jacobi_step,
-)
+from lantern.decoding.jacobi.step import INITS, JacobiContext, JacobiState, initial_tokens, jacobi_step
 from lantern.decoding.tree.decoder import summarise
 from lantern.errors import ConfigError
 from lantern.models.condition import Condition
@@ -50,18 +44,33 @@ class JacobiDecoder:
     """
 
     def __init__(
-        self, sampling: SamplingConfig, window: int = 16, init: str = "random", reuse: float | None = None,
-        grouping: Grouping | None = None, name: str = "sjd", compile: str = "none", backend: str = "inductor",
-        sync_every: int | None = None, tv_audit_every: int = 1, guard=None,
+        self,
+        sampling: SamplingConfig,
+        window: int = 16,
+        init: str = "random",
+        reuse: float | None = None,
+        grouping: Grouping | None = None,
+        name: str = "sjd",
+        compile: str = "none",
+        backend: str = "inductor",
+        sync_every: int | None = None,
+        tv_audit_every: int = 1,
+        guard=None,
     ):
         self.sampling = sampling
         self.window = _check_window(window)
         if init not in INITS:
             raise ConfigError(f"init={init!r} is not a window initialisation; allowed: {', '.join(INITS)}")
         self.init = init
-        if reuse is not None and (isinstance(reuse, bool) or not isinstance(reuse, (int, float))
-                                  or not math.isfinite(reuse) or not 0 < reuse <= 1):
-            raise ConfigError(f"reuse={reuse!r} must be a number in (0, 1] (top draft mass to keep a draft) or null (off)")
+        if reuse is not None and (
+            isinstance(reuse, bool)
+            or not isinstance(reuse, (int, float))
+            or not math.isfinite(reuse)
+            or not 0 < reuse <= 1
+        ):
+            raise ConfigError(
+                f"reuse={reuse!r} must be a number in (0, 1] (top draft mass to keep a draft) or null (off)"
+            )
         self.reuse = None if reuse is None else float(reuse)
         if isinstance(tv_audit_every, bool) or not isinstance(tv_audit_every, int) or tv_audit_every < 1:
             raise ConfigError(f"tv_audit_every={tv_audit_every!r} must be an integer >= 1")
@@ -82,16 +91,22 @@ class JacobiDecoder:
     def check_model(self, config) -> None:
         """ConfigError when the window is longer than the image."""
         if self.window > config.num_image_tokens:
-            raise ConfigError(f"window={self.window} is larger than the image ({config.num_image_tokens} tokens); "
-                              f"allowed: 1..{config.num_image_tokens}")
+            raise ConfigError(
+                f"window={self.window} is larger than the image ({config.num_image_tokens} tokens); "
+                f"allowed: 1..{config.num_image_tokens}"
+            )
 
     def describe(self) -> dict:
         """Decoder settings recorded with results."""
         exact = self.grouping is None
         settings = {
             "acceptance": ("greedy" if self.sampling.greedy else "exact") if exact else "gsd",
-            "draft": "jacobi", "window": self.window, "init": self.init, "reuse": self.reuse,
-            "candidates": "greedy" if self.sampling.greedy else "sampled", "compile": self.compile,
+            "draft": "jacobi",
+            "window": self.window,
+            "init": self.init,
+            "reuse": self.reuse,
+            "candidates": "greedy" if self.sampling.greedy else "sampled",
+            "compile": self.compile,
         }
         if not exact:
             settings.update(self.grouping.describe())
@@ -105,8 +120,15 @@ class JacobiDecoder:
                 mark_static(cache.k, cache.v)
             close = self.grouping.close_table(model.tok_embeddings.weight) if self.grouping is not None else None
             self._contexts[shape] = JacobiContext(
-                model=model, cache=cache, sampling=self.sampling, window=self.window, init=self.init,
-                num_tokens=model.config.num_image_tokens, groups=rows // batch, grouping=self.grouping, close=close,
+                model=model,
+                cache=cache,
+                sampling=self.sampling,
+                window=self.window,
+                init=self.init,
+                num_tokens=model.config.num_image_tokens,
+                groups=rows // batch,
+                grouping=self.grouping,
+                close=close,
                 reuse=self.reuse,
             )
         return self._contexts[shape]
@@ -132,14 +154,21 @@ class JacobiDecoder:
         # stream is never reused: every step's ``decided`` is >= 1.
         decided = torch.ones(batch, dtype=torch.long, device=device)
         window = initial_tokens(ctx, keys, torch.zeros_like(decided), width)
-        if self.init != "random":  # repeat inits start from token 0 (row 0: horizon copies it, vertical has no row above)
+        if (
+            self.init != "random"
+        ):  # repeat inits start from token 0 (row 0: horizon copies it, vertical has no row above)
             if self.init == "horizon":
                 column = torch.arange(1, width + 1, device=device) % cfg.grid_size
                 window = torch.where(column == 0, window, codes[:, :1])
         draft_q = torch.zeros(batch, width, vocab, device=device).scatter(2, window[:, :, None], 1.0)
         state = JacobiState(
-            codes=codes, decided=decided, length=torch.full((batch,), cond_len, dtype=torch.long, device=device),
-            window=window, draft_q=draft_q, keys=keys, target_valid=column_validity(cond_mask, capacity),
+            codes=codes,
+            decided=decided,
+            length=torch.full((batch,), cond_len, dtype=torch.long, device=device),
+            window=window,
+            draft_q=draft_q,
+            keys=keys,
+            target_valid=column_validity(cond_mask, capacity),
         )
 
         sync_every = self.sync_every or (8 if device.type == "cuda" else 1)
@@ -169,13 +198,28 @@ class JacobiDecoder:
         return DecodeResult(state.codes[:, :num_tokens], stats, per_sample)
 
 
-def sjd(sampling: SamplingConfig, window: int = 16, init: str = "random", reuse: float | None = None, **kwargs) -> JacobiDecoder:
+def sjd(
+    sampling: SamplingConfig, window: int = 16, init: str = "random", reuse: float | None = None, **kwargs
+) -> JacobiDecoder:
     """Speculative Jacobi decoding (``reuse`` set: with SJD++-style draft reuse)."""
     return JacobiDecoder(sampling, window=window, init=init, reuse=reuse, name=kwargs.pop("name", "sjd"), **kwargs)
 
 
-def gsd(sampling: SamplingConfig, window: int = 16, init: str = "random", radius: int = 7, p_thr: float = 0.15,
-        d_thr: float | None = 0.5, **kwargs) -> JacobiDecoder:
+def gsd(
+    sampling: SamplingConfig,
+    window: int = 16,
+    init: str = "random",
+    radius: int = 7,
+    p_thr: float = 0.15,
+    d_thr: float | None = 0.5,
+    **kwargs,
+) -> JacobiDecoder:
     """Grouped speculative decoding: SJD whose test reads the mass of the draft's dynamic group."""
-    return JacobiDecoder(sampling, window=window, init=init, grouping=Grouping(radius, p_thr, d_thr),
-                         name=kwargs.pop("name", "gsd"), **kwargs)
+    return JacobiDecoder(
+        sampling,
+        window=window,
+        init=init,
+        grouping=Grouping(radius, p_thr, d_thr),
+        name=kwargs.pop("name", "gsd"),
+        **kwargs,
+    )

@@ -33,11 +33,15 @@ class Grouping:
 
     def __init__(self, radius: int = 7, p_thr: float = 0.15, d_thr: float | None = 0.5):
         if isinstance(radius, bool) or not isinstance(radius, int) or radius < 0:
-            raise ConfigError(f"gsd_radius={radius!r} must be an integer >= 0 (ranks each side of the draft; 0 = no grouping)")
+            raise ConfigError(
+                f"gsd_radius={radius!r} must be an integer >= 0 (ranks each side of the draft; 0 = no grouping)"
+            )
         if not _positive(p_thr) or p_thr > 1:
             raise ConfigError(f"gsd_p_thr={p_thr!r} must be a number in (0, 1] (largest |p(y) - p(x)| inside a group)")
         if d_thr is not None and not _positive(d_thr):
-            raise ConfigError(f"gsd_d_thr={d_thr!r} must be a number > 0 (squared embedding distance) or null (no distance test)")
+            raise ConfigError(
+                f"gsd_d_thr={d_thr!r} must be a number > 0 (squared embedding distance) or null (no distance test)"
+            )
         self.radius, self.p_thr, self.d_thr = radius, float(p_thr), (None if d_thr is None else float(d_thr))
         self._close: dict[tuple, torch.Tensor] = {}  # (table identity, device) -> (V, V) bool
 
@@ -68,8 +72,9 @@ class Grouping:
             self._close[key] = table
         return self._close[key]
 
-    def group_masses(self, p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, close: torch.Tensor | None
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    def group_masses(
+        self, p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, close: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``p(G_x)`` and ``q(G_x)`` (R, K) for tokens ``x`` (R, K) under laws ``p``, ``q`` (R, V)."""
         vocab = p.shape[-1]
         order = p.argsort(dim=-1, stable=True)  # (R, V) ascending, as the released code's sort

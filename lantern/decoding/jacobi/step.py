@@ -37,12 +37,7 @@ from lantern import rng
 from lantern.decoding.batch import repeat_rows, tree_attention_mask
 from lantern.decoding.jacobi.grouping import Grouping, grouped_law
 from lantern.models.llamagen.gpt import Transformer
-from lantern.models.sampling import (
-    SamplingConfig,
-    draw,
-    guided_logits_at,
-    verification_probabilities,
-)
+from lantern.models.sampling import SamplingConfig, draw, guided_logits_at, verification_probabilities
 from lantern.rules.exact import residual
 
 # How fresh window tokens (the tail after a step's accepted tokens) are initialised. ``random``: a
@@ -121,8 +116,11 @@ def jacobi_step(ctx: JacobiContext, state: JacobiState, audit: bool = True) -> t
     positions = slots.clamp_max(model.config.max_seq_len - 1)  # past the image: junk rows, never kept
     groups = ctx.groups
     logits, _ = model.forward_tokens(
-        repeat_rows(inputs, groups), repeat_rows(positions, groups), repeat_rows(slots, groups),
-        repeat_rows(mask, groups), ctx.cache,
+        repeat_rows(inputs, groups),
+        repeat_rows(positions, groups),
+        repeat_rows(slots, groups),
+        repeat_rows(mask, groups),
+        ctx.cache,
     )  # (rows, W+1, V)
     # Output j predicts token n + j from inputs 0..j (pending and drafts before it).
     p = verification_probabilities(guided_logits_at(logits, sampling, decided[:, None] + span), sampling)  # (B, W+1, V)
@@ -142,7 +140,9 @@ def jacobi_step(ctx: JacobiContext, state: JacobiState, audit: bool = True) -> t
         if ctx.grouping is None:
             ratio = p_draft / q_draft.clamp_min(1e-30)
         else:
-            p_g, q_g = ctx.grouping.group_masses(p[:, :width].flatten(0, 1), draft_q.flatten(0, 1), window.flatten()[:, None], ctx.close)
+            p_g, q_g = ctx.grouping.group_masses(
+                p[:, :width].flatten(0, 1), draft_q.flatten(0, 1), window.flatten()[:, None], ctx.close
+            )
             p_g, q_g = p_g.view(batch, width), q_g.view(batch, width)
             ratio = p_g / q_g.clamp_min(1e-30)
             merged = p_g - p_draft
@@ -198,7 +198,9 @@ def jacobi_step(ctx: JacobiContext, state: JacobiState, audit: bool = True) -> t
     new_window, new_q = _refill(ctx, state, codes, new_decided, jacobi, fresh, fresh_q, next_token)
 
     log = JacobiLog(torch.where(active, accepted, -1), tv, merged)
-    new_state = state._replace(codes=codes, decided=new_decided, length=length + advance, window=new_window, draft_q=new_q)
+    new_state = state._replace(
+        codes=codes, decided=new_decided, length=length + advance, window=new_window, draft_q=new_q
+    )
     return new_state, log
 
 

@@ -95,8 +95,16 @@ class SpeculativeDecoder:
     """
 
     def __init__(
-        self, sampling: SamplingConfig, drafter: Drafter, draft, acceptance: AcceptanceRule, name: str = "speculative",
-        compile: str = "none", backend: str = "inductor", sync_every: int | None = None, guard=None,
+        self,
+        sampling: SamplingConfig,
+        drafter: Drafter,
+        draft,
+        acceptance: AcceptanceRule,
+        name: str = "speculative",
+        compile: str = "none",
+        backend: str = "inductor",
+        sync_every: int | None = None,
+        guard=None,
     ):
         self.sampling = sampling
         self.drafter = drafter
@@ -128,9 +136,16 @@ class SpeculativeDecoder:
             if self.compile != "none":
                 mark_static(target_cache.k, target_cache.v, drafter_cache.k, drafter_cache.v)
             self._contexts[shape] = StepContext(
-                model=model, drafter=self.drafter, target_cache=target_cache, drafter_cache=drafter_cache,
-                sampling=self.sampling, draft=self.draft, rule=self.rule, mode=self.mode,
-                num_tokens=model.config.num_image_tokens, groups=rows // batch,
+                model=model,
+                drafter=self.drafter,
+                target_cache=target_cache,
+                drafter_cache=drafter_cache,
+                sampling=self.sampling,
+                draft=self.draft,
+                rule=self.rule,
+                mode=self.mode,
+                num_tokens=model.config.num_image_tokens,
+                groups=rows // batch,
             )
         return self._contexts[shape]
 
@@ -155,11 +170,17 @@ class SpeculativeDecoder:
         codes = torch.zeros(batch, num_tokens + 2 * depth + 2, dtype=torch.long, device=device)
         codes[:, 0] = next_token(guided_logits(model.head(hidden[:, -1]), sampling, 0), sampling, keys, 0)
         drafter_valid = column_validity(cond_mask[:, 1:], capacity)
-        root_feature = drafter_prefill(model, drafter, ctx.drafter_cache, cond_emb, hidden, codes[:, 0], cond_mask, capacity)
+        root_feature = drafter_prefill(
+            model, drafter, ctx.drafter_cache, cond_emb, hidden, codes[:, 0], cond_mask, capacity
+        )
         state = SpecState(
-            codes=codes, decided=torch.ones(batch, dtype=torch.long, device=device),
-            length=torch.full((batch,), cond_len, dtype=torch.long, device=device), root_feature=root_feature,
-            keys=keys, target_valid=column_validity(cond_mask, capacity), drafter_valid=drafter_valid,
+            codes=codes,
+            decided=torch.ones(batch, dtype=torch.long, device=device),
+            length=torch.full((batch,), cond_len, dtype=torch.long, device=device),
+            root_feature=root_feature,
+            keys=keys,
+            target_valid=column_validity(cond_mask, capacity),
+            drafter_valid=drafter_valid,
         )
         if timer:
             timer.add("prefill", started, time.perf_counter())

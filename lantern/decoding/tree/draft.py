@@ -79,7 +79,9 @@ class Expander(Protocol):
         ...
 
 
-def choose_children(q: torch.Tensor, count: int, mode: str, keys: torch.Tensor, step: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def choose_children(
+    q: torch.Tensor, count: int, mode: str, keys: torch.Tensor, step: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``count`` children per distribution of ``q`` (B, m, V): tokens (B, m, count) and their log q.
 
     Deterministic (and greedy) children are the top ranks; sampled children are an exponential race on
@@ -127,8 +129,16 @@ def finish_draft(tokens, parents, depth, q, draws, slots, max_depth: int, mode: 
     safe_parents = parents.clamp_min(0)  # root points at itself
     for _ in range(max_depth):
         ancestors = ancestors | ancestors.gather(1, safe_parents[:, :, None].expand(-1, -1, count))
-    return Draft(tokens=tokens, parents=parents, depth=depth, candidates=candidates, children=children, q=q,
-                 ancestors=ancestors, max_depth=max_depth)
+    return Draft(
+        tokens=tokens,
+        parents=parents,
+        depth=depth,
+        candidates=candidates,
+        children=children,
+        q=q,
+        ancestors=ancestors,
+        max_depth=max_depth,
+    )
 
 
 def _check_mode(candidates: str) -> str:
@@ -209,7 +219,9 @@ class StaticTree:
         """Settings recorded with results."""
         return {"draft": self.name, "depth": self.depth, "nodes": self.nodes, "candidates": self.candidates}
 
-    def grow(self, expander: Expander, root_token: torch.Tensor, keys: torch.Tensor, step: torch.Tensor, mode: str) -> Draft:
+    def grow(
+        self, expander: Expander, root_token: torch.Tensor, keys: torch.Tensor, step: torch.Tensor, mode: str
+    ) -> Draft:
         """Grow the tree below ``root_token`` (B,); ``mode`` is ``deterministic``, ``sampled`` or ``greedy``."""
         batch, device = root_token.shape[0], root_token.device
         count = self.nodes + 1
@@ -240,7 +252,9 @@ def chain(depth: int, candidates: str = "deterministic") -> StaticTree:
     return tree
 
 
-def prior_tree(depth: int = 5, top_k: int = 10, nodes: int = 58, decay: float = 0.6, candidates: str = "deterministic") -> StaticTree:
+def prior_tree(
+    depth: int = 5, top_k: int = 10, nodes: int = 58, decay: float = 0.6, candidates: str = "deterministic"
+) -> StaticTree:
     """A static tree with the ``nodes`` most likely paths under a rank prior.
 
     The prior accepts the rank-r child with weight ``decay ** r / 2`` and a path with the product
@@ -285,7 +299,9 @@ class DynamicTree:
             raise ConfigError(f"dynamic tree depth={depth} must be <= {MAX_DEPTH}")
         total = top_k + (depth - 1) * top_k * top_k
         if nodes > total:
-            raise ConfigError(f"dynamic tree nodes={nodes} exceeds the {total} candidates of depth {depth} and top_k {top_k}")
+            raise ConfigError(
+                f"dynamic tree nodes={nodes} exceeds the {total} candidates of depth {depth} and top_k {top_k}"
+            )
         self.depth, self.top_k, self.nodes = depth, top_k, nodes
         self.candidates = _check_mode(candidates)
 
@@ -296,9 +312,17 @@ class DynamicTree:
 
     def describe(self) -> dict:
         """Settings recorded with results."""
-        return {"draft": self.name, "depth": self.depth, "top_k": self.top_k, "nodes": self.nodes, "candidates": self.candidates}
+        return {
+            "draft": self.name,
+            "depth": self.depth,
+            "top_k": self.top_k,
+            "nodes": self.nodes,
+            "candidates": self.candidates,
+        }
 
-    def grow(self, expander: Expander, root_token: torch.Tensor, keys: torch.Tensor, step: torch.Tensor, mode: str) -> Draft:
+    def grow(
+        self, expander: Expander, root_token: torch.Tensor, keys: torch.Tensor, step: torch.Tensor, mode: str
+    ) -> Draft:
         """Grow the tree below ``root_token`` (B,); ``mode`` is ``deterministic``, ``sampled`` or ``greedy``."""
         k = self.top_k
         root_q = expander.root_q  # (B, V)
@@ -313,7 +337,9 @@ class DynamicTree:
         fed_q, fed_cands, fed_draws = [], [], []
         offset = k
         for level in range(2, self.depth + 1):
-            new_q = expander.expand(cand_tokens[-1].gather(1, frontier - (offset - cand_tokens[-1].shape[1])), frontier_entries)  # (B, k, V)
+            new_q = expander.expand(
+                cand_tokens[-1].gather(1, frontier - (offset - cand_tokens[-1].shape[1])), frontier_entries
+            )  # (B, k, V)
             entries = 1 + (level - 2) * k + torch.arange(k, device=device)  # entry ids of the nodes just fed
             fed_q.append(new_q)
             fed_cands.append(frontier)
@@ -332,15 +358,20 @@ class DynamicTree:
         tokens_all = torch.cat(cand_tokens, dim=1)  # (B, C)
         scores_all = torch.cat(cand_scores, dim=1)
         parents_all = torch.cat(cand_parents, dim=1)
-        chosen = torch.sort(torch.sort(-scores_all, dim=1, stable=True).indices[:, : self.nodes], dim=1).values  # (B, N)
+        chosen = torch.sort(
+            torch.sort(-scores_all, dim=1, stable=True).indices[:, : self.nodes], dim=1
+        ).values  # (B, N)
         count = chosen.shape[1] + 1
         node_of = torch.zeros(batch, tokens_all.shape[1], dtype=torch.long, device=device)
         node_of.scatter_(1, chosen, torch.arange(1, count, device=device).expand(batch, -1))
         parent_cand = parents_all.gather(1, chosen)  # (B, N), -1 for depth 1
-        parents = torch.where(parent_cand < 0, torch.zeros_like(parent_cand), node_of.gather(1, parent_cand.clamp_min(0)))
-        levels = torch.cat([torch.ones(k, dtype=torch.long, device=device)] + [
-            torch.full((k * k,), d, dtype=torch.long, device=device) for d in range(2, self.depth + 1)
-        ])
+        parents = torch.where(
+            parent_cand < 0, torch.zeros_like(parent_cand), node_of.gather(1, parent_cand.clamp_min(0))
+        )
+        levels = torch.cat(
+            [torch.ones(k, dtype=torch.long, device=device)]
+            + [torch.full((k * k,), d, dtype=torch.long, device=device) for d in range(2, self.depth + 1)]
+        )
         q = torch.zeros(batch, count, vocab, dtype=root_q.dtype, device=device)
         q[:, 0] = root_q
         draws = torch.full((batch, count, k), -1, dtype=torch.long, device=device)  # (B, N+1, k)
@@ -358,10 +389,16 @@ class DynamicTree:
             spill.scatter_(1, target[:, :, None].expand(-1, -1, k), torch.cat(fed_draws, dim=1))
             draws = spill[:, :count]
         root = torch.full((batch, 1), -1, dtype=torch.long, device=device)
-        slots = torch.cat([torch.zeros(batch, 1, dtype=torch.long, device=device), chosen % k], dim=1)  # rank under the parent
+        slots = torch.cat(
+            [torch.zeros(batch, 1, dtype=torch.long, device=device), chosen % k], dim=1
+        )  # rank under the parent
         return finish_draft(
             torch.cat([root_token[:, None], tokens_all.gather(1, chosen)], dim=1),
             torch.cat([root, parents], dim=1),
             torch.cat([torch.zeros(batch, 1, dtype=torch.long, device=device), levels[chosen]], dim=1),
-            q, draws, slots, self.depth, mode,
+            q,
+            draws,
+            slots,
+            self.depth,
+            mode,
         )

@@ -16,16 +16,18 @@ import torch
 from lantern.decoding.batch import repeat_rows, tree_attention_mask
 from lantern.models.drafter import Drafter
 from lantern.models.llamagen.gpt import Transformer, prefix_causal_mask
-from lantern.models.sampling import (
-    SamplingConfig,
-    guided_logits_at,
-    verification_probabilities,
-)
+from lantern.models.sampling import SamplingConfig, guided_logits_at, verification_probabilities
 
 
 def drafter_prefill(
-    model: Transformer, drafter: Drafter, cache, cond_emb: torch.Tensor, hidden: torch.Tensor, first: torch.Tensor,
-    cond_mask: torch.Tensor, capacity: int,
+    model: Transformer,
+    drafter: Drafter,
+    cache,
+    cond_emb: torch.Tensor,
+    hidden: torch.Tensor,
+    first: torch.Tensor,
+    cond_mask: torch.Tensor,
+    capacity: int,
 ) -> torch.Tensor:
     """Feed the condition entries and image token 0; return the root feature (rows, D).
 
@@ -35,15 +37,25 @@ def drafter_prefill(
     rows, cond_len = cond_emb.shape[:2]
     groups = rows // first.shape[0]
     index = torch.arange(cond_len, device=cond_emb.device)
-    embeds = torch.cat([drafter.condition_inputs(model, cond_emb), model.embed_tokens(repeat_rows(first[:, None], groups))], dim=1)
+    embeds = torch.cat(
+        [drafter.condition_inputs(model, cond_emb), model.embed_tokens(repeat_rows(first[:, None], groups))], dim=1
+    )
     mask = torch.zeros(rows, 1, cond_len, capacity, dtype=torch.bool, device=cond_emb.device)
     mask[..., :cond_len] = prefix_causal_mask(cond_mask[:, 1:], cond_len)
-    return drafter(embeds, hidden, index, index.expand(rows, -1), mask, cache)[:, -1].contiguous()  # (rows, D) as a step returns it
+    return drafter(embeds, hidden, index, index.expand(rows, -1), mask, cache)[
+        :, -1
+    ].contiguous()  # (rows, D) as a step returns it
 
 
 def drafter_consume(
-    model: Transformer, drafter: Drafter, cache, tokens: torch.Tensor, features: torch.Tensor, base: torch.Tensor,
-    valid: torch.Tensor, chain: torch.Tensor,
+    model: Transformer,
+    drafter: Drafter,
+    cache,
+    tokens: torch.Tensor,
+    features: torch.Tensor,
+    base: torch.Tensor,
+    valid: torch.Tensor,
+    chain: torch.Tensor,
 ) -> torch.Tensor:
     """Feed an accepted path to the drafter with its true target features; return its outputs (rows, S, D).
 
@@ -54,8 +66,12 @@ def drafter_consume(
     entries = base[:, None] + torch.arange(tokens.shape[1], device=tokens.device)  # (B, S)
     mask = tree_attention_mask(valid, base, chain)
     return drafter(
-        model.embed_tokens(repeat_rows(tokens, groups)), features, repeat_rows(entries, groups), repeat_rows(entries, groups),
-        repeat_rows(mask, groups), cache,
+        model.embed_tokens(repeat_rows(tokens, groups)),
+        features,
+        repeat_rows(entries, groups),
+        repeat_rows(entries, groups),
+        repeat_rows(mask, groups),
+        cache,
     )
 
 
@@ -69,8 +85,16 @@ class DraftSession:
     """
 
     def __init__(
-        self, model: Transformer, drafter: Drafter, cache, sampling: SamplingConfig, root_feature: torch.Tensor,
-        base: torch.Tensor, decided: torch.Tensor, valid: torch.Tensor, max_entries: int,
+        self,
+        model: Transformer,
+        drafter: Drafter,
+        cache,
+        sampling: SamplingConfig,
+        root_feature: torch.Tensor,
+        base: torch.Tensor,
+        decided: torch.Tensor,
+        valid: torch.Tensor,
+        max_entries: int,
     ):
         self.model, self.drafter, self.cache, self.sampling = model, drafter, cache, sampling
         self.base, self.decided = base, decided
@@ -101,13 +125,21 @@ class DraftSession:
         mask = tree_attention_mask(self.valid, self.base, self.ancestors[:, start:stop], offset=1)  # (B, 1, n, W)
         slots = self.base[:, None] + torch.arange(start - 1, stop - 1, device=tokens.device)  # (B, n)
         positions = self.base[:, None] - 1 + depth  # drafter entry index of each node
-        parent_features = self.features.gather(1, repeat_rows(parents, self.groups)[:, :, None].expand(-1, -1, self.features.shape[-1]))
+        parent_features = self.features.gather(
+            1, repeat_rows(parents, self.groups)[:, :, None].expand(-1, -1, self.features.shape[-1])
+        )
         out = self.drafter(
-            self.model.embed_tokens(repeat_rows(tokens, self.groups)), parent_features, repeat_rows(positions, self.groups),
-            repeat_rows(slots, self.groups), repeat_rows(mask, self.groups), self.cache,
+            self.model.embed_tokens(repeat_rows(tokens, self.groups)),
+            parent_features,
+            repeat_rows(positions, self.groups),
+            repeat_rows(slots, self.groups),
+            repeat_rows(mask, self.groups),
+            self.cache,
         )  # (rows, n, D)
         self.features[:, start:stop] = out
         self.count = stop
         self.forwards += 1
         logits = self.model.head(out)  # (rows, n, V)
-        return verification_probabilities(guided_logits_at(logits, self.sampling, self.decided[:, None] + depth), self.sampling)
+        return verification_probabilities(
+            guided_logits_at(logits, self.sampling, self.decided[:, None] + depth), self.sampling
+        )

@@ -24,11 +24,7 @@ from lantern.decoding.tree.session import DraftSession, drafter_consume
 from lantern.decoding.tree.verify import Walk, walk_tree
 from lantern.models.drafter import Drafter
 from lantern.models.llamagen.gpt import Transformer
-from lantern.models.sampling import (
-    SamplingConfig,
-    guided_logits_at,
-    verification_probabilities,
-)
+from lantern.models.sampling import SamplingConfig, guided_logits_at, verification_probabilities
 from lantern.rules.exact import AcceptanceRule
 
 
@@ -80,8 +76,15 @@ def draft_phase(ctx: StepContext, state: SpecState) -> tuple[Draft, torch.Tensor
     """Grow the draft below each row's pending token; returns the draft and the root tokens (B,)."""
     root = state.codes.gather(1, (state.decided - 1)[:, None])[:, 0]
     session = DraftSession(
-        ctx.model, ctx.drafter, ctx.drafter_cache, ctx.sampling, state.root_feature, state.length, state.decided,
-        state.drafter_valid, ctx.draft.nodes + 1,
+        ctx.model,
+        ctx.drafter,
+        ctx.drafter_cache,
+        ctx.sampling,
+        state.root_feature,
+        state.length,
+        state.decided,
+        state.drafter_valid,
+        ctx.draft.nodes + 1,
     )
     return ctx.draft.grow(session, root, state.keys, state.decided, ctx.mode), root
 
@@ -90,14 +93,21 @@ def verify_phase(ctx: StepContext, state: SpecState, draft: Draft) -> tuple[torc
     """One target forward over ``[root, nodes]`` at slots ``L .. L+N``; returns p (B, N+1, V) and hidden (rows, N+1, D)."""
     model, groups = ctx.model, ctx.groups
     count = draft.num_nodes
-    mask = tree_attention_mask(state.target_valid[: state.length.shape[0]], state.length, draft.ancestors)  # (B, 1, N+1, W)
+    mask = tree_attention_mask(
+        state.target_valid[: state.length.shape[0]], state.length, draft.ancestors
+    )  # (B, 1, N+1, W)
     slots = state.length[:, None] + torch.arange(count, device=state.length.device)  # (B, N+1)
     positions = (state.length[:, None] + draft.depth).clamp_max(model.config.max_seq_len - 1)
     logits, hidden = model.forward_tokens(
-        repeat_rows(draft.tokens, groups), repeat_rows(positions, groups), repeat_rows(slots, groups),
-        repeat_rows(mask, groups), ctx.target_cache,
+        repeat_rows(draft.tokens, groups),
+        repeat_rows(positions, groups),
+        repeat_rows(slots, groups),
+        repeat_rows(mask, groups),
+        ctx.target_cache,
     )  # (rows, N+1, V), (rows, N+1, D)
-    p = verification_probabilities(guided_logits_at(logits, ctx.sampling, state.decided[:, None] + draft.depth), ctx.sampling)
+    p = verification_probabilities(
+        guided_logits_at(logits, ctx.sampling, state.decided[:, None] + draft.depth), ctx.sampling
+    )
     return p, hidden
 
 
@@ -107,7 +117,7 @@ def walk_phase(ctx: StepContext, state: SpecState, draft: Draft, p: torch.Tensor
 
 
 def advance_phase(
-    ctx: StepContext, state: SpecState, draft: Draft, root: torch.Tensor, walk: Walk, hidden: torch.Tensor,
+    ctx: StepContext, state: SpecState, draft: Draft, root: torch.Tensor, walk: Walk, hidden: torch.Tensor
 ) -> tuple[SpecState, StepLog]:
     """Write the accepted tokens, move their target cache entries into place, let the drafter consume them."""
     groups, depth = ctx.groups, draft.max_depth
@@ -124,15 +134,23 @@ def advance_phase(
     new_tokens = torch.cat([draft.tokens.gather(1, walk.path.clamp_min(0)), root[:, None]], dim=1)
     new_tokens.scatter_(1, accepted[:, None], walk.next_token[:, None])  # (B, D+1): path, then the drawn token
     codes = state.codes.scatter(1, decided[:, None] + span[None, :], new_tokens)
-    ctx.target_cache.move(repeat_rows(length[:, None] + source, groups), repeat_rows(length[:, None] + span[None, :], groups))
+    ctx.target_cache.move(
+        repeat_rows(length[:, None] + source, groups), repeat_rows(length[:, None] + span[None, :], groups)
+    )
 
-    features = hidden.gather(1, repeat_rows(source, groups)[:, :, None].expand(-1, -1, hidden.shape[-1]))  # (rows, D+1, D)
+    features = hidden.gather(
+        1, repeat_rows(source, groups)[:, :, None].expand(-1, -1, hidden.shape[-1])
+    )  # (rows, D+1, D)
     chain = torch.ones(depth + 1, depth + 1, dtype=torch.bool, device=device).tril().expand(batch, -1, -1)
-    out = drafter_consume(ctx.model, ctx.drafter, ctx.drafter_cache, new_tokens, features, length, state.drafter_valid[:batch], chain)
+    out = drafter_consume(
+        ctx.model, ctx.drafter, ctx.drafter_cache, new_tokens, features, length, state.drafter_valid[:batch], chain
+    )
     root_feature = out.gather(1, repeat_rows(accepted, groups)[:, None, None].expand(-1, 1, out.shape[-1]))[:, 0]
 
     log = StepLog(torch.where(active, accepted, -1), walk.tv, walk.merged)
-    new_state = state._replace(codes=codes, decided=decided + advance, length=length + advance, root_feature=root_feature)
+    new_state = state._replace(
+        codes=codes, decided=decided + advance, length=length + advance, root_feature=root_feature
+    )
     return new_state, log
 
 

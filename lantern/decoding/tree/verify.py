@@ -42,7 +42,12 @@ class Walk:
 
 
 def walk_tree(
-    draft: Draft, p: torch.Tensor, rule: AcceptanceRule, sampling: SamplingConfig, keys: torch.Tensor, step: torch.Tensor,
+    draft: Draft,
+    p: torch.Tensor,
+    rule: AcceptanceRule,
+    sampling: SamplingConfig,
+    keys: torch.Tensor,
+    step: torch.Tensor,
     audit: bool = True,
 ) -> Walk:
     """Verify ``draft`` against the target distributions ``p`` (B, N+1, V) at every node.
@@ -73,8 +78,14 @@ def walk_tree(
         tokens = draft.candidates[rows, current]  # (B, K)
         valid = alive[:, None] & (tokens >= 0)
         outcome = rule.level(
-            p[rows, current], tokens, valid, draft.q[rows, current], uniforms[:, level * siblings : (level + 1) * siblings],
-            None if races is None else races[:, level], sampling, audit,
+            p[rows, current],
+            tokens,
+            valid,
+            draft.q[rows, current],
+            uniforms[:, level * siblings : (level + 1) * siblings],
+            None if races is None else races[:, level],
+            sampling,
+            audit,
         )
         got = outcome.chosen >= 0
         slot = outcome.chosen.clamp_min(0)[:, None]

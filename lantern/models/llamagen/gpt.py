@@ -77,7 +77,11 @@ GPT_PRESETS: dict[str, tuple[int, int, int]] = {
     "GPT-XXL": (48, 24, 1536),
     "GPT-3B": (24, 32, 3200),
     "GPT-tiny": (8, 6, 384),
-    "GPT-deep": (24, 4, 128),  # the world's target: LlamaGen's depth at a CPU's width (draft step ~1/24 of a target step)
+    "GPT-deep": (
+        24,
+        4,
+        128,
+    ),  # the world's target: LlamaGen's depth at a CPU's width (draft step ~1/24 of a target step)
     "GPT-mini": (6, 6, 192),
     "GPT-nano": (2, 2, 64),
 }
@@ -99,7 +103,11 @@ def gpt_config(preset: str, model_type: str, image_size: int, downsample: int = 
         )
     n_layer, n_head, dim = GPT_PRESETS[preset]
     base = GPTConfig(
-        n_layer=n_layer, n_head=n_head, dim=dim, model_type=model_type, grid_size=image_size // downsample,
+        n_layer=n_layer,
+        n_head=n_head,
+        dim=dim,
+        model_type=model_type,
+        grid_size=image_size // downsample,
         cls_token_num=120 if model_type == "t2i" else 1,
     )
     return replace(base, **overrides)
@@ -309,7 +317,7 @@ class Transformer(nn.Module):
 
         The last condition position predicts token 0; see :meth:`teacher_hidden`.
         """
-        return self.teacher_hidden(cond_emb, tokens, cond_mask)[:, cond_emb.shape[1] - 1:]
+        return self.teacher_hidden(cond_emb, tokens, cond_mask)[:, cond_emb.shape[1] - 1 :]
 
 
 def prefix_causal_mask(cond_mask: torch.Tensor, length: int) -> torch.Tensor:

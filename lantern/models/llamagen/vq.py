@@ -72,19 +72,34 @@ VQ_PRESETS: dict[str, VQConfig] = {
     "VQ-8": VQConfig(ch_mult=(1, 2, 2, 4)),
     # Tiny tokenizers for synthetic worlds trained on CPU: 32x32 -> 4x4 codes, 64x64 -> 8x8 codes.
     "VQ-tiny": VQConfig(
-        codebook_size=2048, codebook_embed_dim=8, ch=32, ch_mult=(1, 1, 2, 2), z_channels=32,
-        num_res_blocks=1, norm_groups=8,
+        codebook_size=2048,
+        codebook_embed_dim=8,
+        ch=32,
+        ch_mult=(1, 1, 2, 2),
+        z_channels=32,
+        num_res_blocks=1,
+        norm_groups=8,
     ),
     # Same widths with the official downsampling factor: 64x64 -> 4x4 codes.
     "VQ-tiny16": VQConfig(
-        codebook_size=2048, codebook_embed_dim=8, ch=32, ch_mult=(1, 1, 2, 2, 4), z_channels=32,
-        num_res_blocks=1, norm_groups=8,
+        codebook_size=2048,
+        codebook_embed_dim=8,
+        ch=32,
+        ch_mult=(1, 1, 2, 2, 4),
+        z_channels=32,
+        num_res_blocks=1,
+        norm_groups=8,
     ),
     # The embedded Fashion-MNIST world's tokenizer: downsample 4, 32x32 -> 8x8 codes; ~1.05M parameters
     # (~2.1 MB in fp16), trained by scripts/train_vq.py.
     "VQ-fashion": VQConfig(
-        codebook_size=2048, codebook_embed_dim=8, ch=32, ch_mult=(1, 2, 2), z_channels=32,
-        num_res_blocks=1, norm_groups=8,
+        codebook_size=2048,
+        codebook_embed_dim=8,
+        ch=32,
+        ch_mult=(1, 2, 2),
+        z_channels=32,
+        num_res_blocks=1,
+        norm_groups=8,
     ),
 }
 
@@ -340,10 +355,7 @@ class VQModel(nn.Module):
             z = F.normalize(z, p=2, dim=1)  # unit vectors along the embedding dim
         codes = self.quantize.nearest(z)  # (B, h, w)
         e = F.embedding(codes, self.quantize.codebook()).permute(0, 3, 1, 2).to(z.dtype)  # (B, D, h, w)
-        losses = {
-            "codebook": F.mse_loss(e, z.detach()),
-            "commitment": beta * F.mse_loss(z, e.detach()),
-        }
+        losses = {"codebook": F.mse_loss(e, z.detach()), "commitment": beta * F.mse_loss(z, e.detach())}
         if self.training:
             self.quantize.record_usage(codes)
         z_q = z + (e - z).detach()  # forward value e, gradient flows to z

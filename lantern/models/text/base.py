@@ -38,8 +38,7 @@ class TextEmbedding:
             )
         if tuple(self.states.shape[:2]) != tuple(self.mask.shape):
             raise ValueError(
-                f"TextEmbedding states {tuple(self.states.shape)} and mask {tuple(self.mask.shape)} "
-                "disagree on (B, L)"
+                f"TextEmbedding states {tuple(self.states.shape)} and mask {tuple(self.mask.shape)} disagree on (B, L)"
             )
         if self.mask.dtype != torch.bool:
             raise ValueError(f"TextEmbedding mask must be torch.bool, got {self.mask.dtype}")
@@ -114,7 +113,9 @@ class HFTextEncoder(TextEncoder):
     through :func:`left_pad`. The tokenizer's ``padding_side`` is set to ``"right"``.
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer, max_length: int, dim: int, preprocessing: str = "none") -> None:
+    def __init__(
+        self, model: torch.nn.Module, tokenizer, max_length: int, dim: int, preprocessing: str = "none"
+    ) -> None:
         from lantern.models.text.captions import check_mode
 
         self.model = model.eval()
@@ -195,7 +196,9 @@ def read_model_config(path: str | os.PathLike, expected: str) -> dict:
         with open(config_file, encoding="utf-8") as handle:
             config = json.load(handle)
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"text encoder config {config_file!r} is not readable JSON ({exc}); expected {expected}") from exc
+        raise ConfigError(
+            f"text encoder config {config_file!r} is not readable JSON ({exc}); expected {expected}"
+        ) from exc
     if not isinstance(config, dict):
         raise ConfigError(f"text encoder config {config_file!r} is not a JSON object; expected {expected}")
     return config
@@ -223,5 +226,7 @@ def load_hf_encoder(model_class, path: str, dtype: torch.dtype, expected: str, l
         model = model_class.from_pretrained(path, local_files_only=True, **dtype_kwargs(dtype))
     except Exception as exc:  # noqa: BLE001 - any load failure means the folder is not a usable encoder
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"cannot load a {label} encoder from {path!r} ({reason[:200]}); expected {expected}") from exc
+        raise CheckpointError(
+            f"cannot load a {label} encoder from {path!r} ({reason[:200]}); expected {expected}"
+        ) from exc
     return model, tokenizer

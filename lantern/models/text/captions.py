@@ -44,8 +44,11 @@ _AFTER_MARKUP = (
     _sub(r"@[\w\d]+\b", ""),  # @handles
     _sub(r"[\u31c0-\u9fff]+", ""),  # CJK strokes, kana extensions, enclosed letters, compatibility, ideographs
     # Every kind of dash becomes "-".
-    _sub(r"[\u002D\u058A\u05BE\u1400\u1806\u2010-\u2015\u2E17\u2E1A\u2E3A\u2E3B\u2E40\u301C\u3030\u30A0"
-         r"\uFE31\uFE32\uFE58\uFE63\uFF0D]+", "-"),
+    _sub(
+        r"[\u002D\u058A\u05BE\u1400\u1806\u2010-\u2015\u2E17\u2E1A\u2E3A\u2E3B\u2E40\u301C\u3030\u30A0"
+        r"\uFE31\uFE32\uFE58\uFE63\uFF0D]+",
+        "-",
+    ),
     _sub("[`\u00b4\u00ab\u00bb\u201c\u201d\u00a8]", '"'),  # double-quote look-alikes
     _sub("[\u2018\u2019]", "'"),  # single curly quotes
     _sub(r"&quot;?", ""),
@@ -59,7 +62,9 @@ _AFTER_MARKUP = (
     _sub(rf"[\S]+\.(?:{_EXTENSIONS})", ""),  # file names
     _sub(r"[\"']{2,}", '"'),
     _sub(r"[\.]{2,}", " "),
-    _sub("[#\u00ae\u2022\u00a9\u2122&@\u00b7\u00ba\u00bd\u00be\u00bf\u00a1\u00a7~\\)\\(\\]\\[\\}\\{\\|\\\\/\\*]{1,}", " "),
+    _sub(
+        "[#\u00ae\u2022\u00a9\u2122&@\u00b7\u00ba\u00bd\u00be\u00bf\u00a1\u00a7~\\)\\(\\]\\[\\}\\{\\|\\\\/\\*]{1,}", " "
+    ),
     _sub(r"\s+\.\s+", " "),
 )
 _SEPARATORS = re.compile(r"(?:\-|\_)")
@@ -116,8 +121,10 @@ def clean_once(caption: str) -> str:
 def check_mode(mode: str) -> str:
     """``mode`` if it is one of :data:`MODES`, else ConfigError."""
     if mode not in MODES:
-        raise ConfigError(f"model.text_preprocessing={mode!r} must be one of {', '.join(MODES)} "
-                          "(clean: LlamaGen's default caption cleaning)")
+        raise ConfigError(
+            f"model.text_preprocessing={mode!r} must be one of {', '.join(MODES)} "
+            "(clean: LlamaGen's default caption cleaning)"
+        )
     return mode
 
 

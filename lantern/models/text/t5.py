@@ -13,17 +13,9 @@ import os
 import torch
 
 from lantern.errors import ConfigError
-from lantern.models.text.base import (
-    HFTextEncoder,
-    check_max_length,
-    load_hf_encoder,
-    read_model_config,
-)
+from lantern.models.text.base import HFTextEncoder, check_max_length, load_hf_encoder, read_model_config
 
-T5_EXPECTED = (
-    "a local folder with a FLAN-T5 encoder and tokenizer "
-    "(e.g. google/flan-t5-xl saved with save_pretrained)"
-)
+T5_EXPECTED = "a local folder with a FLAN-T5 encoder and tokenizer (e.g. google/flan-t5-xl saved with save_pretrained)"
 
 _DTYPES = {
     "float32": torch.float32,

@@ -73,18 +73,7 @@ _PHRASES: tuple[str, ...] = (
 
 # Which way the item is photographed in the dataset: footwear from the side, the rest from
 # the front.
-_VIEWS: tuple[str, ...] = (
-    "front",
-    "front",
-    "front",
-    "front",
-    "front",
-    "side",
-    "front",
-    "side",
-    "front",
-    "side",
-)
+_VIEWS: tuple[str, ...] = ("front", "front", "front", "front", "front", "side", "front", "side", "front", "side")
 
 _TEMPLATES: tuple[str, ...] = (
     "a photo of {phrase}",
@@ -103,14 +92,7 @@ _BACKGROUND = -1.0
 _MAX_PADDED = 36
 
 # IDX type codes (third magic byte) -> big-endian numpy dtype.
-_IDX_DTYPES: dict[int, str] = {
-    0x08: ">u1",
-    0x09: ">i1",
-    0x0B: ">i2",
-    0x0C: ">i4",
-    0x0D: ">f4",
-    0x0E: ">f8",
-}
+_IDX_DTYPES: dict[int, str] = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
 _FILE_PREFIX = {"train": "train", "test": "t10k"}
 
@@ -125,9 +107,7 @@ def _check_label(label: int) -> int:
 def all_captions(label: int) -> list[str]:
     """Return every caption template of class ``label`` filled in, in template order."""
     label = _check_label(label)
-    return [
-        t.format(phrase=_PHRASES[label], view=_VIEWS[label]) for t in _TEMPLATES
-    ]
+    return [t.format(phrase=_PHRASES[label], view=_VIEWS[label]) for t in _TEMPLATES]
 
 
 def caption_for(label: int, index: int) -> str:
@@ -200,8 +180,7 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if len(raw) - header != expected:
         raise ConfigError(
-            f"{str(path)!r} is a corrupt IDX file: shape {shape} needs {expected} data bytes, "
-            f"found {len(raw) - header}"
+            f"{str(path)!r} is a corrupt IDX file: shape {shape} needs {expected} data bytes, found {len(raw) - header}"
         )
     data = np.frombuffer(raw, dtype=dtype, offset=header).reshape(shape)
     return data.astype(dtype.newbyteorder("="))
@@ -214,9 +193,7 @@ def _find_split_file(root: Path, name: str) -> Path | None:
     return None
 
 
-def load_split(
-    root: str | os.PathLike | None, split: str
-) -> tuple[np.ndarray, np.ndarray]:
+def load_split(root: str | os.PathLike | None, split: str) -> tuple[np.ndarray, np.ndarray]:
     """Load a Fashion-MNIST split from the IDX files in ``root`` (None: the shipped folder).
 
     Returns ``(images, labels)``: uint8 ``(N, 28, 28)`` and int64 ``(N,)``. Files may be
@@ -246,8 +223,7 @@ def load_split(
 def _check_arrays(images: np.ndarray, labels: np.ndarray, where: str) -> None:
     if images.ndim != 3 or images.shape[1:] != (IMAGE_SIZE, IMAGE_SIZE) or images.dtype != np.uint8:
         raise ConfigError(
-            f"Fashion-MNIST images in {where} must be uint8 (N, 28, 28), "
-            f"got {images.dtype} {tuple(images.shape)}"
+            f"Fashion-MNIST images in {where} must be uint8 (N, 28, 28), got {images.dtype} {tuple(images.shape)}"
         )
     if labels.ndim != 1 or len(labels) != len(images):
         raise ConfigError(
@@ -287,9 +263,7 @@ class FashionMNISTImages(Dataset):
         self.resolution = resolution
 
     @classmethod
-    def from_folder(
-        cls, root: str | os.PathLike | None, split: str, resolution: int = 32
-    ) -> FashionMNISTImages:
+    def from_folder(cls, root: str | os.PathLike | None, split: str, resolution: int = 32) -> FashionMNISTImages:
         """Load ``split`` from the IDX files in ``root`` (None: the shipped folder)."""
         images, labels = load_split(root, split)
         return cls(images, labels, resolution)

@@ -40,12 +40,16 @@ def world_member(folder: Path, name) -> Path:
     (a manifest must not make the loader hash, or point at, files elsewhere)."""
     root = folder.resolve()
     if not isinstance(name, str) or not name or Path(name).is_absolute():
-        raise CheckpointError(f"world manifest {str(folder / MANIFEST_NAME)!r} names {name!r}: "
-                              "only relative paths inside the world folder are allowed")
+        raise CheckpointError(
+            f"world manifest {str(folder / MANIFEST_NAME)!r} names {name!r}: "
+            "only relative paths inside the world folder are allowed"
+        )
     path = (folder / name).resolve()
     if not path.is_relative_to(root):
-        raise CheckpointError(f"world manifest {str(folder / MANIFEST_NAME)!r} names {name!r}, which is outside "
-                              f"the world folder {str(folder)!r}; only files inside it are allowed")
+        raise CheckpointError(
+            f"world manifest {str(folder / MANIFEST_NAME)!r} names {name!r}, which is outside "
+            f"the world folder {str(folder)!r}; only files inside it are allowed"
+        )
     return folder / name
 
 
@@ -54,8 +58,12 @@ def restore_hint(path: Path) -> str:
     absolute = path.resolve()
     if absolute.is_relative_to(REPO_ROOT.resolve()):
         relative = absolute.relative_to(REPO_ROOT.resolve())
-        tracked = subprocess.run(["git", "ls-files", "--error-unmatch", str(relative)], cwd=REPO_ROOT,
-                                 capture_output=True, timeout=30).returncode == 0
+        tracked = (
+            subprocess.run(
+                ["git", "ls-files", "--error-unmatch", str(relative)], cwd=REPO_ROOT, capture_output=True, timeout=30
+            ).returncode
+            == 0
+        )
         if tracked:
             return f"restore it with `git checkout -- {relative}`"
     return "restore it from where the world folder came from"
@@ -71,10 +79,14 @@ def verify_world(folder: str | Path) -> dict:
     for name, entry in manifest["files"].items():
         path = world_member(folder, name)
         if not isinstance(entry, dict):
-            raise CheckpointError(f"world manifest {str(folder / MANIFEST_NAME)!r}: the entry of {name!r} is not a table")
+            raise CheckpointError(
+                f"world manifest {str(folder / MANIFEST_NAME)!r}: the entry of {name!r} is not a table"
+            )
         if not path.is_file():
-            raise CheckpointError(f"world file {str(path)!r} is missing; {restore_hint(path)} "
-                                  f"or rebuild it with `{entry.get('command', '?')}`")
+            raise CheckpointError(
+                f"world file {str(path)!r} is missing; {restore_hint(path)} "
+                f"or rebuild it with `{entry.get('command', '?')}`"
+            )
         actual = sha256_file(path)
         if actual != entry.get("sha256"):
             raise CheckpointError(
@@ -90,8 +102,15 @@ def world_file(folder: str | None, name: str) -> str:
 
 
 def load_world(
-    name: str, gpt: Mapping, vq: Mapping, conditioner: Callable, folder: str | None = None,
-    gpt_file: str = "gpt.safetensors", vq_file: str = "vq.safetensors", device: str = "cpu", dtype: str = "float32",
+    name: str,
+    gpt: Mapping,
+    vq: Mapping,
+    conditioner: Callable,
+    folder: str | None = None,
+    gpt_file: str = "gpt.safetensors",
+    vq_file: str = "vq.safetensors",
+    device: str = "cpu",
+    dtype: str = "float32",
 ) -> ModelBundle:
     """Verify a shipped world's manifest, then load its GPT and VQ strictly (see :func:`load_bundle`)."""
     folder = Path(folder) if folder else DEFAULT_WORLD
