@@ -125,7 +125,7 @@ def bench_setting(name: str, base: list[str], rows, args) -> list[dict]:
             "speedup_per_tau": ar_latency / latency / tau,
             "speedup_runs": [a / statistics.mean(t[j] for t in times[label]) for j, a in enumerate(ar_runs)],
             "times_s": times[label],  # (image, run)
-            "describe": decoder.describe(),
+            "describe": decoder.settings.record(),
         }
         if "tv_measured" in results[label][0].per_sample:  # speculative modes (AR rows, compiled or not, have none)
             stats = {k: sum(r.stats[k] for r in results[label]) for k in results[label][0].stats}

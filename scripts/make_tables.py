@@ -18,7 +18,8 @@ from pathlib import Path
 
 from lantern.cli.main import run_or_exit
 from lantern.errors import ConfigError
-from lantern.results.tables import failed_jobs, load_records, table_rows, to_markdown, write_tables
+from lantern.results.render import to_markdown, write_tables
+from lantern.results.tables import build_table, failed_jobs, load_records
 
 
 def main() -> None:
@@ -47,7 +48,7 @@ def main() -> None:
         records = load_records(args.runs)  # every record validated before anything is written
         latency = load_records(args.latency) if args.latency else None
         paths = write_tables(records, out, args.stem, failed=failed_jobs(args.runs), latency=latency)
-        print(to_markdown(table_rows(records, latency), failed_jobs(args.runs), out))
+        print(to_markdown(build_table(records, latency), failed_jobs(args.runs), out))
         return paths
 
     paths = run_or_exit(make)

@@ -32,6 +32,7 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from lantern import checks
 from lantern.cli.main import run_or_exit
 from lantern.errors import ConfigError
 from lantern.files import sha256_file, write_json_atomic
@@ -100,8 +101,7 @@ def image_data(cfg: DictConfig, bundle, train: FashionMNISTImages, vq_hash: str,
 def train_drafter(cfg: DictConfig) -> dict:
     """Build the data, train (or resume) the drafter, export it, evaluate the export and write the report."""
     started = time.perf_counter()
-    if cfg.data not in DATA_KINDS:
-        raise ConfigError(f"data={cfg.data!r} must be one of {', '.join(DATA_KINDS)}")
+    checks.choice("data", cfg.data, DATA_KINDS)
     if int(cfg.eval_images) < 1:
         raise ConfigError(f"eval_images={cfg.eval_images!r} must be >= 1")
     if cfg.data == "self" and int(cfg.num_samples) < int(cfg.batch_size):

@@ -122,8 +122,17 @@ def test_check_table_rejects_other_codebook():
     with pytest.raises(ConfigError, match="another codebook"):
         check_table(neighbour_table(_codebook(v=16), 5), cb)
     with pytest.raises(ConfigError, match="24"):
-        lantern(3, 0.1, neighbour_table(cb, 5)).verify(
-            _dists(v=16), torch.zeros(64, dtype=torch.long), None, torch.rand(64)
+        p = _dists(v=16)
+        tokens = torch.zeros(64, 1, dtype=torch.long)
+        lantern(3, 0.1, neighbour_table(cb, 5)).build("deterministic").node(
+            p,
+            tokens,
+            torch.ones_like(tokens, dtype=torch.bool),
+            p,
+            torch.rand(64, 1),
+            torch.ones_like(p),
+            SamplingConfig(),
+            True,
         )
 
 
@@ -412,15 +421,15 @@ def test_reference_rejection_zeroes_k_plus_one_neighbours_only_after_a_merge():
     sampling = SamplingConfig()
     # x = 2, k = 2, delta = 0.25: neighbour 3 (0.20) merges, 4 would make 0.35; p~ = 0.30.
     # Rejected: x and the k+1 = 3 nearest (3, 4, 5) are zeroed: [0.05, 0.30, 0, 0, 0, 0, 0.08] / 0.43.
-    rule = lantern(2, 0.25, table, semantics="reference")
-    out = rule.level(p, torch.tensor([[2]]), torch.ones(1, 1, dtype=torch.bool), p, None, noise, sampling)
+    rule = lantern(2, 0.25, table, semantics="reference").build("deterministic")
+    out = rule.node(p, torch.tensor([[2]]), torch.ones(1, 1, dtype=torch.bool), p, None, noise, sampling)
     residual = torch.tensor([0.05, 0.30, 0, 0, 0, 0, 0.08], dtype=torch.float64) / 0.43
     assert torch.allclose(out.target[0], residual)
     law = 0.30 * torch.eye(7, dtype=torch.float64)[2] + 0.70 * residual
     assert float(out.tv[0]) == pytest.approx(float(_tv(law, p[0])))
     # delta = 0.1: nothing merges, only x is zeroed.
-    rule = lantern(2, 0.1, table, semantics="reference")
-    out = rule.level(p, torch.tensor([[2]]), torch.ones(1, 1, dtype=torch.bool), p, None, noise, sampling)
+    rule = lantern(2, 0.1, table, semantics="reference").build("deterministic")
+    out = rule.node(p, torch.tensor([[2]]), torch.ones(1, 1, dtype=torch.bool), p, None, noise, sampling)
     assert torch.allclose(out.target[0], p[0].index_fill(0, torch.tensor([2]), 0.0) / 0.90)
     assert float(out.tv[0]) == pytest.approx(0.0, abs=1e-12)
 
@@ -445,11 +454,11 @@ def test_reference_greedy_takes_the_longest_accepted_path():
     p[0, 1] = torch.tensor([0.2, 0.1, 0.1, 0.1, 0.1, 0.3, 0.1])  # below node 1 (never reached)
     p[0, 2] = torch.tensor([0.1, 0.1, 0.1, 0.1, 0.4, 0.1, 0.1])  # below node 2: argmax 4 = node 4's token
     p[0, 4] = torch.tensor([0.1, 0.6, 0.1, 0.05, 0.05, 0.05, 0.05])  # below node 4: argmax 1
-    rule = lantern(1, 0.2, table, semantics="reference").for_candidates("greedy")
-    path, next_token, tv, merged = rule.select_path(draft, p)
+    rule = lantern(1, 0.2, table, semantics="reference").build("greedy")
+    path, next_token, tv, merged = rule.walk(draft, p)
     assert path.tolist() == [[2, 4]] and int(next_token) == 1
     assert merged[0].tolist() == pytest.approx([0.20, 0.10])  # the prefixes merged at nodes 2 and 4 (neighbours 4, 5)
-    assert not lantern(1, 0.2, table).for_candidates("greedy").longest_path  # bounded: the first-sibling walk
+    assert lantern(1, 0.2, table).build("greedy").walk is None  # bounded: the first-sibling walk
 
 
 # ----------------------------------------------------------------------------- validation
@@ -474,7 +483,7 @@ def test_bad_parameters_raise_config_error():
         with pytest.raises(ConfigError, match=f"tv_audit_every={every}"):
             lantern(4, 0.1, table, tv_audit_every=every)
     with pytest.raises(ConfigError, match="candidates='tree'"):
-        lantern_pp(4, 2.0, table, candidates="tree")
+        lantern_pp(4, 2.0, table).build("tree")
     with pytest.raises(ConfigError, match="integer table"):
         lantern(4, 0.1, table.float())
     with pytest.raises(ConfigError, match="k\\+1=9 neighbours"):

@@ -90,7 +90,7 @@ def test_the_other_modes():
     assert preprocess("  A RED Cat  ", "lower") == "a red cat"  # LlamaGen's use_text_preprocessing=False
     assert preprocess("  A RED Cat  ", "none") == "  A RED Cat  "
     assert MODES == ("clean", "lower", "none")
-    with pytest.raises(ConfigError, match=r"^model\.text_preprocessing='upper' must be one of clean, lower, none"):
+    with pytest.raises(ConfigError, match=r"^model\.text_preprocessing='upper': expected one of clean, lower, none"):
         preprocess("x", "upper")
 
 

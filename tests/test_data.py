@@ -170,5 +170,5 @@ def test_missing_train_split_gives_helpful_error(tmp_path):
 
 
 def test_bad_split_name():
-    with pytest.raises(ConfigError, match="split must be one of"):
+    with pytest.raises(ConfigError, match="split=.validation.: expected one of train, test"):
         load_split(default_data_root(), "validation")

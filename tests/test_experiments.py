@@ -268,5 +268,5 @@ def test_every_paper_table_mode_composes_and_builds_its_decoder():
         with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):
             cfg = compose("config", overrides=["+experiment=paper_table", f"+experiment/mode={mode}"])
         decoder = instantiate(cfg.decoding)
-        names.add((decoder.name, str(sorted(decoder.describe().items()))))
+        names.add((decoder.name, str(sorted(decoder.settings.record().items()))))
     assert len(names) == len(modes), "two modes build the same decoder"

@@ -45,7 +45,7 @@ def test_ffn_hidden_rule():
 
 
 def test_bad_configs_raise_one_clear_error():
-    with pytest.raises(ConfigError, match="unknown GPT preset 'GPT-Q'.*GPT-B"):
+    with pytest.raises(ConfigError, match="GPT preset='GPT-Q': expected one of GPT-B"):
         gpt_config("GPT-Q", "c2i", 256)
     with pytest.raises(ConfigError, match="model_type.*'i2i'"):
         gpt_config("GPT-B", "i2i", 256)

@@ -29,12 +29,12 @@ def composed(*overrides: str):
 def test_delta_is_a_top_level_key_for_every_decoder(decoding, recorded):
     cfg = composed(f"decoding={decoding}", "delta=0.2")  # no "+": the key exists whichever decoder runs
     assert cfg.delta == 0.2 and "k" in cfg and "lambda" in cfg
-    described = instantiate(cfg.decoding).describe()
+    described = instantiate(cfg.decoding).settings.record()
     assert {key: described.get(key) for key in recorded} == recorded  # ignored knobs are recorded as null
 
 
 def test_lambda_and_k_reach_lantern_pp():
-    described = instantiate(composed("decoding=lantern_pp", "lambda=2", "k=7").decoding).describe()
+    described = instantiate(composed("decoding=lantern_pp", "lambda=2", "k=7").decoding).settings.record()
     assert described["lambda"] == 2 and described["k"] == 7
 
 

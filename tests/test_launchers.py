@@ -69,6 +69,6 @@ def test_a_slurm_sweep_without_a_partition_is_one_line_and_writes_nothing(tmp_pa
     )
     assert (
         bad.returncode == 2
-        and bad.stderr.strip() == "error: hydra.launcher.timeout_min=0 must be an integer >= 1 (minutes)"
+        and bad.stderr.strip() == "error: hydra.launcher.timeout_min=0: expected an integer >= 1 (minutes)"
     )
     assert not sweep.exists()

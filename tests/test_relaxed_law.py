@@ -62,10 +62,10 @@ def _deterministic_law(rule, p, tokens, q):
     with probability p'(y)); return (law of the emitted token, p', recorded tv)."""
     vocab = p.shape[0]
     valid = (tokens >= 0)[None].expand(vocab, -1)
-    relaxed = rule.relax(p[None], tokens[None], valid[:1], q[None])
+    relaxed = rule.relaxation.relax(p[None], tokens[None], valid[:1], q[None], rule.candidates)
     noise = torch.full((vocab, vocab), 1e300, dtype=p.dtype)
     noise.fill_diagonal_(1.0)  # row y: the race picks y whenever p'(y) > 0
-    out = rule.level(
+    out = rule.node(
         p.expand(vocab, -1),
         tokens.expand(vocab, -1),
         valid,
@@ -91,8 +91,8 @@ def _deterministic_law(rule, p, tokens, q):
     ids=["delta0.1", "delta0.4", "lambda3"],
 )
 def test_bounded_deterministic_node_emits_its_relaxed_target(world, roots, build, siblings):
-    rule = build(world).for_candidates("deterministic")
-    delta = rule.settings.get("delta")
+    spec = build(world)
+    rule, delta = spec.build("deterministic"), spec.delta
     realised = []
     for p, _candidates, q in roots["deterministic"]:
         tokens = q.topk(siblings).indices  # the drafter's top-ranked children (EAGLE-2's candidates)
@@ -110,22 +110,22 @@ def test_bounded_deterministic_node_emits_its_relaxed_target(world, roots, build
 def test_bounded_sampled_node_emits_its_relaxed_target(world, roots, delta):
     """One sampled candidate x ~ q: accept with min(1, p'(x)/q(x)), else the rule's residual; the
     mixture over x must be p' itself, within delta of p."""
-    rule = lantern(1000, delta, world.neighbours).for_candidates("sampled")
+    rule = lantern(1000, delta, world.neighbours).build("sampled")
     vocab = world.bundle.gpt.config.vocab_size
     for p, _, q in roots["sampled"]:
         xs = torch.arange(vocab)
-        relaxed = rule.relax(
-            p[None], xs[:1, None], torch.ones(1, 1, dtype=torch.bool), q[None]
+        relaxed = rule.relaxation.relax(
+            p[None], xs[:1, None], torch.ones(1, 1, dtype=torch.bool), q[None], "sampled"
         )  # fixed before x is drawn
         target = relaxed.target.expand(vocab, -1)
         verdict = rule.test.verify(target, xs, q.expand(vocab, -1), torch.zeros(vocab, dtype=p.dtype))
-        accept = torch.where(q > 0, torch.clamp(verdict.p_tilde / q.clamp_min(1e-300), max=1.0), 0.0)
+        accept = torch.where(q > 0, torch.clamp(verdict.p_x / q.clamp_min(1e-300), max=1.0), 0.0)
         residual = rule.test.residual(target, q.expand(vocab, -1), xs)  # (V, V) row x: the law after rejecting x
         law = q * accept + ((q * (1 - accept))[:, None] * residual).sum(0)
         assert torch.allclose(law, relaxed.target[0], atol=1e-7)  # the exact test emits p' itself
         assert float(_tv(law, p)) == pytest.approx(float(relaxed.tv[0]), abs=1e-6)
         assert float(_tv(law, p)) <= delta + 1e-6
-        out = rule.level(
+        out = rule.node(
             p[None],
             xs[:1, None],
             torch.ones(1, 1, dtype=torch.bool),
@@ -158,12 +158,12 @@ def _authors_loop_law(p, tokens, table, k, delta):
 
 def test_reference_siblings_follow_the_authors_loop_and_drift_past_delta(world, roots):
     delta, k = 0.1, 1000
-    rule = lantern(k, delta, world.neighbours, semantics="reference").for_candidates("deterministic")
+    rule = lantern(k, delta, world.neighbours, semantics="reference").build("deterministic")
     table = rule.table.indices
     drifts = []
     for p, _candidates, q in roots["deterministic"]:
         tokens = q.topk(10).indices  # a full 10-sibling level
-        out = rule.level(
+        out = rule.node(
             p[None],
             tokens[None],
             torch.ones(1, len(tokens), dtype=torch.bool),
@@ -180,14 +180,14 @@ def test_reference_siblings_follow_the_authors_loop_and_drift_past_delta(world, 
 
 def test_reference_sampled_closed_form_matches_the_enumerated_mixture(world, roots):
     k, delta = 1000, 0.1
-    rule = lantern(k, delta, world.neighbours, semantics="reference").for_candidates("sampled")
+    rule = lantern(k, delta, world.neighbours, semantics="reference").build("sampled")
     vocab = world.bundle.gpt.config.vocab_size
     for p, _, q in roots["sampled"][:6]:
         xs = torch.arange(vocab)
         ps, qs = p.expand(vocab, -1), q.expand(vocab, -1)
         p_tilde, _, _ = rule.relaxed_probability(ps, xs)
         accept = torch.where(q > 0, torch.clamp(p_tilde / q.clamp_min(1e-300), max=1.0), 0.0)
-        out = rule.level(
+        out = rule.node(
             ps,
             xs[:, None],
             torch.ones(vocab, 1, dtype=torch.bool),
@@ -198,7 +198,7 @@ def test_reference_sampled_closed_form_matches_the_enumerated_mixture(world, roo
             audit=False,
         )  # u = 1: every x with p~ < q is rejected
         law = q * accept + ((q * (1 - accept))[:, None] * out.target).sum(0)
-        recorded = rule.level(
+        recorded = rule.node(
             p[None],
             xs[:1, None],
             torch.ones(1, 1, dtype=torch.bool),

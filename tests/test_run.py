@@ -58,7 +58,7 @@ def test_images_do_not_change_with_batch_size(tmp_path):
         ("temperature=-0.5", "temperature=-0.5"),
         ("cfg_scale=-1", "cfg_scale=-1"),
         ("num_images=0", "num_images=0"),
-        ("model.bundle.gpt.preset=GPT-Q", "unknown GPT preset 'GPT-Q'"),
+        ("model.bundle.gpt.preset=GPT-Q", "GPT preset='GPT-Q': expected one of GPT-B"),
         ("model.bundle.gpt.model_type=x2i", "model_type"),
         ("model.bundle.gpt.image_size=30", "image_size 30"),
         ("dtype=int8", "dtype='int8'"),
@@ -98,7 +98,7 @@ def test_bad_input_is_one_line_nonzero_and_writes_nothing(tmp_path, override, me
         (("decoding=eagle", "draft=chain", "draft.depth=0"), "depth=0"),
         (
             ("decoding=lantern", "decoding.acceptance.semantics=paper"),
-            "semantics='paper' must be one of bounded, reference",
+            "semantics='paper': expected one of bounded, reference",
         ),
         (("decoding=lantern", "decoding.acceptance.tv_audit_every=0"), "tv_audit_every=0"),
         (("decoding=lantern_pp", "decoding.acceptance.semantics=reference", "k=1023"), "k+1=1024"),
@@ -187,7 +187,7 @@ def test_speedup_against_a_named_baseline_run(tmp_path):
     )
     assert other.returncode == 2 and not other_out.exists()
     assert other.stderr.strip().splitlines()[-1] == (
-        f"error: speedup_baseline_run='{ar_out}' has num_images=3, this run num_images=4"
+        f"error: speedup_baseline_run='{ar_out}' differs from this run in num_images (this run 4, the other 3)"
     )
     both, both_out = run(tmp_path, "decoding=eagle", "num_images=3", f"speedup_baseline_run={ar_out}", name="both")
     assert both.returncode == 2 and "both set" in both.stderr and not both_out.exists()
@@ -272,3 +272,34 @@ def test_a_neighbour_table_in_the_other_distance_space_is_refused(tmp_path):
     assert proc.returncode == 0, proc.stderr
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["semantics"] == "reference" and metrics["neighbours_normalized"] is False
+
+
+@pytest.mark.parametrize(
+    "sweep, job",
+    [
+        ("top_p=0.5,1.5", "sweep job 1 (top_p=1.5)"),
+        ("decoding=sjd window=16,0", "sweep job 1 (window=0)"),
+        ("decoding=ar,lantern delta=0.1,2", "sweep job 1 (decoding=ar delta=2)"),
+    ],
+)
+def test_a_multirun_checks_every_job_before_the_first_and_writes_nothing(tmp_path, sweep, job):
+    folder = tmp_path / "sweep"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "run.py",
+            "-m",
+            "model=tiny_random_c2i",
+            "num_images=2",
+            "wandb.mode=disabled",
+            *sweep.split(),
+            f"hydra.sweep.dir={folder}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {job}: "), proc.stderr
+    assert not folder.exists() and not proc.stdout

@@ -16,7 +16,7 @@ from lantern.models.kv_cache import KVCache
 from lantern.models.llamagen.gpt import Transformer, gpt_config, prefix_causal_mask
 from lantern.models.sampling import SamplingConfig, guided_logits, probabilities
 from lantern.rng import keys_tensor
-from lantern.rules.exact import AcceptanceRule, ExactDeterministic, ExactSampled
+from lantern.rules.exact import ExactDeterministic, ExactSampled, ExactTest
 from lantern.rules.factory import lantern, lantern_pp
 
 VOCAB = 8
@@ -145,14 +145,14 @@ class _WrongSiblingResidual(ExactDeterministic):
         return p
 
     def try_siblings(self, p, x, valid, q, u, y):
-        return AcceptanceRule.try_siblings(self, p, x, valid, q, u, y)
+        return ExactTest.try_siblings(self, p, x, valid, q, u, y)
 
 
 class _SequentialDeterministic(ExactDeterministic):
     """The exact deterministic rule through the generic sibling loop (the closed form's reference)."""
 
     def try_siblings(self, p, x, valid, q, u, y):
-        return AcceptanceRule.try_siblings(self, p, x, valid, q, u, y)
+        return ExactTest.try_siblings(self, p, x, valid, q, u, y)
 
 
 SAMPLES = 3000
@@ -421,6 +421,8 @@ def test_every_decoding_and_draft_config_instantiates_and_decodes(decoding, draf
         )
     bundle = instantiate(cfg.model.bundle)
     decoder = instantiate(cfg.decoding)
-    assert decoder.name == decoding and decoder.describe()["draft"] == draft.replace("static_paths", "static_tree")
+    assert decoder.name == decoding and decoder.settings.record()["draft"] == draft.replace(
+        "static_paths", "static_tree"
+    )
     result = decoder.generate(bundle.gpt, bundle.conditioner.encode([1]), keys_tensor(0, [0]))
     assert result.codes.shape == (1, bundle.gpt.config.num_image_tokens)

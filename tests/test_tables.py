@@ -3,23 +3,22 @@
 import csv
 import io
 import json
+import re
 import subprocess
 import sys
+from dataclasses import dataclass
+from typing import ClassVar
 
 import pytest
 from test_run import REPO
 
+from lantern.decoding.api import DecoderSettings, register
+from lantern.decoding.ar import ARSettings
+from lantern.decoding.jacobi.decoder import JacobiSettings
+from lantern.decoding.tree.decoder import TreeSettings
 from lantern.errors import ConfigError
-from lantern.results.tables import (
-    FAILED_NAME,
-    failed_jobs,
-    load_records,
-    table_rows,
-    to_csv,
-    to_latex,
-    to_markdown,
-    write_tables,
-)
+from lantern.results.render import _far_outliers, pareto_plot, to_csv, to_latex, to_markdown, write_tables
+from lantern.results.tables import FAILED_NAME, Table, build_table, failed_jobs, load_records, table_rows
 
 SETTING = {
     "model": "m",
@@ -33,40 +32,78 @@ SETTING = {
     "cfg_scale": 3.0,
     "environment": {"device": "cpu", "device_name": "cpu A (2 cores)"},
 }
+AR = ARSettings(name="ar", label="AR")
 
 
-def record(tmp_path, name, **fields):
+def tree(
+    name="lantern",
+    label=None,
+    draft="chain",
+    candidates="deterministic",
+    k=None,
+    delta=None,
+    lam=None,
+    semantics=None,
+    acceptance=None,
+):
+    family = acceptance or ("exact" if k is None else name)
+    bound = "" if k is None else f"k={k} " + (f"d={delta}" if lam is None else f"l={lam}")
+    rule = {
+        "acceptance": family,
+        "candidates": candidates,
+        "semantics": semantics,
+        "k": k,
+        "delta": delta,
+        "lambda": lam,
+        "label": bound or "exact",
+    }
+    return TreeSettings(
+        name=name, label=label or name.upper(), draft={"draft": draft, "candidates": candidates}, rule=rule
+    )
+
+
+EAGLE = tree("eagle")
+
+
+def record(tmp_path, name, settings, **fields):
     folder = tmp_path / name
     folder.mkdir()
-    (folder / "metrics.json").write_text(json.dumps({**SETTING, **fields}))
+    exact = {"tv_realised_mean": 0.0, "tv_realised_max": 0.0} if settings.baseline else {}  # AR samples p itself
+    payload = {**SETTING, **settings.record(), "settings": settings.to_json(), "schema_version": 2, **exact, **fields}
+    (folder / "metrics.json").write_text(json.dumps(payload))
     return folder
+
+
+def rendered(rows) -> Table:
+    return Table(rows=rows)
+
+
+def md(table, **kwargs) -> str:
+    """The Markdown table with its cells' padding removed (``| a | b |``), so rows read as one line."""
+    text = to_markdown(table, **kwargs)
+    return "\n".join(re.sub(r" +\|", " |", re.sub(r"\| +", "| ", line)) for line in text.splitlines())
 
 
 def test_rows_follow_the_paper_order_and_speedup_comes_from_the_matching_ar_run(tmp_path):
     record(
         tmp_path,
         "c",
-        decoding="lantern",
-        draft="chain",
-        k=1000,
-        delta=0.4,
+        tree("lantern", draft="chain", k=1000, delta=0.4),
         latency_s_per_image=0.05,
         mean_accepted_length=3.0,
     )
     record(
         tmp_path,
         "a",
-        decoding="lantern",
-        draft="chain",
-        k=1000,
-        delta=0.1,
+        tree("lantern", draft="chain", k=1000, delta=0.1),
         latency_s_per_image=0.08,
         mean_accepted_length=2.0,
     )
-    record(tmp_path, "b", decoding="ar", latency_s_per_image=0.1, mean_accepted_length=1.0, fid=50.0)
-    record(tmp_path, "d", decoding="eagle", draft="chain", latency_s_per_image=0.2, mean_accepted_length=1.5)
-    record(tmp_path, "e", decoding="lantern_pp", draft="chain", k=10, **{"lambda": 3.0}, latency_s_per_image=0.1)
-    rows = table_rows(load_records([tmp_path]))
+    record(tmp_path, "b", AR, latency_s_per_image=0.1, mean_accepted_length=1.0, fid=50.0)
+    record(tmp_path, "d", tree("eagle", draft="chain"), latency_s_per_image=0.2, mean_accepted_length=1.5)
+    record(tmp_path, "e", tree("lantern_pp", draft="chain", k=10, lam=3.0, label="LANTERN++"), latency_s_per_image=0.1)
+    table = build_table(load_records([tmp_path]))
+    rows = table.rows
     assert [r["method"] for r in rows] == [
         "AR",
         "EAGLE exact (chain)",
@@ -76,12 +113,10 @@ def test_rows_follow_the_paper_order_and_speedup_comes_from_the_matching_ar_run(
     ]
     assert [round(r["speedup"], 3) for r in rows] == [1.0, 0.5, 1.25, 2.0, 1.0]
     assert rows[0]["fid"] == 50.0 and rows[1]["baseline"].endswith("b")
-    assert f"| AR | 1.00 | 100.0 | 1.00x | 100.0 | 50.00 | - | - | 0.000 / 0.000 | {tmp_path / 'b'} |" in to_markdown(
-        rows
-    )
+    assert f"| AR | 1.00 | 100.0 | 1.00x | 100.0 | 50.00 | - | - | 0.000 / 0.000 | {tmp_path / 'b'} |" in md(table)
     assert rows[0]["baseline"] == f"itself ({tmp_path / 'b'})" and rows[1]["baseline_ms"] == 100.0
-    assert list(csv.DictReader(io.StringIO(to_csv(rows))))[2]["method"] == "LANTERN k=1000 d=0.1 (chain)"
-    assert r"\begin{tabular}" in to_latex(rows) and "2.00$\\times$" in to_latex(rows)
+    assert list(csv.DictReader(io.StringIO(to_csv(table))))[2]["method"] == "LANTERN k=1000 d=0.1 (chain)"
+    assert r"\begin{tabular}" in to_latex(table) and "2.00$\\times$" in to_latex(table)
     paths = write_tables(load_records([tmp_path]), tmp_path / "out")
     assert all(p.is_file() for p in paths.values())
 
@@ -90,12 +125,7 @@ def test_rows_name_candidates_and_semantics_and_show_realised_tv_beside_delta(tm
     record(
         tmp_path,
         "a",
-        decoding="lantern",
-        draft="chain",
-        candidates="sampled",
-        semantics="bounded",
-        k=1000,
-        delta=0.1,
+        tree("lantern", draft="chain", candidates="sampled", semantics="bounded", k=1000, delta=0.1),
         tv_realised_mean=0.05,
         tv_realised_max=0.1,
         latency_s_per_image=0.1,
@@ -103,43 +133,43 @@ def test_rows_name_candidates_and_semantics_and_show_realised_tv_beside_delta(tm
     record(
         tmp_path,
         "b",
-        decoding="lantern",
-        draft="dynamic_tree",
-        candidates="deterministic",
-        semantics="reference",
-        k=1000,
-        delta=0.1,
+        tree("lantern", draft="dynamic_tree", candidates="deterministic", semantics="reference", k=1000, delta=0.1),
         tv_realised_mean=0.75,
         tv_realised_max=0.99,
         latency_s_per_image=0.1,
     )
-    record(tmp_path, "c", decoding="ar", latency_s_per_image=0.1)
-    rows = table_rows(load_records([tmp_path]))
+    record(tmp_path, "c", AR, latency_s_per_image=0.1)
+    table = build_table(load_records([tmp_path]))
+    rows = table.rows
     assert [r["method"] for r in rows] == [
         "AR",
         "LANTERN k=1000 d=0.1 (chain, sampled)",
         "LANTERN k=1000 d=0.1 (dynamic_tree, reference)",
     ]
-    markdown = to_markdown(rows)
+    markdown = md(table)
     assert "| 0.10 | 0.050 / 0.100 |" in markdown and "| 0.10 | 0.750 / 0.990 |" in markdown
-    assert to_latex(rows).startswith("% Needs \\usepackage{booktabs}")
-    assert rows[0]["tv_realised"] == 0.0 and "0.750 / 0.990" in to_latex(rows)
+    assert to_latex(table).startswith("% Needs \\usepackage{booktabs}")
+    assert rows[0]["tv_realised"] == 0.0 and "0.750 / 0.990" in to_latex(table)
 
 
 def test_no_speedup_without_a_matching_baseline(tmp_path):
-    record(tmp_path, "a", decoding="eagle", draft="chain", latency_s_per_image=0.2)
-    record(tmp_path, "b", decoding="ar", latency_s_per_image=0.1, **{"seed": 1})
-    record(tmp_path, "c", decoding="ar", latency_s_per_image=0.1, batch_size=4)
-    record(tmp_path, "d", decoding="ar", latency_s_per_image=0.1, environment={"device": "cpu", "device_name": "cpu B"})
+    record(tmp_path, "a", tree("eagle", draft="chain"), latency_s_per_image=0.2)
+    record(tmp_path, "b", AR, latency_s_per_image=0.1, **{"seed": 1})
+    record(tmp_path, "c", AR, latency_s_per_image=0.1, batch_size=4)
+    record(tmp_path, "d", AR, latency_s_per_image=0.1, environment={"device": "cpu", "device_name": "cpu B"})
     record(
         tmp_path,
         "e",
-        decoding="ar",
+        AR,
         latency_s_per_image=0.1,
         environment={"device": "cpu", "device_name": "cpu A (2 cores)", "num_threads": 2},
     )  # other threads
-    rows = table_rows(load_records([tmp_path]))
-    assert rows[-1]["method"] == "EAGLE exact (chain) [batch_size=2, seed=0, device_name=cpu A (2 cores)]"
+    table = build_table(load_records([tmp_path]))
+    rows = table.rows
+    assert (
+        rows[-1]["method"]
+        == "EAGLE exact (chain) [batch_size=2, seed=0, device_name=cpu A (2 cores), num_threads=None]"
+    )
     assert rows[-1]["speedup"] is None
 
 
@@ -181,35 +211,32 @@ def test_multirun_writes_a_table_whose_rows_match_the_records(tmp_path):
 
 def test_speedup_spread_and_the_ar_time_behind_it(tmp_path):
     batches = [{"rank": 0, "indices": [0, 1], "seconds": 0.2}, {"rank": 0, "indices": [2, 3], "seconds": 0.4}]
-    record(tmp_path, "ar", decoding="ar", latency_s_per_image=0.15, per_batch=batches, latency_s_iqr=[0.1, 0.2])
+    record(tmp_path, "ar", AR, latency_s_per_image=0.15, per_batch=batches, latency_s_iqr=[0.1, 0.2])
     record(
         tmp_path,
         "eagle",
-        decoding="eagle",
-        draft="chain",
+        tree("eagle", draft="chain"),
         latency_s_per_image=0.1,
         per_batch=[{**batches[0], "seconds": 0.1}, {**batches[1], "seconds": 0.1}],
     )
     record(
         tmp_path,
         "own",
-        decoding="lantern",
-        draft="chain",
-        k=10,
-        delta=0.1,
+        tree("lantern", draft="chain", k=10, delta=0.1),
         latency_s_per_image=0.05,
         speedup=3.0,
         speedup_iqr=[2.5, 3.5],
         baseline_latency_s_per_image=0.15,
         speedup_baseline="ar, interleaved in this run",
     )
-    rows = table_rows(load_records([tmp_path]))
+    table = build_table(load_records([tmp_path]))
+    rows = table.rows
     ar, eagle, own = rows
     assert ar["latency_iqr_ms"] == [100.0, 200.0] and ar["baseline_ms"] == 150.0
     assert eagle["speedup"] == pytest.approx(1.5) and eagle["speedup_iqr"] == pytest.approx([2.5, 3.5])
     assert eagle["baseline_ms"] == pytest.approx(150.0) and eagle["baseline"] == str(tmp_path / "ar")
     assert own["speedup_iqr"] == [2.5, 3.5] and own["baseline_ms"] == pytest.approx(150.0)
-    markdown = to_markdown(rows, root=tmp_path)
+    markdown = md(table, root=tmp_path)
     assert "| 100.0 [100.0, 200.0] |" not in markdown and "| 150.0 [100.0, 200.0] | 1.00x | 150.0 |" in markdown
     assert "| 1.50x [2.50, 3.50] | 150.0 |" in markdown and markdown.splitlines()[2].endswith("| ar |")
 
@@ -218,14 +245,11 @@ def test_latency_runs_lend_rows_their_latency_and_speedup_and_quality_runs_keep_
     quality, latency = tmp_path / "quality", tmp_path / "latency"
     quality.mkdir(), latency.mkdir()
     big = {"num_images": 1000, "batch_size": 50}
-    record(quality, "ar", decoding="ar", latency_s_per_image=0.02, mean_accepted_length=1.0, fid=60.0, **big)
+    record(quality, "ar", AR, latency_s_per_image=0.02, mean_accepted_length=1.0, fid=60.0, **big)
     record(
         quality,
         "lantern",
-        decoding="lantern",
-        draft="chain",
-        k=1000,
-        delta=0.1,
+        tree("lantern", draft="chain", k=1000, delta=0.1),
         latency_s_per_image=0.04,
         fid=61.0,
         mean_accepted_length=2.2,
@@ -233,24 +257,29 @@ def test_latency_runs_lend_rows_their_latency_and_speedup_and_quality_runs_keep_
         baseline_latency_s_per_image=0.02,
         **big,
     )
-    record(quality, "sjd", decoding="sjd", window=16, init="random", latency_s_per_image=0.03, speedup=0.7, **big)
+    record(
+        quality,
+        "sjd",
+        JacobiSettings(name="sjd", label="SJD", window=16, init="random"),
+        latency_s_per_image=0.03,
+        speedup=0.7,
+        **big,
+    )
     small = {"num_images": 30, "batch_size": 1}
-    record(latency, "ar", decoding="ar", latency_s_per_image=0.66, mean_accepted_length=1.0, **small)
+    record(latency, "ar", AR, latency_s_per_image=0.66, mean_accepted_length=1.0, **small)
     record(
         latency,
         "lantern",
-        decoding="lantern",
-        draft="chain",
-        k=1000,
-        delta=0.1,
+        tree("lantern", draft="chain", k=1000, delta=0.1),
         latency_s_per_image=0.6,
         speedup=1.1,
         speedup_iqr=[1.0, 1.2],
         baseline_latency_s_per_image=0.66,
         **small,
     )
-    record(latency, "other", decoding="lantern", draft="chain", k=1000, delta=0.4, latency_s_per_image=0.4, **small)
-    rows = table_rows(load_records([quality]), latency=load_records([latency]))
+    record(latency, "other", tree("lantern", draft="chain", k=1000, delta=0.4), latency_s_per_image=0.4, **small)
+    table = build_table(load_records([quality]), latency=load_records([latency]))
+    rows = table.rows
     assert [r["method"] for r in rows] == ["AR", "LANTERN k=1000 d=0.1 (chain)", "SJD W=16 random"]  # no setting notes
     ar, lantern, sjd = rows
     assert ar["latency_ms"] == pytest.approx(660.0) and ar["speedup"] == 1.0 and ar["latency_batch"] == 1
@@ -269,15 +298,15 @@ def test_latency_runs_lend_rows_their_latency_and_speedup_and_quality_runs_keep_
     assert (
         sjd["latency_ms"] is None and sjd["speedup"] is None and sjd["throughput_speedup"] == 0.7
     )  # no latency run of it
-    markdown = to_markdown(rows, root=tmp_path)
+    markdown = md(table, root=tmp_path)
     assert "| AR ms/image | throughput speed-up | FID |" in markdown and markdown.splitlines()[2].endswith(
         "| quality/ar | latency/ar |"
     )
     assert "| 600.0 | 1.10x [1.00, 1.20] | 660.0 | 0.50x | 61.00 |" in markdown
     assert "at batch 1 (latency run column)" in markdown and "at batch 50." in markdown
-    assert "Throughput &" in to_latex(rows) and "{lrrrrrrrrr}" in to_latex(rows)
-    assert "throughput speed-up" not in to_markdown(table_rows(load_records([quality])))  # no join, no extra column
-    record(latency, "again", decoding="lantern", draft="chain", k=1000, delta=0.1, latency_s_per_image=0.5, **small)
+    assert "throughput speed-up &" in to_latex(table) and "{lrrrrrrrrr}" in to_latex(table)
+    assert "throughput speed-up" not in md(build_table(load_records([quality])))  # no join, no extra column
+    record(latency, "again", tree("lantern", draft="chain", k=1000, delta=0.1), latency_s_per_image=0.5, **small)
     with pytest.raises(ConfigError, match="two latency runs of LANTERN k=1000 d=0.1"):
         table_rows(load_records([quality]), latency=load_records([latency]))
 
@@ -285,8 +314,8 @@ def test_latency_runs_lend_rows_their_latency_and_speedup_and_quality_runs_keep_
 def test_make_tables_joins_latency_runs(tmp_path):
     quality, latency = tmp_path / "quality", tmp_path / "latency"
     quality.mkdir(), latency.mkdir()
-    record(quality, "ar", decoding="ar", latency_s_per_image=0.02, num_images=1000, batch_size=50)
-    record(latency, "ar", decoding="ar", latency_s_per_image=0.5, batch_size=1)
+    record(quality, "ar", AR, latency_s_per_image=0.02, num_images=1000, batch_size=50)
+    record(latency, "ar", AR, latency_s_per_image=0.5, batch_size=1)
     out = tmp_path / "tables"
     proc = subprocess.run(
         [sys.executable, "scripts/make_tables.py", str(quality), "--latency", str(latency), "--out", str(out)],
@@ -301,13 +330,13 @@ def test_make_tables_joins_latency_runs(tmp_path):
 
 
 def test_runs_of_different_settings_are_told_apart(tmp_path):
-    record(tmp_path, "a", decoding="ar", latency_s_per_image=0.1)
-    record(tmp_path, "b", decoding="ar", latency_s_per_image=0.1, seed=1)
+    record(tmp_path, "a", AR, latency_s_per_image=0.1)
+    record(tmp_path, "b", AR, latency_s_per_image=0.1, seed=1)
     assert sorted(r["method"] for r in table_rows(load_records([tmp_path]))) == ["AR [seed=0]", "AR [seed=1]"]
 
 
 def test_a_failed_job_is_named_under_the_table(tmp_path):
-    record(tmp_path, "0", decoding="ar", latency_s_per_image=0.1)
+    record(tmp_path, "0", AR, latency_s_per_image=0.1)
     (tmp_path / "1").mkdir()
     (tmp_path / "1" / FAILED_NAME).write_text(
         json.dumps({"overrides": ["decoding=eagle"], "error": "RuntimeError: boom"})
@@ -350,7 +379,7 @@ def test_make_tables_refuses_a_malformed_record_with_one_line_and_writes_nothing
 
 
 def test_make_tables_out_must_be_a_folder(tmp_path):
-    run = record(tmp_path, "run", decoding="ar", latency_s_per_image=0.1)
+    run = record(tmp_path, "run", AR, latency_s_per_image=0.1)
     target = tmp_path / "table.md"
     target.write_text("keep")
     proc = subprocess.run(
@@ -415,11 +444,104 @@ def test_a_sweep_with_a_failed_job_still_writes_the_table_naming_it_and_a_rerun_
 
 
 def test_the_pareto_plot_lists_far_outliers_instead_of_squashing_the_axis(tmp_path):
-    from lantern.results.tables import _far_outliers, pareto_plot
-
     assert _far_outliers([60.0, 62.0, 64.0, 187.0]) == {187.0} and _far_outliers([60.0, 100.0, 110.0]) == set()
     rows = [
         {"speedup": s, "fid": f, "tau": 1.0, "method": m, "tv_realised": 0.0}
         for s, f, m in ((1.0, 64.0, "AR"), (1.1, 62.0, "exact"), (1.4, 66.0, "lantern"), (0.6, 187.0, "broken"))
     ]
-    assert pareto_plot(rows, tmp_path / "p.png").stat().st_size > 0
+    assert pareto_plot(rendered(rows), tmp_path / "p.png").stat().st_size > 0
+
+
+@register
+@dataclass(frozen=True)
+class _DummySettings(DecoderSettings):
+    """A decoder this project does not have: its settings class alone gives it a labelled row."""
+
+    kind: ClassVar[str] = "test_dummy"
+    width: int = 3
+
+    def method(self) -> str:
+        return f"{self.label} width={self.width}"
+
+    def order(self) -> tuple:
+        return (5, self.width)
+
+
+def test_a_new_decoder_gets_a_labelled_row_without_table_code(tmp_path):
+    record(tmp_path, "ar", AR, latency_s_per_image=0.2)
+    record(tmp_path, "dummy", _DummySettings(name="dummy", label="DUMMY", width=7), latency_s_per_image=0.1)
+    table = build_table(load_records([tmp_path]))
+    assert [r["method"] for r in table.rows] == ["AR", "DUMMY width=7"]
+    assert table.rows[1]["speedup"] == pytest.approx(2.0) and "| DUMMY width=7 |" in md(table)
+
+
+@pytest.mark.parametrize(
+    "changed, key",
+    [
+        ({"dtype": "bfloat16"}, "dtype"),
+        ({"compile": "default"}, "compile"),
+        ({"cfg_interval": 5}, "cfg_interval"),
+        ({"config": {"attention": "reference"}}, "attention"),
+        ({"environment": {"device": "cpu", "device_name": "cpu A (2 cores)", "num_threads": 1}}, "num_threads"),
+        ({"inputs": {"model.gpt_ckpt": "ab" * 32}}, "inputs"),
+    ],
+)
+def test_a_speedup_is_never_taken_from_an_unlike_ar_run(tmp_path, changed, key):
+    record(tmp_path, "ar", AR, latency_s_per_image=0.2)
+    record(tmp_path, "lantern", tree("lantern", k=1000, delta=0.1), latency_s_per_image=0.1, **changed)
+    table = build_table(load_records([tmp_path]))
+    lantern = next(r for r in table.rows if r["method"].startswith("LANTERN"))
+    assert lantern["speedup"] is None and lantern["baseline_ms"] is None
+    assert any(f"differs in {key} (" in note for note in table.notes), table.notes
+    assert f"differs in {key} (" in md(table)
+
+
+def test_an_older_record_without_settings_is_labelled_but_never_joined(tmp_path):
+    record(tmp_path, "ar", AR, latency_s_per_image=0.2)
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "metrics.json").write_text(
+        json.dumps(
+            {
+                **SETTING,
+                "schema_version": 1,
+                "decoding": "lantern",
+                "draft": "chain",
+                "k": 10,
+                "delta": 0.2,
+                "latency_s_per_image": 0.1,
+            }
+        )
+    )
+    table = build_table(load_records([tmp_path]))
+    row = next(r for r in table.rows if r["run"] == str(old))
+    assert row["method"].startswith("LANTERN (draft=chain, k=10, delta=0.2)") and row["speedup"] is None
+    assert any("holds no decoder settings" in note for note in table.notes)
+
+
+def test_a_new_user_s_fp32_ar_and_bf16_lantern_runs_join_to_no_speedup(tmp_path):
+    """The README's first try: AR in float32 and LANTERN in bfloat16, then make_tables over both."""
+    common = ["model=tiny_random_c2i", "num_images=2", "batch_size=2", "warmup=0", "wandb.mode=disabled"]
+    for name, extra in (
+        ("ar", ["decoding=ar", "dtype=float32"]),
+        ("lantern", ["decoding=lantern", "dtype=bfloat16", "speedup_baseline=null"]),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "run.py", *common, *extra, f"hydra.run.dir={tmp_path / 'runs' / name}"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr
+    proc = subprocess.run(
+        [sys.executable, "scripts/make_tables.py", str(tmp_path / "runs"), "--out", str(tmp_path / "t")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads((tmp_path / "t" / "table.json").read_text())["rows"]
+    lantern = next(r for r in rows if r["method"].startswith("LANTERN"))
+    assert lantern["speedup"] is None and "differs in dtype (this run 'bfloat16', the other 'float32')" in proc.stdout

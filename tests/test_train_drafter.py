@@ -302,7 +302,7 @@ def run_script(*overrides, timeout=120):
 def test_script_rejects_a_bad_data_kind(tmp_path):
     result = run_script("data=pictures", f"out_dir={tmp_path / 'run'}")
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1] == "error: data='pictures' must be one of self, images"
+    assert result.stderr.strip().splitlines()[-1] == "error: data='pictures': expected one of self, images"
     assert not (tmp_path / "run").exists()
 
 

@@ -58,7 +58,7 @@ def test_presets_and_config_validation() -> None:
     assert VQ_PRESETS["VQ-tiny"].downsample == 8 and VQ_PRESETS["VQ-tiny16"].downsample == 16
     cfg = vq_config("VQ-tiny", codebook_size=512, ch_mult=[1, 2])
     assert cfg.codebook_size == 512 and cfg.ch_mult == (1, 2) and hash(cfg)
-    with pytest.raises(ConfigError, match=r"unknown VQ preset 'VQ-99'; allowed: VQ-16, VQ-8, VQ-tiny"):
+    with pytest.raises(ConfigError, match=r"VQ preset='VQ-99': expected one of VQ-16, VQ-8, VQ-tiny"):
         vq_config("VQ-99")
     with pytest.raises(ConfigError, match="unknown VQConfig field"):
         vq_config("VQ-16", channels=3)

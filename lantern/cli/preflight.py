@@ -9,6 +9,10 @@
   (a decoder that ignores them records them as null, but a bad value is still bad input), and so
   are the job's integers (``num_images``, ``batch_size``, ...).
 * ``+key=value`` for a top-level key nothing reads is refused (Hydra would add it silently).
+
+A multirun checks every job this way before the first job starts (:func:`check_sweep_jobs`), and also
+builds each job's sampling settings, draft structure and decoder with stand-ins for the files they read
+(:func:`dry_build`), so a range error in any job stops the sweep before anything is written.
 """
 
 from __future__ import annotations
@@ -18,30 +22,18 @@ from collections.abc import Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
+from lantern import checks
 from lantern.errors import ConfigError
 
-# The knobs whose default is null (so their kind cannot come from the default): name -> (test, allowed).
+# The knobs whose default is null (so their kind cannot come from the default): name -> check.
 NULLABLE_KNOBS = {
-    "k": (
-        lambda v: _number(v) and float(v).is_integer() and v >= 1,
-        "must be an integer >= 1 (LANTERN's neighbours) or null",
-    ),
-    "delta": (lambda v: _number(v) and 0 <= v <= 1, "must be a number in [0, 1] (LANTERN's TV budget) or null"),
-    "lambda": (lambda v: _number(v) and v >= 1, "must be a number >= 1 (LANTERN++'s cap) or null"),
+    "k": lambda v: checks.optional(checks.integer, "k", v, 1, note="LANTERN's neighbours"),
+    "delta": lambda v: checks.optional(checks.probability, "delta", v, note="LANTERN's TV budget"),
+    "lambda": lambda v: checks.optional(checks.real, "lambda", v, 1, note="LANTERN++'s cap"),
 }
-
 
 # Top-level integers of every run, checked here so the first message about them is about them.
 TOP_LEVEL_INTEGERS = {"num_images": 1, "batch_size": 1, "seed": 0, "warmup": 0, "speedup_every": 1}
-
-
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _shown(value) -> str:
-    text = str(value).lower() if isinstance(value, bool) else repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def resolve(cfg: DictConfig) -> dict:
@@ -81,11 +73,9 @@ def check_kind(key: str, value, default) -> None:
     if value is None or default is None:
         return
     if isinstance(default, bool):
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key}={_shown(value)} must be true or false (default {default})")
-    elif _number(default):
-        if not _number(value):
-            raise ConfigError(f"{key}={_shown(value)} must be a number (default {default!r})")
+        checks.flag(key, value, note=f"default {checks.shown(default)}")
+    elif checks.is_number(default) and not checks.is_number(value):
+        raise checks.refuse(key, value, "a number", note=f"default {default!r}")
 
 
 def check_knobs(resolved: dict) -> None:
@@ -93,15 +83,11 @@ def check_knobs(resolved: dict) -> None:
     found = non_finite(resolved)
     if found:
         key, value = min(found, key=lambda item: item[0].count("."))  # a top-level knob before its copies
-        raise ConfigError(f"{key}={value} must be a finite number")
+        raise checks.refuse(key, value, "a finite number")
     for name, low in TOP_LEVEL_INTEGERS.items():
-        value = resolved.get(name, low)
-        if not _number(value) or not float(value).is_integer() or value < low:
-            raise ConfigError(f"{name}={_shown(value)} must be an integer >= {low}")
-    for name, (ok, allowed) in NULLABLE_KNOBS.items():
-        value = resolved.get(name)
-        if value is not None and not ok(value):
-            raise ConfigError(f"{name}={_shown(value)} {allowed}")
+        checks.integer(name, resolved.get(name, low), low)
+    for name, check in NULLABLE_KNOBS.items():
+        check(resolved.get(name))
 
 
 def value_overrides(overrides: Sequence[str], groups: set[str]) -> tuple[list[str], list[str]]:
@@ -156,3 +142,79 @@ def check_run_config(cfg: DictConfig, overrides: Sequence[str] = ()) -> dict:
     if overrides:
         check_overrides(cfg, overrides)
     return resolved
+
+
+def stand_in_neighbours(k_max: int):
+    """A neighbour table of the configured width with no codebook behind it (for :func:`dry_build`)."""
+    import torch
+
+    from lantern.rules.relaxation import NeighbourTable
+
+    codes = k_max + 1
+    order = (torch.arange(codes)[:, None] + torch.arange(1, codes)[None, :]) % codes  # (V, k_max) other codes
+    return NeighbourTable(order)
+
+
+def dry_build(resolved: dict) -> None:
+    """Build a resolved config's sampling, draft and decoders (and the AR baseline) without reading a file:
+    the drafter becomes None and the neighbour table a stand-in of the configured width. Their constructors
+    check every knob, so a bad value is found here, before a model is loaded."""
+    from hydra.utils import instantiate
+
+    instantiate(resolved["sampling"])
+    if isinstance(resolved.get("draft"), dict):
+        instantiate(resolved["draft"])
+    for key in ("decoding", "speedup_baseline"):
+        node = resolved.get(key)
+        if not isinstance(node, dict):
+            continue
+        node = {**node}
+        if "drafter" in node:
+            node["drafter"] = None
+        acceptance = node.get("acceptance")
+        if isinstance(acceptance, dict) and "neighbours" in acceptance:
+            width = ((resolved.get("model") or {}).get("neighbours") or {}).get("k_max", 1024)
+            stand_in = {"_target_": f"{__name__}.stand_in_neighbours", "k_max": int(width)}
+            node["acceptance"] = {**acceptance, "neighbours": stand_in}
+        instantiate(node, _convert_="partial")
+
+
+def sweep_jobs(config: DictConfig) -> list[list[str]]:
+    """The override list of every job of a multirun, as Hydra's basic sweeper will launch them."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    params = config.hydra.get("sweeper", {}).get("params") or {}
+    given = [f"{key}={value}" for key, value in params.items()] + list(config.hydra.overrides.task)
+    return BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(given), None)[0]
+
+
+def check_sweep_jobs(config: DictConfig) -> None:
+    """Compose and check every job of a multirun (:func:`check_run_config` and :func:`dry_build`) before any
+    runs; the first bad one is one ConfigError naming the job and its overrides."""
+    from hydra import compose
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    from lantern.cli.hydra_errors import hydra_message
+    from lantern.errors import user_message
+
+    jobs = sweep_jobs(config)
+    values: dict[str, set] = {}
+    for job in jobs:
+        for override in job:
+            values.setdefault(override.split("=", 1)[0], set()).add(override)
+    swept = {key for key, seen in values.items() if len(seen) > 1}  # what tells the jobs apart
+    for number, job in enumerate(jobs):
+        try:
+            cfg = compose(config_name=config.hydra.job.config_name, overrides=job, return_hydra_config=True)
+            HydraConfig.instance().set_config(cfg)  # what check_overrides reads, as in a job
+            with open_dict(cfg):
+                del cfg["hydra"]
+            dry_build(check_run_config(cfg, [o for o in job if not o.startswith("hydra")]))
+        except Exception as exc:  # noqa: BLE001 - user errors become one line; anything else is a bug
+            message = hydra_message(exc) or user_message(exc)
+            if message is None:
+                raise
+            shown = " ".join(o for o in job if o.split("=", 1)[0] in swept) or " ".join(job)
+            raise ConfigError(f"sweep job {number} ({shown}): {message}") from None

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
+from typing import ClassVar, NamedTuple
 
 import torch
 
-from lantern.decoding.api import DecodeResult
+from lantern import checks
+from lantern.decoding.api import DecodeResult, DecoderSettings, register
 from lantern.decoding.batch import guided_inputs
 from lantern.decoding.compile import check_compile, compiled, mark_static
-from lantern.errors import ConfigError
+from lantern.decoding.loop import run_steps
 from lantern.models.condition import Condition
 from lantern.models.kv_cache import KVCache
 from lantern.models.llamagen.gpt import Transformer, prefix_causal_mask
@@ -24,6 +27,19 @@ ATTENTION = ("fast", "reference")
 def reference_cache_length(cond_len: int, num_tokens: int) -> int:
     """LlamaGen's cache length: ``T_new = T + N`` rounded up to a multiple of 8 (``find_multiple``)."""
     return -(-(cond_len + num_tokens) // 8) * 8
+
+
+@register
+@dataclass(frozen=True)
+class ARSettings(DecoderSettings):
+    """Plain AR: the baseline of every speed-up. ``attention``: which SDPA kernel and cache length."""
+
+    kind: ClassVar[str] = "ar"
+    baseline: ClassVar[bool] = True
+    attention: str = "fast"
+
+    def record(self) -> dict:
+        return {**super().record(), "acceptance": None, "draft": None, "attention": self.attention}
 
 
 def decode_one_token(
@@ -49,25 +65,42 @@ def decode_one_token(
     return next_token(guided, sampling, keys, step)
 
 
-class _Buffers:
-    """Per batch shape: the cache and the mask at addresses that stay fixed for the whole run."""
+@dataclass
+class ARContext:
+    """Per batch shape: the model, its cache and mask at addresses fixed for the whole run, the knobs."""
 
-    def __init__(self, model: Transformer, rows: int, length: int, static: bool):
-        self.cache = model.new_cache(rows, length)
-        self.mask = torch.zeros(rows, 1, length, length, dtype=torch.bool, device=model.tok_embeddings.weight.device)
-        if static:
-            mark_static(self.cache.k, self.cache.v, self.mask)
+    model: Transformer
+    sampling: SamplingConfig
+    cache: KVCache
+    mask: torch.Tensor  # (rows, 1, L, L) causal over the whole cache
+    groups: int  # CFG rows per image
+    warm: bool = False
+
+
+class ARState(NamedTuple):
+    """``codes`` (B, N) decided tokens; ``step`` (1,) the next token's index; ``keys`` (B,) RNG keys."""
+
+    codes: torch.Tensor
+    step: torch.Tensor
+    keys: torch.Tensor
+
+
+def ar_step(ctx: ARContext, state: ARState, audit: bool = False) -> tuple[ARState, None]:
+    """Feed the last decided token, draw the next one into ``codes``; nothing is logged."""
+    token = state.codes.index_select(1, state.step - 1).repeat(ctx.groups, 1)  # (rows, 1)
+    drawn = decode_one_token(ctx.model, ctx.sampling, ctx.cache, ctx.mask, state.keys, token, state.step)  # (B,)
+    codes = state.codes.index_copy(1, state.step, drawn[:, None])
+    return state._replace(codes=codes, step=state.step + 1), None
 
 
 class ARDecoder:
     """Token-by-token decoding, the baseline every speculative decoder is measured against.
 
-    Each token is one call of :func:`decode_one_token`, compiled as ``compile`` says (``none``: eager).
-    Caches and masks are allocated once per batch shape and reused, so a compiled step keeps its
-    graph (and, with ``reduce-overhead``, its CUDA graph) from batch to batch.
+    Each token is one :func:`ar_step`, compiled as ``compile`` says (``none``: eager), run by
+    :func:`lantern.decoding.loop.run_steps`. Caches and masks are allocated once per batch shape and
+    reused, so a compiled step keeps its graph (and, with ``reduce-overhead``, its CUDA graph) from batch
+    to batch.
     """
-
-    name = "ar"
 
     def __init__(
         self,
@@ -76,16 +109,21 @@ class ARDecoder:
         backend: str = "inductor",
         guard=None,
         attention: str = "fast",
+        name: str = "ar",
+        label: str = "AR",
     ):
-        if attention not in ATTENTION:
-            raise ConfigError(f"attention={attention!r} must be one of {', '.join(ATTENTION)}")
-        self.attention = attention
+        self.attention = checks.choice("attention", attention, ATTENTION)
         self.sampling = sampling
+        self.name, self.label = name, label
         self.guard = guard or contextlib.nullcontext  # entered around every step (e.g. a CUDA sync check)
         self.compile = check_compile(compile)
         self.backend = backend
-        self._step = compiled(decode_one_token, compile, backend)
-        self._buffers: dict[tuple, _Buffers] = {}
+        self._step = compiled(ar_step, compile, backend)
+        self._contexts: dict[tuple, ARContext] = {}
+
+    @property
+    def settings(self) -> ARSettings:
+        return ARSettings(name=self.name, label=self.label, compile=self.compile, attention=self.attention)
 
     def check_device(self, device: torch.device | str) -> None:
         """ConfigError unless this decoder's compile mode runs on ``device`` (checked before any work)."""
@@ -100,6 +138,16 @@ class ARDecoder:
                 return self._generate(model, condition, keys)
         return self._generate(model, condition, keys)
 
+    def _context(self, model: Transformer, rows: int, batch: int, length: int, device) -> ARContext:
+        shape = (model.config, rows, length, model.tok_embeddings.weight.dtype, device)
+        if shape not in self._contexts:
+            cache = model.new_cache(rows, length)
+            mask = torch.zeros(rows, 1, length, length, dtype=torch.bool, device=device)
+            if self.compile != "none":
+                mark_static(cache.k, cache.v, mask)
+            self._contexts[shape] = ARContext(model, self.sampling, cache, mask, rows // batch)
+        return self._contexts[shape]
+
     @torch.inference_mode()
     def _generate(self, model: Transformer, condition: Condition, keys: torch.Tensor) -> DecodeResult:
         cfg = model.config
@@ -111,30 +159,25 @@ class ARDecoder:
         length = cond_len + num_tokens - 1  # the last image token is never fed back
         if self.attention == "reference":
             length = reference_cache_length(cond_len, num_tokens)  # extra slots stay masked
-        shape = (model.config, rows, length, cond_emb.dtype, device)
-        if shape not in self._buffers:
-            self._buffers[shape] = _Buffers(model, rows, length, self.compile != "none")
-        buffers = self._buffers[shape]
-        buffers.mask.copy_(prefix_causal_mask(cond_mask, length))
+        ctx = self._context(model, rows, batch, length, device)
+        ctx.mask.copy_(prefix_causal_mask(cond_mask, length))
 
         # The prefill sees the condition's own slots; LlamaGen's (reference) attends over the whole cache.
         width = length if self.attention == "reference" else cond_len
-        logits, _ = model.prefill(cond_emb, buffers.mask[:, :, :cond_len, :width], buffers.cache)
-        codes = torch.empty(batch, num_tokens, dtype=torch.long, device=device)
+        logits, _ = model.prefill(cond_emb, ctx.mask[:, :, :cond_len, :width], ctx.cache)
+        codes = torch.zeros(batch, num_tokens, dtype=torch.long, device=device)
         codes[:, 0] = next_token(guided_logits(logits, self.sampling, 0), self.sampling, keys, 0)
-        step = torch.ones(1, dtype=torch.long, device=device)
-        for index in range(1, num_tokens):
-            token = codes[:, index - 1 : index].repeat(rows // batch, 1)  # (rows, 1)
-            with self.guard():
-                codes[:, index] = self._step(model, self.sampling, buffers.cache, buffers.mask, keys, token, step)
-            step = step + 1
+        state = ARState(codes, torch.ones(1, dtype=torch.long, device=device), keys)
+        state, _ = run_steps(ar_step, self._step, ctx, state, num_tokens - 1, guard=self.guard)
         per_image = torch.full((batch,), num_tokens - 1, dtype=torch.long)
-        return DecodeResult(
-            codes,
-            {"target_forwards": float(num_tokens), "steps": float(num_tokens)},
-            {"steps": per_image, "tokens": per_image.clone()},
-        )
+        per_sample = {"steps": per_image, "tokens": per_image.clone(), **exact_law(batch, num_tokens)}
+        return DecodeResult(state.codes, {"target_forwards": float(num_tokens), "steps": float(num_tokens)}, per_sample)
 
-    def describe(self) -> dict:
-        """Decoder settings recorded with results (plain AR has none beyond sampling and compilation)."""
-        return {"acceptance": None, "draft": None, "compile": self.compile, "attention": self.attention}
+
+def exact_law(batch: int, num_tokens: int) -> dict[str, torch.Tensor]:
+    """Per-sample realised-TV entries of a decoder whose every token is drawn from the target: 0, measured."""
+    return {
+        "tv_realised_sum": torch.zeros(batch, dtype=torch.float64),
+        "tv_realised_max": torch.zeros(batch, dtype=torch.float64),
+        "tv_measured": torch.full((batch,), num_tokens - 1, dtype=torch.long),
+    }

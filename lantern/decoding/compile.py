@@ -12,6 +12,7 @@ import shutil
 import torch
 import torch._dynamo
 
+from lantern import checks
 from lantern.errors import ConfigError
 
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
@@ -19,8 +20,7 @@ COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
 
 def check_compile(mode: str, device: torch.device | str | None = None, backend: str = "inductor") -> str:
     """``mode`` if it can run on ``device`` (None: any) with this torch build, else a ConfigError naming why."""
-    if mode not in COMPILE_MODES:
-        raise ConfigError(f"compile={mode!r} is not a compile mode; allowed: {', '.join(COMPILE_MODES)}")
+    checks.choice("compile", mode, COMPILE_MODES)
     if mode == "none" or device is None:
         return mode
     device = torch.device(device)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from lantern import REPO_ROOT
+from lantern import REPO_ROOT, checks
 from lantern.errors import ConfigError
 from lantern.files import read_images
 from lantern.models.checkpoint import load_weights
@@ -50,7 +50,7 @@ class FashionClassifier(nn.Module):
         """Build the network (no I/O; weights come from :func:`load_classifier`)."""
         super().__init__()
         if not isinstance(width, int) or width < 1:
-            raise ConfigError(f"classifier width must be an integer >= 1, got {width!r}")
+            raise checks.refuse("classifier width", width, "an integer >= 1")
         w = width
         self.width = width
         self.features = nn.Sequential(
@@ -104,7 +104,7 @@ def to_classifier_input(images: np.ndarray | torch.Tensor) -> torch.Tensor:
 def predict(classifier: nn.Module, images: np.ndarray | torch.Tensor, batch_size: int = 500) -> np.ndarray:
     """Predicted labels (N,) int64 of uint8 (N, 32, 32, 3) images, in batches, in eval mode."""
     if not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        raise checks.refuse("batch_size", batch_size, "an integer >= 1")
     inputs = to_classifier_input(images)  # (N, 1, 32, 32)
     if len(inputs) == 0:
         raise ConfigError("no images given to the classifier")

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from lantern import checks
 from lantern.errors import CheckpointError, ConfigError, LanternError
 from lantern.files import read_images
 from lantern.models.checkpoint import unreadable_reason
@@ -118,7 +119,7 @@ class CLIPScore:
         device: str = "cpu",
     ):
         if convention not in CONVENTIONS:
-            raise ConfigError(f"CLIP convention={convention!r} must be one of {', '.join(CONVENTIONS)}")
+            raise checks.refuse("metrics.clip.convention", convention, "one of " + ", ".join(CONVENTIONS))
         self.pretrained, self.model, self.convention = pretrained, model, convention
         self.model_config, self.batch_size, self.device = model_config, batch_size, device
         self._loaded = None

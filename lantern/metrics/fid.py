@@ -45,7 +45,7 @@ from PIL import Image
 from torch import nn
 from tqdm.auto import tqdm
 
-from lantern import REPO_ROOT
+from lantern import REPO_ROOT, checks
 from lantern.errors import CheckpointError, ConfigError
 from lantern.files import read_images, write_atomic
 from lantern.models.devices import resolve_device
@@ -227,7 +227,7 @@ class InceptionFeatures(nn.Module):
     def features(self, images: ImageSource, batch_size: int = 32, progress: bool = True) -> np.ndarray:
         """(N, 2048) float32 features of uint8 (N, H, W, 3) images or a folder of PNGs."""
         if not isinstance(batch_size, int) or batch_size < 1:
-            raise ConfigError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+            raise checks.refuse("batch_size", batch_size, "an integer >= 1")
         total = _count(images)
         chunks = []
         with tqdm(total=total, desc="FID features", unit="img", disable=not progress, dynamic_ncols=True) as bar:
@@ -310,7 +310,7 @@ def frechet_distance(
     the covariances, as pytorch-fid and clean-fid do.
     """
     if method not in METHODS:
-        raise ConfigError(f"FID method must be one of {list(METHODS)}, got {method!r}")
+        raise checks.refuse("FID method", method, "one of " + ", ".join(METHODS))
     mu1, mu2 = np.atleast_1d(np.asarray(mu1, np.float64)), np.atleast_1d(np.asarray(mu2, np.float64))
     sigma1, sigma2 = np.atleast_2d(np.asarray(sigma1, np.float64)), np.atleast_2d(np.asarray(sigma2, np.float64))
     dim = mu1.shape[0]

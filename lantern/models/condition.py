@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from lantern import checks
 from lantern.errors import ConfigError
 from lantern.models.text.base import TextEncoder
 
@@ -46,7 +47,7 @@ class ClassConditioner:
     def check(self, prompt) -> None:
         """Raise ConfigError unless ``prompt`` is a valid class id."""
         if isinstance(prompt, bool) or not isinstance(prompt, int) or not 0 <= prompt < self.num_classes:
-            raise ConfigError(f"class prompt {prompt!r} must be an integer class id in [0, {self.num_classes})")
+            raise checks.refuse("class prompt", prompt, f"a class id in [0, {self.num_classes - 1}]")
 
     def check_all(self, prompts: list) -> None:
         """Check every prompt of a run before it starts (:meth:`check`)."""

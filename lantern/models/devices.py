@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from lantern.errors import ConfigError
+from lantern import checks
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -18,16 +18,14 @@ def resolve_device(name: str) -> torch.device:
     try:
         device = torch.device(name)
     except (RuntimeError, TypeError) as exc:
-        raise ConfigError(f"device={name!r} is not a device; use cpu, cuda or cuda:N") from exc
+        raise checks.refuse("device", name, "cpu, cuda or cuda:N") from exc
     if device.type not in ("cpu", "cuda"):
-        raise ConfigError(f"device={name!r} is not supported; use cpu, cuda or cuda:N")
+        raise checks.refuse("device", name, "cpu, cuda or cuda:N")
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device={name!r} requested but CUDA is not available on this machine; use device=cpu")
+        raise checks.refuse("device", name, "cpu", "CUDA is not available on this machine")
     return device
 
 
 def resolve_dtype(name: str) -> torch.dtype:
     """``float32`` / ``bfloat16`` / ``float16`` -> torch.dtype; ConfigError otherwise."""
-    if name not in DTYPES:
-        raise ConfigError(f"dtype={name!r} is not supported; use one of {', '.join(DTYPES)}")
-    return DTYPES[name]
+    return DTYPES[checks.choice("dtype", name, DTYPES)]

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
+from lantern import checks
 from lantern.errors import CheckpointError, ConfigError
 from lantern.models.checkpoint import check_state_dict, read_state_dict
 from lantern.models.devices import resolve_device, resolve_dtype
@@ -49,12 +50,8 @@ class DrafterConfig:
     condition_input: str = "embedding"
 
     def __post_init__(self):
-        if not isinstance(self.n_layer, int) or self.n_layer < 1:
-            raise ConfigError(f"drafter n_layer={self.n_layer!r} must be an integer >= 1")
-        if self.condition_input not in CONDITION_INPUTS:
-            raise ConfigError(
-                f"drafter condition_input={self.condition_input!r} must be one of {', '.join(CONDITION_INPUTS)}"
-            )
+        checks.integer("drafter n_layer", self.n_layer, 1)
+        checks.choice("drafter condition_input", self.condition_input, CONDITION_INPUTS)
 
     @property
     def dim(self) -> int:

@@ -7,27 +7,15 @@ sampling, acceptance rules) treats greedy as sampling from a degenerate distribu
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
-from lantern import rng
-from lantern.errors import ConfigError
+from lantern import checks, rng
 
 # How scales below 1 are treated. LlamaGen guides only when cfg_scale > 1 and otherwise runs the
 # conditional stream alone; ``mix`` applies ``uncond + (cond - uncond) * scale`` for every scale != 1.
 CFG_BELOW_ONE = ("conditional", "mix")
-
-
-def _real(value) -> bool:
-    """A finite real number (not a bool, not a string)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _integer(value) -> bool:
-    """An integer, or a float with an integral value (Hydra parses ``5.0`` as a float)."""
-    return _real(value) and float(value).is_integer()
 
 
 @dataclass(frozen=True)
@@ -49,40 +37,17 @@ class SamplingConfig:
     cfg_below_one: str = "conditional"
 
     def __post_init__(self):
-        checks = [
-            (
-                "temperature",
-                self.temperature,
-                _real(self.temperature) and self.temperature >= 0,
-                "must be a finite number >= 0 (0 = greedy)",
-            ),
-            ("top_k", self.top_k, _integer(self.top_k) and self.top_k >= 0, "must be an integer >= 0 (0 = off)"),
-            ("top_p", self.top_p, _real(self.top_p) and 0 < self.top_p <= 1, "must be a number in (0, 1] (1 = off)"),
-            (
-                "cfg_scale",
-                self.cfg_scale,
-                _real(self.cfg_scale) and self.cfg_scale >= 0,
-                "must be a finite number >= 0 (guidance when > 1)",
-            ),
-            (
-                "cfg_interval",
-                self.cfg_interval,
-                _integer(self.cfg_interval) and self.cfg_interval >= -1,
-                "must be an integer >= -1 (-1 = guide every token)",
-            ),
-            (
-                "cfg_below_one",
-                self.cfg_below_one,
-                self.cfg_below_one in CFG_BELOW_ONE,
-                f"must be one of {', '.join(CFG_BELOW_ONE)}",
-            ),
-        ]
-        for name, value, ok, allowed in checks:
-            if not ok:
-                raise ConfigError(f"{name}={value!r} {allowed}")
         # Integral floats from the command line become ints (torch.topk needs an int).
-        object.__setattr__(self, "top_k", int(self.top_k))
-        object.__setattr__(self, "cfg_interval", int(self.cfg_interval))
+        values = {
+            "temperature": checks.real("temperature", self.temperature, 0, note="0 = greedy"),
+            "top_k": checks.integer("top_k", self.top_k, 0, note="0 = off"),
+            "top_p": checks.probability("top_p", self.top_p, zero=False, note="1 = off"),
+            "cfg_scale": checks.real("cfg_scale", self.cfg_scale, 0, note="guidance when > 1"),
+            "cfg_interval": checks.integer("cfg_interval", self.cfg_interval, -1, note="-1 = guide every token"),
+            "cfg_below_one": checks.choice("cfg_below_one", self.cfg_below_one, CFG_BELOW_ONE),
+        }
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
 
     @property
     def greedy(self) -> bool:
@@ -186,6 +151,16 @@ def race(probs: torch.Tensor, exponential: torch.Tensor, config: SamplingConfig)
     return (probs / exponential).argmax(-1)
 
 
+def draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draws (...,) from laws ``probs`` (..., V) with ``uniforms`` (...,) in (0, 1); a
+    zero-mass token is never returned (the argmax instead: float rounding can put ``u * total`` at the very end)."""
+    cdf = probs.cumsum(-1)
+    token = torch.searchsorted(cdf, (uniforms[..., None] * cdf[..., -1:]).contiguous(), right=True)
+    token = token.clamp_max(probs.shape[-1] - 1)
+    possible = probs.gather(-1, token) > 0
+    return torch.where(possible, token, probs.argmax(-1, keepdim=True))[..., 0]
+
+
 def sample(probs: torch.Tensor, keys: torch.Tensor, step, stream: int = rng.SAMPLE) -> torch.Tensor:
     """Draw one token per row of ``probs`` (B, V) with one counter-based uniform per row of ``keys`` (B,).
 
@@ -195,11 +170,7 @@ def sample(probs: torch.Tensor, keys: torch.Tensor, step, stream: int = rng.SAMP
     batch-invariant, and no host sync. A token of zero mass is never drawn: when float rounding puts
     ``u * total`` at the very end (probability below 2**-24), the row takes its argmax instead.
     """
-    u = rng.uniform(keys, step, stream, 1).to(probs.dtype)  # (B, 1)
-    cdf = probs.cumsum(-1)  # (B, V)
-    token = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_max(probs.shape[-1] - 1)  # (B, 1)
-    possible = probs.gather(1, token) > 0
-    return torch.where(possible, token, probs.argmax(-1, keepdim=True))[:, 0]
+    return draw(probs, rng.uniform(keys, step, stream, 1).to(probs.dtype)[:, 0])  # (B,)
 
 
 def next_token(logits: torch.Tensor, config: SamplingConfig, keys: torch.Tensor, step) -> torch.Tensor:
@@ -207,13 +178,3 @@ def next_token(logits: torch.Tensor, config: SamplingConfig, keys: torch.Tensor,
     if config.greedy:
         return logits.argmax(-1)
     return sample(probabilities(logits, config), keys, step)
-
-
-def draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF draws (...,) from laws ``probs`` (..., V) with ``uniforms`` (...,) in (0, 1); a
-    zero-mass token is never returned (the argmax instead, as :func:`lantern.models.sampling.sample`)."""
-    cdf = probs.cumsum(-1)
-    token = torch.searchsorted(cdf, (uniforms[..., None] * cdf[..., -1:]).contiguous(), right=True)
-    token = token.clamp_max(probs.shape[-1] - 1)
-    possible = probs.gather(-1, token) > 0
-    return torch.where(possible, token, probs.argmax(-1, keepdim=True))[..., 0]

@@ -1,27 +1,76 @@
-"""Speed-up against a named baseline run: a finished run's record on the same machine and setting.
+"""When two runs' timings may be compared: the join key, and a named baseline run checked against it.
 
-The default is the AR baseline interleaved in the same run (``GenerationJob(baseline=...)``). With
-``speedup_baseline_run=PATH`` a job instead divides the latency recorded in ``PATH/metrics.json`` by
-its own, after checking before it generates anything that both runs share the setting (model,
-prompts, images, seed, sampling, batch size) and the machine (device and its name).
+A speed-up divides an AR run's time by a decoder's. It means something only when the two runs differ in
+the decoder alone, so every join compares :func:`speed_setting`: what changes speed or quality besides
+the decoder (model and the hashes of its inputs, prompts, images, batch size, seeds, sampling, dtype,
+compile mode, attention kernel, threads and machine). Tables join only runs whose settings are equal and
+say which key differed otherwise (:func:`first_difference`); a job's ``speedup_baseline_run=PATH`` is
+refused at once when that run differs (:func:`read_baseline_run`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
+from lantern.decoding.api import settings_from_record
 from lantern.errors import ConfigError
 from lantern.results.record import RECORD_NAME, RecordError, RunRecord, read_record
 
-SETTING_KEYS = ("model", "prompts", "num_images", "batch_size", "seed", "temperature", "top_k", "top_p", "cfg_scale")
-MACHINE_KEYS = ("device", "device_name")
+# (key, where it lives): "record" entries, "config" entries (the resolved run config), "environment" entries.
+JOIN_KEYS = (
+    ("model", "record"),
+    ("inputs", "record"),
+    ("prompts", "record"),
+    ("num_images", "record"),
+    ("batch_size", "record"),
+    ("seed", "record"),
+    ("temperature", "record"),
+    ("top_k", "record"),
+    ("top_p", "record"),
+    ("cfg_scale", "record"),
+    ("cfg_interval", "record"),
+    ("dtype", "record"),
+    ("compile", "record"),
+    ("attention", "config"),
+    ("device", "environment"),
+    ("device_name", "environment"),
+    ("num_threads", "environment"),
+)
+# A latency run lends its timing to a quality run of the same method at any image count and batch size.
+LATENCY_IGNORED = ("num_images", "batch_size")
 
 
-def read_baseline_run(path: str | Path, setting: dict, machine: dict) -> RunRecord:
+def speed_setting(fields: Mapping, environment: Mapping | None, config: Mapping | None, ignore=()) -> dict:
+    """The join key of a run from its record entries, environment and config (absent entries are None)."""
+    sources = {"record": fields, "environment": environment or {}, "config": config or {}}
+    return {key: sources[where].get(key) for key, where in JOIN_KEYS if key not in ignore}
+
+
+def record_setting(record: RunRecord, ignore=()) -> dict:
+    """:func:`speed_setting` of a record."""
+    return speed_setting(record, record.environment, record.config, ignore)
+
+
+def first_difference(mine: dict, theirs: dict) -> str | None:
+    """``key (mine X, theirs Y)`` for the first key whose values differ, or None when all agree."""
+    for key, value in mine.items():
+        if theirs.get(key) != value:
+            return f"{key} (this run {_short(value)}, the other {_short(theirs.get(key))})"
+    return None
+
+
+def _short(value) -> str:
+    if isinstance(value, dict):  # file hashes: the first 12 hex digits of each
+        return "{" + ", ".join(f"{k}: {str(v)[:12]}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
+def read_baseline_run(path: str | Path, setting: dict) -> RunRecord:
     """The baseline run's record at ``path`` (a run folder or its ``metrics.json``), checked against this run.
 
-    ``setting`` holds this run's :data:`SETTING_KEYS`, ``machine`` its :data:`MACHINE_KEYS`. Raises
-    ConfigError naming the first difference, or when the file is missing or is not a valid record.
+    ``setting`` is this run's :func:`speed_setting`. Raises ConfigError naming the first difference, or
+    when the file is missing, is not a valid record or is not a baseline's.
     """
     file = Path(path)
     file = file / RECORD_NAME if file.is_dir() else file
@@ -31,16 +80,11 @@ def read_baseline_run(path: str | Path, setting: dict, machine: dict) -> RunReco
         record = read_record(file)
     except RecordError as exc:
         raise ConfigError(f"speedup_baseline_run={str(path)!r}: {exc}") from None
-    for key in SETTING_KEYS:
-        if record.get(key) != setting[key]:
-            raise ConfigError(
-                f"speedup_baseline_run={str(path)!r} has {key}={record.get(key)!r}, this run {key}={setting[key]!r}"
-            )
-    for key in MACHINE_KEYS:
-        if record.environment.get(key) != machine[key]:
-            raise ConfigError(
-                f"speedup_baseline_run={str(path)!r} ran on {key}={record.environment.get(key)!r}, this run on {machine[key]!r}"
-            )
+    if not settings_from_record(record).baseline:
+        raise ConfigError(f"speedup_baseline_run={str(path)!r} is a {record.decoding} run, not a baseline (AR) run")
+    difference = first_difference(setting, record_setting(record))
+    if difference is not None:
+        raise ConfigError(f"speedup_baseline_run={str(path)!r} differs from this run in {difference}")
     if record.latency_s_per_image is None or record.latency_s_per_image <= 0:
         raise ConfigError(f"speedup_baseline_run={str(path)!r} records latency {record.latency_s_per_image!r}")
     return record

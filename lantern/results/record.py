@@ -6,9 +6,12 @@ lists) and the ``schema_version``. Baselines and tables read records through :cl
 Decoder- and metric-specific entries (``candidates`` settings, ``acceptance_histogram``,
 ``prompt_accuracy``, ...) are kept as extra top-level keys beside the typed ones; the file stays flat.
 
-Versions: 1 is the first versioned record. Records written before versioning carry no
-``schema_version``; they are read as version 0 when their typed fields validate (they lack the
-timing spread, ``world_size`` and ``timing`` entries, which then read as absent).
+Versions: 1 is the first versioned record; 2 adds the decoder's typed ``settings`` (what tables label
+rows and join runs by, :mod:`lantern.decoding.api`) and the weights' ``dtype``. Records written before
+versioning carry no ``schema_version``; they are read as version 0 when their typed fields validate
+(they lack the timing spread, ``world_size`` and ``timing`` entries, which then read as absent).
+Records of versions 0 and 1 carry no ``settings``: tables label them from their flat entries and never
+join them with another run.
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 from lantern.errors import LanternError
 from lantern.files import write_json_atomic
 
-SCHEMA_VERSION = 1
-KNOWN_VERSIONS = (0, 1)
+SCHEMA_VERSION = 2
+KNOWN_VERSIONS = (0, 1, 2)
 RECORD_NAME = "metrics.json"
 
 
@@ -48,6 +51,7 @@ class RunRecord(BaseModel):
     delta: float | None = None
     lambda_: float | None = Field(default=None, alias="lambda")
     compile: str | None = None  # torch.compile mode of the decoders, where they were compiled
+    settings: dict[str, Any] | None = None  # the decoder's typed settings (lantern.decoding.api), version 2 on
     # The setting: what makes two runs' images and latencies comparable (with the machine).
     model: str
     prompts: str
@@ -59,6 +63,7 @@ class RunRecord(BaseModel):
     top_p: float
     cfg_scale: float
     cfg_interval: float | None = None
+    dtype: str | None = None  # the target's weights
     tokens_per_image: int | None = None
     # Timing (of the images decoded by the last process; ``timing`` says how many that was).
     latency_s_per_image: float | None = None

@@ -1,26 +1,130 @@
-"""The rules configs build: LANTERN (k, delta) and LANTERN++ (k, lambda) under either semantics."""
+"""The rules configs build: exact decoding, LANTERN (k, delta) and LANTERN++ (k, lambda) under either semantics.
+
+Each function returns a :class:`~lantern.rules.api.RuleSpec`: the decoder asks it for the rule of the
+candidates it drafts (``spec.build(kind, draft)``) and for the settings its records keep.
+
+* ``semantics=bounded`` (default): a relaxation with ``TV(p, p') <= delta`` per token (LANTERN) or
+  ``p'(x) <= lambda p(x)`` per receiving token (LANTERN++), for every draft structure and candidate kind,
+  composed with the exact test (:class:`~lantern.rules.api.Composed`).
+* ``semantics=reference``: the authors' released behaviour (:class:`~lantern.rules.reference.LanternReference`);
+  its realised TV is measured, every ``tv_audit_every``-th step where that needs a sum over the vocabulary.
+"""
 
 from __future__ import annotations
 
+from lantern import checks
 from lantern.errors import ConfigError
-from lantern.rules.exact import _EXACT, AcceptanceRule, _check_kind
+from lantern.rules.api import Composed, NoRelaxation, Rule, RuleSettings, check_candidates
+from lantern.rules.exact import EXACT, ExactTest
 from lantern.rules.neighbours import CodebookNeighbours
 from lantern.rules.reference import LanternReference
 from lantern.rules.relaxation import (
     RECEIVERS,
     ROUNDS,
     SCAN,
+    TRANSPORT_RECEIVERS,
     NeighbourRelaxation,
     NeighbourTable,
-    check_delta,
-    check_lambda,
-    check_receivers,
-    check_rounds,
-    check_scan,
+    as_table,
 )
-from lantern.rules.relaxed import RelaxedRule
 
 SEMANTICS = ("bounded", "reference")
+
+
+class ExactSpec:
+    """Exact (lossless) decoding: no relaxation, the exact test of the drafted candidates.
+
+    ``test``: a test to use for its own kind of candidates instead of the standard one (tests use this
+    to run a broken rule as a negative control); other kinds keep the standard test.
+    """
+
+    tv_audit_every = 1
+
+    def __init__(self, test: ExactTest | None = None):
+        self.test = test
+
+    def build(self, kind: str, draft=None) -> Rule:
+        test = self.test if self.test is not None and self.test.candidates == kind else EXACT[check_candidates(kind)]()
+        return Composed(NoRelaxation(), test)
+
+    def settings(self, kind: str) -> RuleSettings:
+        return RuleSettings(acceptance="greedy" if kind == "greedy" else "exact", candidates=kind, label="exact")
+
+
+def exact(test: ExactTest | None = None) -> ExactSpec:
+    """Exact speculative decoding (EAGLE's rule for every candidate kind)."""
+    return ExactSpec(test)
+
+
+class NeighbourSpec:
+    """LANTERN or LANTERN++: a neighbour relaxation with ``delta`` or ``lam`` under ``semantics``."""
+
+    def __init__(
+        self,
+        family: str,
+        k: int,
+        neighbours,
+        semantics: str,
+        tv_audit_every: int,
+        scan: int | None,
+        receivers: str,
+        rounds: int,
+        delta: float | None = None,
+        lam: float | None = None,
+    ):
+        self.family, self.delta, self.lam = family, delta, lam
+        self.semantics = checks.choice("semantics", semantics, SEMANTICS)
+        self.tv_audit_every = checks.integer("tv_audit_every", tv_audit_every, 1)
+        self.scan = checks.optional(checks.integer, "scan", scan, 1, note="null = all k neighbours")
+        self.receivers = checks.choice("receivers", receivers, TRANSPORT_RECEIVERS)
+        self.rounds = checks.integer("rounds", rounds, 1)
+        self.table = as_table(_table(neighbours, self.semantics), k)
+        self.k = k
+        self._rules: dict[str, Rule] = {}
+        if self.semantics == "reference":  # its table checks (the authors' k+1 slice) before any work
+            self.build("deterministic")
+
+    def build(self, kind: str, draft=None) -> Rule:
+        kind = check_candidates(kind)
+        if self.semantics == "reference" and kind == "sampled" and getattr(draft, "name", "") == "dynamic_tree":
+            raise ConfigError(
+                "semantics=reference with draft=dynamic_tree and draft.candidates=sampled is not supported: the "
+                "authors' code samples candidates only on static trees; use draft=static_tree or draft=chain, "
+                "draft.candidates=deterministic, or decoding.acceptance.semantics=bounded"
+            )
+        if kind not in self._rules:
+            if self.semantics == "reference":
+                self._rules[kind] = LanternReference(self.k, self.table, self.delta, self.lam, kind)
+            else:
+                relaxation = NeighbourRelaxation(
+                    self.k,
+                    self.table,
+                    delta=self.delta,
+                    lam=self.lam,
+                    scan=self.scan,
+                    receivers=self.receivers,
+                    rounds=self.rounds,
+                )
+                self._rules[kind] = Composed(relaxation, EXACT[kind]())
+        return self._rules[kind]
+
+    def settings(self, kind: str) -> RuleSettings:
+        bound = f"d={self.delta}" if self.family == "lantern" else f"l={self.lam}"
+        knobs = {"neighbours_normalized": self.table.normalize}
+        if self.semantics == "bounded":  # sampled candidates' transport
+            knobs.update(scan=self.scan, receivers=self.receivers, rounds=self.rounds)
+        else:
+            knobs["tv_audit_every"] = self.tv_audit_every
+        return RuleSettings(
+            acceptance=self.family,
+            candidates=kind,
+            label=f"k={self.k} {bound}",
+            k=self.k,
+            delta=self.delta,
+            lam=self.lam,
+            semantics=self.semantics,
+            knobs=knobs,
+        )
 
 
 def _table(neighbours, semantics: str) -> NeighbourTable:
@@ -32,71 +136,25 @@ def _table(neighbours, semantics: str) -> NeighbourTable:
     return NeighbourTable(neighbours)
 
 
-def _check_semantics(semantics: str) -> str:
-    if semantics not in SEMANTICS:
-        raise ConfigError(f"semantics={semantics!r} must be one of {', '.join(SEMANTICS)}")
-    return semantics
-
-
-def _check_audit(tv_audit_every) -> int:
-    if isinstance(tv_audit_every, bool) or not isinstance(tv_audit_every, int) or tv_audit_every < 1:
-        raise ConfigError(f"tv_audit_every={tv_audit_every!r} must be an integer >= 1")
-    return tv_audit_every
-
-
-def _neighbour_rule(
-    settings: dict,
-    neighbours,
-    semantics: str,
-    candidates: str,
-    tv_audit_every: int,
-    scan: int | None = SCAN,
-    receivers: str = RECEIVERS,
-    rounds: int = ROUNDS,
-    **bound,
-) -> AcceptanceRule:
-    """The rule for a neighbour relaxation with ``bound`` (``delta=`` or ``lam=``) under ``semantics``."""
-    semantics, kind, every = _check_semantics(semantics), _check_kind(candidates), _check_audit(tv_audit_every)
-    table = _table(neighbours, semantics)
-    if semantics == "reference":
-        return LanternReference(settings["k"], table, settings, candidates=kind, tv_audit_every=every, **bound)
-    settings = {**settings, "scan": scan, "receivers": receivers, "rounds": rounds}  # sampled candidates' transport
-    relaxation = NeighbourRelaxation(settings["k"], table, scan=scan, receivers=receivers, rounds=rounds, **bound)
-    return RelaxedRule(relaxation, _EXACT[kind](), settings)
-
-
 def lantern(
     k: int,
     delta: float,
     neighbours,
     semantics: str = "bounded",
-    candidates: str = "deterministic",
     tv_audit_every: int = 1,
     scan: int | None = SCAN,
     receivers: str = RECEIVERS,
     rounds: int = ROUNDS,
-) -> AcceptanceRule:
+) -> NeighbourSpec:
     """LANTERN (k, delta).
 
-    ``bounded`` (default): a relaxation with ``TV(p, p') <= delta`` per token for every structure and
-    candidate kind, then the exact test. ``reference``: the authors' released behaviour
-    (:class:`~lantern.rules.reference.LanternReference`); its realised TV is measured, every
-    ``tv_audit_every``-th step where that needs a sum over the vocabulary. ``scan``: bounded semantics,
-    sampled candidates: how many of a surplus code's nearest neighbours are searched for a receiver
-    (None: all k); ``receivers``: ``fill`` tops up those neighbours' deficits nearest first, ``first``
-    gives everything to the first one in deficit; ``rounds``: how often leftovers are offered again
-    (see :mod:`lantern.rules.relaxation`).
+    ``scan``: bounded semantics, sampled candidates: how many of a surplus code's nearest neighbours are
+    searched for a receiver (None: all k); ``receivers``: ``fill`` tops up those neighbours' deficits
+    nearest first, ``first`` gives everything to the first one in deficit; ``rounds``: how often leftovers
+    are offered again (see :mod:`lantern.rules.relaxation`).
     """
-    delta, scan, receivers, rounds = (
-        check_delta(delta),
-        check_scan(scan),
-        check_receivers(receivers),
-        check_rounds(rounds),
-    )
-    settings = {"acceptance": "lantern", "k": k, "delta": delta}
-    return _neighbour_rule(
-        settings, neighbours, semantics, candidates, tv_audit_every, scan, receivers, rounds, delta=delta
-    )
+    delta = checks.probability("delta", delta, note="LANTERN's TV budget")
+    return NeighbourSpec("lantern", k, neighbours, semantics, tv_audit_every, scan, receivers, rounds, delta=delta)
 
 
 def lantern_pp(
@@ -104,16 +162,12 @@ def lantern_pp(
     lam: float,
     neighbours,
     semantics: str = "bounded",
-    candidates: str = "deterministic",
     tv_audit_every: int = 1,
     scan: int | None = SCAN,
     receivers: str = RECEIVERS,
     rounds: int = ROUNDS,
-) -> AcceptanceRule:
+) -> NeighbourSpec:
     """LANTERN++ (k, lambda): as :func:`lantern` with the cap ``p'(x) <= lambda p(x)`` at each receiving
     token instead of a shared TV budget (its realised TV is recorded, not bounded by a delta)."""
-    lam, scan, receivers, rounds = check_lambda(lam), check_scan(scan), check_receivers(receivers), check_rounds(rounds)
-    settings = {"acceptance": "lantern_pp", "k": k, "lambda": lam}
-    return _neighbour_rule(
-        settings, neighbours, semantics, candidates, tv_audit_every, scan, receivers, rounds, lam=lam
-    )
+    lam = checks.real("lambda", lam, 1, note="LANTERN++'s cap")
+    return NeighbourSpec("lantern_pp", k, neighbours, semantics, tv_audit_every, scan, receivers, rounds, lam=lam)

@@ -35,7 +35,8 @@ import torch
 
 from lantern.errors import ConfigError
 from lantern.models.sampling import SamplingConfig, race
-from lantern.rules.exact import AcceptanceRule, LevelOutcome, _check_kind, _first, _without
+from lantern.rules.api import NodeOutcome, PathChoice, check_candidates
+from lantern.rules.exact import first, without
 from lantern.rules.relaxation import NeighbourTable, as_table
 
 
@@ -46,18 +47,17 @@ def _renormalised(weights: torch.Tensor) -> torch.Tensor:
     return torch.where(total > 0, weights / total.clamp_min(1e-30), uniform)
 
 
-class LanternReference(AcceptanceRule):
-    """The authors' LANTERN (``delta``) or LANTERN++ (``lam``) acceptance; see the module docstring."""
+class LanternReference:
+    """The authors' LANTERN (``delta``) or LANTERN++ (``lam``) rule for candidates of one kind; see the
+    module docstring. Greedy candidates choose among whole paths (:attr:`walk`)."""
 
     def __init__(
         self,
         k: int,
         neighbours: NeighbourTable,
-        settings: dict,
         delta: float | None = None,
         lam: float | None = None,
         candidates: str = "deterministic",
-        tv_audit_every: int = 1,
     ):
         self.table = as_table(neighbours, k)
         if k + 1 > self.table.k_max:
@@ -66,38 +66,9 @@ class LanternReference(AcceptanceRule):
                 f"nearest_latents[x, :k+1]) but the neighbour table has k_max={self.table.k_max} columns: "
                 f"set model.neighbours.k_max>={k + 1} or k<={self.table.k_max - 1}"
             )
-        self.k, self.delta, self.lam, self.settings = k, delta, lam, settings
-        self.candidates = _check_kind(candidates)
-        self.tv_audit_every = tv_audit_every
-
-    @property
-    def longest_path(self) -> bool:
-        return self.candidates == "greedy"
-
-    def for_candidates(self, kind: str) -> LanternReference:
-        """The same rule for candidates of ``kind``."""
-        if _check_kind(kind) == self.candidates:
-            return self
-        return LanternReference(self.k, self.table, self.settings, self.delta, self.lam, kind, self.tv_audit_every)
-
-    def check_draft(self, draft) -> None:
-        """The authors sample candidates only on static trees; a sampled dynamic tree has no reference."""
-        if self.candidates == "sampled" and getattr(draft, "name", "") == "dynamic_tree":
-            raise ConfigError(
-                "semantics=reference with draft=dynamic_tree and draft.candidates=sampled is not supported: the "
-                "authors' code samples candidates only on static trees; use draft=static_tree or draft=chain, "
-                "draft.candidates=deterministic, or decoding.acceptance.semantics=bounded"
-            )
-
-    def describe(self) -> dict:
-        """Settings recorded with results."""
-        return {
-            **self.settings,
-            "candidates": self.candidates,
-            "semantics": "reference",
-            "neighbours_normalized": self.table.normalize,
-            "tv_audit_every": self.tv_audit_every,
-        }
+        self.k, self.delta, self.lam = k, delta, lam
+        self.candidates = check_candidates(candidates)
+        self.walk = self.select_path if self.candidates == "greedy" else None
 
     # ------------------------------------------------------------------ the relaxed test, one candidate per row
 
@@ -125,7 +96,7 @@ class LanternReference(AcceptanceRule):
 
     # ------------------------------------------------------------------ one tree node
 
-    def level(self, p, tokens, valid, q, u, noise, sampling: SamplingConfig, audit: bool = True) -> LevelOutcome:
+    def node(self, p, tokens, valid, q, u, noise, sampling: SamplingConfig, audit: bool = True) -> NodeOutcome:
         """Siblings in order on the modified distribution (see the module docstring)."""
         if self.candidates == "sampled":
             return self._sampled(p, tokens, valid, q, u, audit)
@@ -151,12 +122,12 @@ class LanternReference(AcceptanceRule):
             current = torch.where(live[:, None], rejected, current)
         law = law + reach[:, None] * current
         drawn = race(law, noise, sampling)  # (R,)
-        chosen = _first(valid & (tokens == drawn[:, None]))
+        chosen = first(valid & (tokens == drawn[:, None]))
         merged = torch.where(chosen >= 0, gains.gather(1, chosen.clamp_min(0)[:, None])[:, 0], 0.0)
         tv = 0.5 * (law - p).abs().sum(dim=1)
-        return LevelOutcome(chosen=chosen, target=current, proposal=q, emitted=drawn, tv=tv, merged=merged)
+        return NodeOutcome(chosen=chosen, target=current, proposal=q, emitted=drawn, tv=tv, merged=merged)
 
-    def _sampled(self, p, tokens, valid, q, u, audit: bool) -> LevelOutcome:
+    def _sampled(self, p, tokens, valid, q, u, audit: bool) -> NodeOutcome:
         """The static-tree variant: ``u <= p~(x) / q'(x)``; neighbours zeroed in ``q'`` on rejection."""
         rows, count = tokens.shape
         tv = self._sampled_law_tv(p, q) if audit else torch.full((rows,), math.nan, dtype=p.dtype, device=p.device)
@@ -176,8 +147,8 @@ class LanternReference(AcceptanceRule):
             reject = trying & ~accept
             q_zeroed = proposal.masked_fill(self.zeroed(current, x, m), 0.0)  # not renormalised, as the reference
             current = torch.where(reject[:, None], _renormalised((current - q_zeroed).clamp_min(0)), current)
-            proposal = torch.where(reject[:, None], _without(proposal, x), proposal)
-        return LevelOutcome(chosen=chosen, target=current, proposal=proposal, emitted=None, tv=tv, merged=merged)
+            proposal = torch.where(reject[:, None], without(proposal, x), proposal)
+        return NodeOutcome(chosen=chosen, target=current, proposal=proposal, emitted=None, tv=tv, merged=merged)
 
     def _sampled_law_tv(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         """TV(p, law) for ONE sampled candidate ``x ~ q`` under the reference rule, summed over every x.
@@ -213,7 +184,7 @@ class LanternReference(AcceptanceRule):
 
     # ------------------------------------------------------------------ greedy: the longest accepted path
 
-    def select_path(self, draft, p: torch.Tensor):
+    def select_path(self, draft, p: torch.Tensor) -> PathChoice:
         """The greedy walk: each node passes on its parent's unmodified row; the deepest node whose whole
         path passes wins (first in node order on ties); then the unmodified argmax there is next.
 
@@ -240,4 +211,4 @@ class LanternReference(AcceptanceRule):
         merged = merged[:, :depth_max]
         tv = torch.cat([merged, torch.zeros(batch, 1, dtype=p.dtype, device=p.device)], dim=1)
         next_token = p[torch.arange(batch, device=p.device), best].argmax(dim=1)
-        return path[:, :depth_max], next_token, tv, merged
+        return PathChoice(path[:, :depth_max], next_token, tv, merged)

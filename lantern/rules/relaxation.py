@@ -30,26 +30,12 @@ Every function is vectorised over rows and loops only over the siblings of a nod
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
+from lantern import checks
 from lantern.errors import ConfigError
-
-
-@dataclass(frozen=True)
-class Relaxed:
-    """``target`` (R, V) the relaxed law ``p'``; ``tv`` (R,) ``TV(p, p')``; ``gain`` (R, K) the mass
-    moved onto each candidate (zeros for sampled candidates, whose gains are spread over the vocabulary)."""
-
-    target: torch.Tensor
-    tv: torch.Tensor
-    gain: torch.Tensor
-
-
-def identity(p: torch.Tensor, tokens: torch.Tensor) -> Relaxed:
-    """No relaxation: ``p' = p``."""
-    return Relaxed(target=p, tv=p.new_zeros(p.shape[0]), gain=torch.zeros(tokens.shape, dtype=p.dtype, device=p.device))
+from lantern.rules.api import Relaxed
 
 
 class NeighbourTable:
@@ -98,59 +84,22 @@ class NeighbourTable:
 def as_table(neighbours, k: int) -> NeighbourTable:
     """``neighbours`` (a :class:`NeighbourTable` or an integer tensor) checked to hold ``k`` columns."""
     table = neighbours if isinstance(neighbours, NeighbourTable) else NeighbourTable(neighbours)
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= table.k_max:
-        raise ConfigError(
-            f"k={k!r} must be an integer in [1, {table.k_max}] (the neighbour table has k_max={table.k_max} columns; "
-            "a larger table: model.neighbours.k_max=...)"
-        )
-    if k >= table.num_codes:
-        raise ConfigError(f"k={k!r} must be < the codebook size V={table.num_codes}")
+    high = min(table.k_max, table.num_codes - 1)
+    checks.integer(
+        "k",
+        k,
+        1,
+        high,
+        note=f"the neighbour table has {table.k_max} columns of {table.num_codes} codes; "
+        "a larger table: model.neighbours.k_max=...",
+    )
     return table
 
 
-def check_delta(delta) -> float:
-    if (
-        isinstance(delta, bool)
-        or not isinstance(delta, (int, float))
-        or not math.isfinite(delta)
-        or not 0 <= delta <= 1
-    ):
-        raise ConfigError(f"delta={delta!r} must be a number in [0, 1]")
-    return float(delta)
-
-
 SCAN = 128  # default receiver search of the transport (columns of the neighbour table); see the module docstring
-
-
-def check_scan(scan) -> int | None:
-    if scan is not None and (isinstance(scan, bool) or not isinstance(scan, int) or scan < 1):
-        raise ConfigError(f"scan={scan!r} must be an integer >= 1 or null (all k neighbours)")
-    return scan
-
-
 RECEIVERS = "fill"  # default receiver choice of the transport; see the module docstring
 TRANSPORT_RECEIVERS = ("fill", "first")
-
-
-def check_receivers(receivers) -> str:
-    if receivers not in TRANSPORT_RECEIVERS:
-        raise ConfigError(f"receivers={receivers!r} must be one of {', '.join(TRANSPORT_RECEIVERS)}")
-    return receivers
-
-
 ROUNDS = 2  # default rounds of the transport; see the module docstring
-
-
-def check_rounds(rounds) -> int:
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
-        raise ConfigError(f"rounds={rounds!r} must be an integer >= 1")
-    return rounds
-
-
-def check_lambda(lam) -> float:
-    if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not math.isfinite(lam) or not lam >= 1:
-        raise ConfigError(f"lambda={lam!r} must be a finite number >= 1")
-    return float(lam)
 
 
 class NeighbourRelaxation:
@@ -173,9 +122,10 @@ class NeighbourRelaxation:
         self.delta = delta
         self.lam = lam
         self.donors = donors
-        self.scan = k if scan is None else min(k, check_scan(scan))
-        self.receivers = check_receivers(receivers)
-        self.rounds = check_rounds(rounds)
+        scan = checks.optional(checks.integer, "scan", scan, 1, note="null = all k neighbours")
+        self.scan = k if scan is None else min(k, scan)
+        self.receivers = checks.choice("receivers", receivers, TRANSPORT_RECEIVERS)
+        self.rounds = checks.integer("rounds", rounds, 1)
 
     def _cap(self, p: torch.Tensor, px: torch.Tensor) -> torch.Tensor:
         """The most a receiver with target mass ``px`` may gain: (R,) or (R, V)."""

@@ -10,10 +10,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from lantern import checks
 from lantern.errors import ConfigError
 from lantern.files import labelled_grid, read_images, write_atomic
 from lantern.models.bundle import ModelBundle
-from lantern.results.baselines import read_baseline_run, recorded_speedup
+from lantern.results.baselines import read_baseline_run, recorded_speedup, speed_setting
 from lantern.results.provenance import environment
 from lantern.results.record import RunRecord, build_record, write_record
 from lantern.rng import keys_tensor
@@ -39,27 +40,27 @@ def acceptance_summary(samples: list[dict[str, torch.Tensor]]) -> dict:
     """Run-level acceptance figures from the decoders' per-sample tensors.
 
     ``mean_accepted_length`` is tau: tokens produced after the first one divided by target steps,
-    over all images (1.0 for plain AR). A speculative decoder adds ``acceptance_histogram`` (steps
-    that accepted 0, 1, ... draft tokens); ``tv_realised_mean`` / ``tv_realised_max``: the total
-    variation between the target and the law each token was actually drawn from, over the tokens
-    where it was measured (``tv_realised_coverage`` of them; 0 for exact rules); and
-    ``merged_mass_mean`` / ``merged_mass_max``: the mass a relaxation moved onto each accepted draft
-    token (what older records called ``tv_mean`` / ``tv_max``).
+    over all images (1.0 for plain AR). ``tv_realised_mean`` / ``tv_realised_max``: the total variation
+    between the target and the law each token was actually drawn from, over the tokens where it was
+    measured (``tv_realised_coverage`` of them; 0 for AR and exact rules). A speculative decoder adds
+    ``acceptance_histogram`` (steps that accepted 0, 1, ... draft tokens) and ``merged_mass_mean`` /
+    ``merged_mass_max``: the mass a relaxation moved onto each accepted draft token.
     """
     if not samples or any("steps" not in s for s in samples):
         return {}
     steps = sum(int(s["steps"].sum()) for s in samples)
     tokens = sum(int(s["tokens"].sum()) for s in samples)
     summary = {"mean_accepted_length": tokens / max(1, steps), "target_steps": steps}
-    if all("histogram" in s for s in samples):
-        summary["acceptance_histogram"] = [int(v) for v in sum(s["histogram"].sum(0) for s in samples)]
-        drafts = sum(int(s["accepted_drafts"].sum()) for s in samples)
+    if all("tv_measured" in s for s in samples):
         measured = sum(int(s["tv_measured"].sum()) for s in samples)
         summary["tv_realised_mean"] = (
             (sum(float(s["tv_realised_sum"].sum()) for s in samples) / measured) if measured else None
         )
         summary["tv_realised_max"] = max(float(s["tv_realised_max"].max()) for s in samples) if measured else None
         summary["tv_realised_coverage"] = measured / max(1, tokens)
+    if all("histogram" in s for s in samples):
+        summary["acceptance_histogram"] = [int(v) for v in sum(s["histogram"].sum(0) for s in samples)]
+        drafts = sum(int(s["accepted_drafts"].sum()) for s in samples)
         summary["merged_mass_mean"] = sum(float(s["merged_sum"].sum()) for s in samples) / max(1, drafts)
         summary["merged_mass_max"] = max(float(s["merged_max"].max()) for s in samples)
     return summary
@@ -94,16 +95,12 @@ class GenerationJob:
         metrics=None,
         tracker=None,
     ):
-        for name, value, low in (
-            ("num_images", num_images, 1),
-            ("batch_size", batch_size, 1),
-            ("warmup", warmup, 0),
-            ("speedup_every", baseline_every, 1),
-        ):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ConfigError(f"{name}={value!r} must be an integer >= {low}")
-        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-            raise ConfigError(f"seed={seed!r} must be an integer >= 0")
+        num_images, batch_size = (
+            checks.integer("num_images", num_images, 1),
+            checks.integer("batch_size", batch_size, 1),
+        )
+        warmup, seed = checks.integer("warmup", warmup, 0), checks.integer("seed", seed, 0)
+        baseline_every = checks.integer("speedup_every", baseline_every, 1)
         if prompts.kind != bundle.conditioner.kind:
             raise ConfigError(
                 f"prompt set {prompts.name!r} holds {prompts.kind} prompts but model {bundle.name!r} "
@@ -142,7 +139,8 @@ class GenerationJob:
         return result, time.perf_counter() - start
 
     def _setting(self) -> dict:
-        """The record's setting entries: what makes two runs' latencies comparable (besides the machine)."""
+        """The record's setting entries: with the decoder's compile mode, the config's attention and the
+        machine, what makes two runs' latencies comparable (:func:`lantern.results.baselines.speed_setting`)."""
         sampling = self.decoder.sampling
         return {
             "model": self.bundle.name,
@@ -150,7 +148,8 @@ class GenerationJob:
             "num_images": self.num_images,
             "batch_size": self.batch_size,
             "seed": self.seed,
-            **{key: getattr(sampling, key) for key in ("temperature", "top_k", "top_p", "cfg_scale")},
+            **{key: getattr(sampling, key) for key in ("temperature", "top_k", "top_p", "cfg_scale", "cfg_interval")},
+            "dtype": str(self.bundle.gpt.tok_embeddings.weight.dtype).removeprefix("torch."),
         }
 
     def _compares(self) -> bool:
@@ -265,7 +264,10 @@ class GenerationJob:
         check_world(world, self.num_images)
         recorded = None
         if self.baseline_run is not None:  # checked before anything is generated or written
-            recorded = read_baseline_run(self.baseline_run, self._setting(), environment(self.bundle.device))
+            mine = {**self._setting(), "compile": self.decoder.settings.compile}
+            recorded = read_baseline_run(
+                self.baseline_run, speed_setting(mine, environment(self.bundle.device), config or {})
+            )
         store = folder.store()
         mine = [i for i in world.shard(list(range(self.num_images))) if not store.is_finished(i)]
         if world.is_main:
@@ -315,10 +317,9 @@ class GenerationJob:
                 stats[key] = stats.get(key, 0.0) + value
         tokens_per_image = self.bundle.gpt.config.num_image_tokens
         fields = {
-            "decoding": self.decoder.name,
-            **self.decoder.describe(),
+            **self.decoder.settings.record(),
+            "settings": self.decoder.settings.to_json(),
             **self._setting(),
-            "cfg_interval": self.decoder.sampling.cfg_interval,
             "tokens_per_image": tokens_per_image,
             "latency_s_per_image": total / decoded if decoded else None,
             "latency_s_median": statistics.median(latency.values()) if decoded else None,

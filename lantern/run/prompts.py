@@ -8,6 +8,7 @@ import json
 import os
 from collections.abc import Sequence
 
+from lantern import checks
 from lantern.errors import ConfigError
 
 # LlamaGen's own demo classes for class-conditional sampling.
@@ -18,8 +19,7 @@ class PromptSet(Sequence):
     """An indexable, named list of prompts: class ids (``kind = "class"``) or captions (``"text"``)."""
 
     def __init__(self, name: str, kind: str, items: Sequence, labels: Sequence[int] | None = None):
-        if kind not in ("class", "text"):
-            raise ConfigError(f"prompt kind must be 'class' or 'text', got {kind!r}")
+        checks.choice("prompt kind", kind, ("class", "text"))
         if len(items) == 0:
             raise ConfigError(f"prompt set {name!r} is empty")
         self.name = name
@@ -88,8 +88,7 @@ def fashion_prompts(count: int = 20, seed: int = 0) -> PromptSet:
     """Balanced Fashion-MNIST captions (prompt ``i`` is of class ``i % 10``), with their labels."""
     from lantern.models.world.fashion_mnist import prompt_set
 
-    if count < 1:
-        raise ConfigError(f"prompt count {count!r} must be >= 1")
+    count = checks.integer("prompts.count", count, 1)
     prompts = prompt_set(count, seed)
     return PromptSet("fashion_mnist", "text", [p.caption for p in prompts], labels=[p.label for p in prompts])
 
@@ -99,8 +98,8 @@ PER_IMAGE = ("longest", "first", "all")
 
 def _subset(items: list, start: int, count: int | None, source: str) -> list:
     """Items ``start .. start + count - 1`` (``count=None``: to the end), with one error for a bad range."""
-    if not isinstance(start, int) or start < 0 or (count is not None and (not isinstance(count, int) or count < 1)):
-        raise ConfigError(f"prompt range start={start!r} count={count!r} must be start >= 0 and count >= 1 (or null)")
+    start = checks.integer("prompts.start", start, 0)
+    count = checks.optional(checks.integer, "prompts.count", count, 1)
     if start >= len(items):
         raise ConfigError(f"prompt range start={start} is past the {len(items)} prompts in {source!r}")
     return items[start : None if count is None else start + count]
@@ -115,8 +114,7 @@ def coco_captions(
     prompts), ``first`` its first, ``all`` every caption (val2014's ~200k, of which LlamaGen's protocol
     uses 30k: ``count=30000``). ``start``/``count`` take a contiguous subset.
     """
-    if per_image not in PER_IMAGE:
-        raise ConfigError(f"per_image={per_image!r} must be one of {', '.join(PER_IMAGE)}")
+    checks.choice("prompts.per_image", per_image, PER_IMAGE)
     if not os.path.isfile(path):
         raise ConfigError(f"COCO caption file not found: {path!r} (expected e.g. annotations/captions_val2017.json)")
     text = read_text(path, "COCO caption file")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from lantern import checks
 from lantern.errors import ConfigError
 
 MODES = ("offline", "online", "disabled")
@@ -59,8 +60,7 @@ class WandbLogger:
         quiet: bool = True,
         timeout_s: int = 15,
     ):
-        if mode not in MODES:
-            raise ConfigError(f"wandb.mode={mode!r} must be one of {', '.join(MODES)}")
+        checks.choice("wandb.mode", mode, MODES)
         self.mode, self.project, self.group, self.name, self.quiet, self.timeout_s = (
             mode,
             project,

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from lantern import checks
 from lantern.errors import ConfigError
 from lantern.metrics.clip import CONVENTIONS
 from lantern.models.world.fashion_mnist import CLASS_NAMES, NUM_CLASSES, all_captions
@@ -82,8 +83,7 @@ def clip_config(
         "context_length": context_length,
     }
     for name, value in values.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ConfigError(f"CLIP {name} must be an integer >= 1, got {value!r}")
+        checks.integer(f"CLIP {name}", value, 1)
     if RESOLUTION % patch_size:
         raise ConfigError(f"CLIP patch_size must divide the image size {RESOLUTION}, got {patch_size}")
     if vision_width % vision_head_width or text_width % text_heads:

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from lantern import checks
 from lantern.errors import CheckpointError, ConfigError
 from lantern.files import write_atomic, write_text_atomic
 
@@ -60,12 +61,9 @@ def warmup_cosine(warmup_steps: int, total_steps: int, min_ratio: float = 0.0) -
     ``min_ratio + (1 - min_ratio) * (1 + cos(pi * t)) / 2`` with ``t`` going from 0 to 1 at
     ``total_steps`` (and held at ``min_ratio`` beyond).
     """
-    if not isinstance(warmup_steps, int) or warmup_steps < 0:
-        raise ConfigError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
-    if not isinstance(total_steps, int) or total_steps < 1:
-        raise ConfigError(f"total steps must be an integer >= 1, got {total_steps!r}")
-    if not 0.0 <= float(min_ratio) <= 1.0:
-        raise ConfigError(f"min_lr_ratio must be in [0, 1], got {min_ratio!r}")
+    warmup_steps = checks.integer("warmup_steps", warmup_steps, 0)
+    total_steps = checks.integer("steps", total_steps, 1)
+    min_ratio = checks.probability("min_lr_ratio", min_ratio)
 
     def schedule(step: int) -> float:
         if step < warmup_steps:
@@ -88,8 +86,7 @@ class EpochBatches:
         self, size: int, batch_size: int, seed: int, load: Callable[[torch.Tensor], Any], drop_last: bool = True
     ) -> None:
         """``size`` items, ``batch_size`` per batch, ``load`` turning an index tensor into a batch."""
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ConfigError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        batch_size = checks.integer("batch_size", batch_size, 1)
         if size < 1 or (drop_last and size < batch_size):
             raise ConfigError(f"batch_size {batch_size} is larger than the dataset ({size} items)")
         self.size = int(size)
@@ -213,11 +210,9 @@ class Trainer:
         export_metadata: Mapping[str, str] | None = None,
     ) -> None:
         """Store the pieces; nothing is read or written until :meth:`fit`."""
-        for name, value in (("max_steps", max_steps), ("ckpt_every", ckpt_every), ("log_every", log_every)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
-        if grad_clip is not None and not grad_clip > 0:
-            raise ConfigError(f"grad_clip must be > 0 or null, got {grad_clip!r}")
+        max_steps = checks.integer("steps", max_steps, 1)
+        ckpt_every, log_every = checks.integer("ckpt_every", ckpt_every, 1), checks.integer("log_every", log_every, 1)
+        grad_clip = checks.optional(checks.real, "grad_clip", grad_clip, 0, low_open=True)
         if not export_name.endswith(".safetensors"):
             raise ConfigError(f"export_name must end in .safetensors, got {export_name!r}")
         self.model = model

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from lantern import checks
 from lantern.errors import ConfigError
 from lantern.models.llamagen.vq import VQModel
 
@@ -64,12 +65,9 @@ class VQObjective:
         buffer_size: int = 32768,
     ) -> None:
         """Set the weights and allocate the usage counters and latent buffer (on the model's device)."""
-        if not isinstance(restart_every, int) or restart_every < 0:
-            raise ConfigError(f"restart_every must be an integer >= 0, got {restart_every!r}")
-        if not isinstance(restart_min_count, int) or restart_min_count < 1:
-            raise ConfigError(f"restart_min_count must be an integer >= 1, got {restart_min_count!r}")
-        if not isinstance(buffer_size, int) or buffer_size < 1:
-            raise ConfigError(f"buffer_size must be an integer >= 1, got {buffer_size!r}")
+        restart_every = checks.integer("restart.every", restart_every, 0)
+        restart_min_count = checks.integer("restart.min_count", restart_min_count, 1)
+        buffer_size = checks.integer("restart.buffer_size", buffer_size, 1)
         self.model = model
         self.weights = {
             "l1": float(l1_weight),

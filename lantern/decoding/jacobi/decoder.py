@@ -2,8 +2,8 @@
 decoding (GSD): training-free peers of LANTERN, each step one target forward over a window of drafts.
 
 Each step is :func:`~lantern.decoding.jacobi.step.jacobi_step`, a pure static-shape function (compiled
-as ``compile`` says); this file prefills, loops and summarises, as
-:class:`~lantern.decoding.tree.decoder.SpeculativeDecoder` does. Records use the same per-sample
+as ``compile`` says), run by :func:`lantern.decoding.loop.run_steps`; this file prefills and
+summarises, as :class:`~lantern.decoding.tree.decoder.SpeculativeDecoder` does. Records use the same per-sample
 tensors (``steps``, ``tokens``, ``histogram`` (B, W+1), realised TV...), so ``mean_accepted_length``
 is tokens per target forward after the first token. Paper-vs-code choices: docs/jacobi.md.
 """
@@ -11,26 +11,57 @@ is tokens per target forward after the first token. Paper-vs-code choices: docs/
 from __future__ import annotations
 
 import contextlib
-import math
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
-from lantern.decoding.api import DecodeResult
+from lantern import checks
+from lantern.decoding.api import DecodeResult, DecoderSettings, register
 from lantern.decoding.batch import column_validity, guided_inputs, prefill_condition
 from lantern.decoding.compile import check_compile, compiled, mark_static
 from lantern.decoding.jacobi.grouping import Grouping
 from lantern.decoding.jacobi.step import INITS, JacobiContext, JacobiState, initial_tokens, jacobi_step
-from lantern.decoding.tree.decoder import summarise
-from lantern.errors import ConfigError
+from lantern.decoding.loop import default_sync_every, run_steps, summarise
 from lantern.models.condition import Condition
 from lantern.models.llamagen.gpt import Transformer
 from lantern.models.sampling import SamplingConfig, guided_logits, next_token
 
 
-def _check_window(window) -> int:
-    if isinstance(window, bool) or not isinstance(window, (int, float)) or not float(window).is_integer() or window < 1:
-        raise ConfigError(f"window={window!r} must be an integer >= 1 (draft tokens verified per target forward)")
-    return int(window)
+@register
+@dataclass(frozen=True)
+class JacobiSettings(DecoderSettings):
+    """A window of drafts verified per target forward; ``grouping`` (GSD's knobs) when the test is grouped."""
+
+    kind: ClassVar[str] = "jacobi"
+    window: int = 16
+    init: str = "random"
+    reuse: float | None = None
+    candidates: str = "sampled"
+    grouping: dict | None = None
+
+    def method(self) -> str:
+        text = f"{self.label} W={self.window} {self.init}" + (f" reuse={self.reuse}" if self.reuse else "")
+        if self.grouping:
+            g = self.grouping
+            text += f" r={g['gsd_radius']} p={g['gsd_p_thr']} d={g['gsd_d_thr']}"
+        return text + (" (greedy)" if self.candidates == "greedy" else "")
+
+    def order(self) -> tuple:
+        return (2, self.grouping is not None, self.name, self.window, self.init, self.reuse or 0, self.candidates)
+
+    def record(self) -> dict:
+        exact = self.grouping is None
+        acceptance = ("greedy" if self.candidates == "greedy" else "exact") if exact else "gsd"
+        flat = {
+            "acceptance": acceptance,
+            "draft": "jacobi",
+            "window": self.window,
+            "init": self.init,
+            "reuse": self.reuse,
+            "candidates": self.candidates,
+        }
+        return {**super().record(), **flat, **(self.grouping or {})}
 
 
 class JacobiDecoder:
@@ -51,6 +82,7 @@ class JacobiDecoder:
         reuse: float | None = None,
         grouping: Grouping | None = None,
         name: str = "sjd",
+        label: str | None = None,
         compile: str = "none",
         backend: str = "inductor",
         sync_every: int | None = None,
@@ -58,25 +90,14 @@ class JacobiDecoder:
         guard=None,
     ):
         self.sampling = sampling
-        self.window = _check_window(window)
-        if init not in INITS:
-            raise ConfigError(f"init={init!r} is not a window initialisation; allowed: {', '.join(INITS)}")
-        self.init = init
-        if reuse is not None and (
-            isinstance(reuse, bool)
-            or not isinstance(reuse, (int, float))
-            or not math.isfinite(reuse)
-            or not 0 < reuse <= 1
-        ):
-            raise ConfigError(
-                f"reuse={reuse!r} must be a number in (0, 1] (top draft mass to keep a draft) or null (off)"
-            )
-        self.reuse = None if reuse is None else float(reuse)
-        if isinstance(tv_audit_every, bool) or not isinstance(tv_audit_every, int) or tv_audit_every < 1:
-            raise ConfigError(f"tv_audit_every={tv_audit_every!r} must be an integer >= 1")
-        self.tv_audit_every = tv_audit_every
+        self.window = checks.integer("window", window, 1, note="draft tokens verified per target forward")
+        self.init = checks.choice("init", init, INITS, note="how fresh window slots start")
+        self.reuse = checks.optional(
+            checks.probability, "reuse", reuse, zero=False, note="top draft mass to keep a draft; null = off"
+        )
+        self.tv_audit_every = checks.integer("tv_audit_every", tv_audit_every, 1)
         self.grouping = grouping
-        self.name = name
+        self.name, self.label = name, label or name.upper()
         self.compile = check_compile(compile)
         self.backend = backend
         self.sync_every = sync_every
@@ -91,26 +112,22 @@ class JacobiDecoder:
     def check_model(self, config) -> None:
         """ConfigError when the window is longer than the image."""
         if self.window > config.num_image_tokens:
-            raise ConfigError(
-                f"window={self.window} is larger than the image ({config.num_image_tokens} tokens); "
-                f"allowed: 1..{config.num_image_tokens}"
+            raise checks.refuse(
+                "window", self.window, f"an integer in [1, {config.num_image_tokens}]", "the image's tokens"
             )
 
-    def describe(self) -> dict:
-        """Decoder settings recorded with results."""
-        exact = self.grouping is None
-        settings = {
-            "acceptance": ("greedy" if self.sampling.greedy else "exact") if exact else "gsd",
-            "draft": "jacobi",
-            "window": self.window,
-            "init": self.init,
-            "reuse": self.reuse,
-            "candidates": "greedy" if self.sampling.greedy else "sampled",
-            "compile": self.compile,
-        }
-        if not exact:
-            settings.update(self.grouping.describe())
-        return settings
+    @property
+    def settings(self) -> JacobiSettings:
+        return JacobiSettings(
+            name=self.name,
+            label=self.label,
+            compile=self.compile,
+            window=self.window,
+            init=self.init,
+            reuse=self.reuse,
+            candidates="greedy" if self.sampling.greedy else "sampled",
+            grouping=None if self.grouping is None else self.grouping.describe(),
+        )
 
     def _context(self, model: Transformer, rows: int, batch: int, capacity: int, device) -> JacobiContext:
         shape = (model.config, rows, batch, capacity, model.tok_embeddings.weight.dtype, device)
@@ -171,23 +188,17 @@ class JacobiDecoder:
             target_valid=column_validity(cond_mask, capacity),
         )
 
-        sync_every = self.sync_every or (8 if device.type == "cuda" else 1)
-        logs = []
-        for step_index in range(num_tokens - 1):  # every step decides at least one token per active row
-            # Audit steps N-1, 2N-1, ...: never the first step, which runs eagerly in a context's first
-            # call, so every graph a later call uses is compiled in the first one.
-            audit = (step_index + 1) % self.tv_audit_every == 0
-            if self.compile == "none":
-                state, log = jacobi_step(ctx, state, audit)
-            elif not ctx.warm:  # the first step of a batch shape fills lazy tables eagerly
-                state, log = jacobi_step(ctx, state, audit)
-                ctx.warm = True
-            else:
-                with self.guard():
-                    state, log = self._step(ctx, state, audit)
-            logs.append(log)
-            if (step_index + 1) % sync_every == 0 and bool((state.decided >= num_tokens).all()):
-                break
+        state, logs = run_steps(  # every step decides at least one token per active row
+            jacobi_step,
+            self._step,
+            ctx,
+            state,
+            num_tokens - 1,
+            audit_every=self.tv_audit_every,
+            done=lambda s: s.decided >= num_tokens,
+            sync_every=default_sync_every(device, self.sync_every),
+            guard=self.guard,
+        )
         steps_run = len(logs)
         per_sample = summarise(logs, num_tokens, width)
         if self.grouping is None:

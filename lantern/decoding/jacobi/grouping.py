@@ -8,16 +8,10 @@ drawn from, so the step can record its realised TV.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from lantern.errors import ConfigError
+from lantern import checks
 from lantern.rules.exact import residual
-
-
-def _positive(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 class Grouping:
@@ -32,17 +26,16 @@ class Grouping:
     """
 
     def __init__(self, radius: int = 7, p_thr: float = 0.15, d_thr: float | None = 0.5):
-        if isinstance(radius, bool) or not isinstance(radius, int) or radius < 0:
-            raise ConfigError(
-                f"gsd_radius={radius!r} must be an integer >= 0 (ranks each side of the draft; 0 = no grouping)"
-            )
-        if not _positive(p_thr) or p_thr > 1:
-            raise ConfigError(f"gsd_p_thr={p_thr!r} must be a number in (0, 1] (largest |p(y) - p(x)| inside a group)")
-        if d_thr is not None and not _positive(d_thr):
-            raise ConfigError(
-                f"gsd_d_thr={d_thr!r} must be a number > 0 (squared embedding distance) or null (no distance test)"
-            )
-        self.radius, self.p_thr, self.d_thr = radius, float(p_thr), (None if d_thr is None else float(d_thr))
+        self.radius = checks.integer("gsd_radius", radius, 0, note="ranks each side of the draft; 0 = no grouping")
+        self.p_thr = checks.probability("gsd_p_thr", p_thr, zero=False, note="largest |p(y) - p(x)| inside a group")
+        self.d_thr = checks.optional(
+            checks.real,
+            "gsd_d_thr",
+            d_thr,
+            0,
+            low_open=True,
+            note="squared embedding distance; null = no distance test",
+        )
         self._close: dict[tuple, torch.Tensor] = {}  # (table identity, device) -> (V, V) bool
 
     def describe(self) -> dict:

@@ -38,7 +38,7 @@ from lantern.decoding.batch import repeat_rows, tree_attention_mask
 from lantern.decoding.jacobi.grouping import Grouping, grouped_law
 from lantern.models.llamagen.gpt import Transformer
 from lantern.models.sampling import SamplingConfig, draw, guided_logits_at, verification_probabilities
-from lantern.rules.exact import residual
+from lantern.rules.exact import residual, sampled_test
 
 # How fresh window tokens (the tail after a step's accepted tokens) are initialised. ``random``: a
 # uniform code (SJD's default, `multi_token_init_scheme='random'`); ``horizon``: the token to its left
@@ -137,17 +137,16 @@ def jacobi_step(ctx: JacobiContext, state: JacobiState, audit: bool = True) -> t
             passed = _in_group(ctx, p[:, :width].flatten(0, 1), window.flatten(), top.flatten()).view(batch, width)
     else:
         q_draft = draft_q.gather(2, window[:, :, None])[:, :, 0]  # (B, W) > 0: each draft was drawn from it
-        if ctx.grouping is None:
-            ratio = p_draft / q_draft.clamp_min(1e-30)
-        else:
+        p_test, q_test = p_draft, q_draft  # the exact test; GSD tests the group's masses instead
+        if ctx.grouping is not None:
             p_g, q_g = ctx.grouping.group_masses(
                 p[:, :width].flatten(0, 1), draft_q.flatten(0, 1), window.flatten()[:, None], ctx.close
             )
             p_g, q_g = p_g.view(batch, width), q_g.view(batch, width)
-            ratio = p_g / q_g.clamp_min(1e-30)
+            p_test, q_test = p_g, q_g
             merged = p_g - p_draft
         u = rng.uniform(keys, decided, rng.JACOBI_ACCEPT, width)  # (B, W)
-        passed = u < ratio.clamp_max(1.0)
+        passed = sampled_test(p_test, q_test, u)  # the tree verifier's test: u < min(1, p / q)
     accepted = passed.long().cumprod(dim=1).sum(dim=1)  # (B,) in 0..W
 
     # 3. The token at position ``accepted``: the residual after a rejection, p after a full window.

@@ -23,7 +23,7 @@ from typing import Protocol
 
 import torch
 
-from lantern import rng
+from lantern import checks, rng
 from lantern.errors import ConfigError
 
 CANDIDATE_MODES = ("deterministic", "sampled")
@@ -142,9 +142,7 @@ def finish_draft(tokens, parents, depth, q, draws, slots, max_depth: int, mode: 
 
 
 def _check_mode(candidates: str) -> str:
-    if candidates not in CANDIDATE_MODES:
-        raise ConfigError(f"candidates={candidates!r} must be one of {', '.join(CANDIDATE_MODES)}")
-    return candidates
+    return checks.choice("draft.candidates", candidates, CANDIDATE_MODES)
 
 
 class StaticTree:
@@ -162,7 +160,7 @@ class StaticTree:
         for path in paths:
             path = tuple(path)
             if not path or any(not isinstance(r, int) or isinstance(r, bool) or r < 0 for r in path):
-                raise ConfigError(f"tree path {list(path)!r} must be a non-empty list of ranks >= 0")
+                raise checks.refuse("draft.paths", list(path), "a non-empty list of ranks >= 0 per path")
             cleaned.append(path)
         if not cleaned:
             raise ConfigError("a static tree needs at least one path")
@@ -172,8 +170,7 @@ class StaticTree:
         for path in cleaned:
             if len(path) > 1 and path[:-1] not in known:
                 raise ConfigError(f"tree path {list(path)!r} has no parent path {list(path[:-1])!r}")
-        if max(len(p) for p in cleaned) > MAX_DEPTH:
-            raise ConfigError(f"tree depth must be <= {MAX_DEPTH}")
+        checks.integer("draft depth", max(len(p) for p in cleaned), 1, MAX_DEPTH)
         self.paths = sorted(cleaned, key=lambda p: (len(p), p))  # breadth-first, ranks in order
         node_of = {(): 0} | {p: i + 1 for i, p in enumerate(self.paths)}
         self._parent = [-1] + [node_of[p[:-1]] for p in self.paths]
@@ -245,8 +242,7 @@ class StaticTree:
 
 def chain(depth: int, candidates: str = "deterministic") -> StaticTree:
     """A chain of ``depth`` candidates, one per level (the top-ranked or a sampled child)."""
-    if not isinstance(depth, int) or isinstance(depth, bool) or not 1 <= depth <= MAX_DEPTH:
-        raise ConfigError(f"chain depth={depth!r} must be an integer in [1, {MAX_DEPTH}]")
+    depth = checks.integer("draft.depth", depth, 1, MAX_DEPTH)
     tree = StaticTree([(0,) * d for d in range(1, depth + 1)], candidates)
     tree.name = "chain"
     return tree
@@ -261,13 +257,9 @@ def prior_tree(
     of its ranks' weights; this gives the wide-and-shallow shape of EAGLE/LANTERN++ trees (about 60
     nodes, depth 5, up to ``top_k`` children at the root).
     """
-    for name, value, low in (("depth", depth, 1), ("top_k", top_k, 1), ("nodes", nodes, 1)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise ConfigError(f"static tree {name}={value!r} must be an integer >= {low}")
-    if depth > MAX_DEPTH:
-        raise ConfigError(f"static tree depth={depth} must be <= {MAX_DEPTH}")
-    if not 0 < decay < 1:
-        raise ConfigError(f"static tree decay={decay!r} must be in (0, 1)")
+    depth = checks.integer("draft.depth", depth, 1, MAX_DEPTH)
+    top_k, nodes = checks.integer("draft.top_k", top_k, 1), checks.integer("draft.nodes", nodes, 1)
+    decay = checks.real("draft.decay", decay, 0, 1, low_open=True, high_open=True)
     weight = [math.log(0.5 * decay**r) for r in range(top_k)]
     frontier = [((r,), weight[r]) for r in range(top_k)]
     chosen: list[tuple[int, ...]] = []
@@ -292,11 +284,8 @@ class DynamicTree:
     name = "dynamic_tree"
 
     def __init__(self, depth: int = 5, top_k: int = 10, nodes: int = 58, candidates: str = "deterministic"):
-        for name, value, low in (("depth", depth, 1), ("top_k", top_k, 1), ("nodes", nodes, 1)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ConfigError(f"dynamic tree {name}={value!r} must be an integer >= {low}")
-        if depth > MAX_DEPTH:
-            raise ConfigError(f"dynamic tree depth={depth} must be <= {MAX_DEPTH}")
+        depth = checks.integer("draft.depth", depth, 1, MAX_DEPTH)
+        top_k, nodes = checks.integer("draft.top_k", top_k, 1), checks.integer("draft.nodes", nodes, 1)
         total = top_k + (depth - 1) * top_k * top_k
         if nodes > total:
             raise ConfigError(

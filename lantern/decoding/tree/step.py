@@ -25,7 +25,7 @@ from lantern.decoding.tree.verify import Walk, walk_tree
 from lantern.models.drafter import Drafter
 from lantern.models.llamagen.gpt import Transformer
 from lantern.models.sampling import SamplingConfig, guided_logits_at, verification_probabilities
-from lantern.rules.exact import AcceptanceRule
+from lantern.rules.api import Rule
 
 
 class SpecState(NamedTuple):
@@ -65,7 +65,7 @@ class StepContext:
     drafter_cache: object
     sampling: SamplingConfig
     draft: object  # a draft structure (StaticTree, DynamicTree)
-    rule: AcceptanceRule
+    rule: Rule
     mode: str  # deterministic | sampled | greedy
     num_tokens: int
     groups: int

@@ -1,13 +1,12 @@
 """Walking a draft tree with an acceptance rule: which path is accepted and what comes next.
 
 From the root, the candidates of the current node are handed to the rule
-(:meth:`~lantern.rules.exact.AcceptanceRule.level`), which relaxes the node's target
-(or not), draws the node's token ``y`` where its test has a closed form, and tries the candidates in
-order. An accepted candidate that is a tree node becomes the current node; an accepted candidate
+(:meth:`~lantern.rules.api.Rule.node`), which relaxes the node's target (or not), draws the node's
+token ``y`` where its test has a closed form, and tries the candidates in order. An accepted candidate that is a tree node becomes the current node; an accepted candidate
 outside the tree (a sampled draw the tree dropped) is the step's last token; when none is accepted
 the node's token is ``y`` or a draw from the rule's residual. After a full path the next token is
 drawn at its last node. Everything is vectorised over rows; the loop runs over depth only, and
-nothing synchronises with the device. A rule with ``longest_path`` (the authors' greedy LANTERN)
+nothing synchronises with the device. A rule with a ``walk`` hook (the authors' greedy LANTERN)
 chooses among whole paths instead.
 """
 
@@ -20,7 +19,7 @@ import torch
 from lantern import rng
 from lantern.decoding.tree.draft import Draft
 from lantern.models.sampling import SamplingConfig, exponentials, race
-from lantern.rules.exact import AcceptanceRule
+from lantern.rules.api import Rule
 
 
 @dataclass
@@ -44,7 +43,7 @@ class Walk:
 def walk_tree(
     draft: Draft,
     p: torch.Tensor,
-    rule: AcceptanceRule,
+    rule: Rule,
     sampling: SamplingConfig,
     keys: torch.Tensor,
     step: torch.Tensor,
@@ -52,14 +51,14 @@ def walk_tree(
 ) -> Walk:
     """Verify ``draft`` against the target distributions ``p`` (B, N+1, V) at every node.
 
-    ``rule`` must already be set for the draft's kind of candidates. Uniforms come from the
+    ``rule`` is the rule for the draft's kind of candidates. Uniforms come from the
     counter-based generator keyed by ``(keys, step)`` (one ``step`` (B,) per verification step), so a
     row's outcome depends only on its own sample. ``audit``: measure costly realised TVs this step.
     """
     batch, count, vocab = p.shape
     depth_max = draft.max_depth
-    if rule.longest_path:
-        path, next_token, tv, merged = rule.select_path(draft, p)
+    if rule.walk is not None:
+        path, next_token, tv, merged = rule.walk(draft, p)
         return Walk(path=path, accepted=(path >= 0).sum(-1), next_token=next_token, tv=tv, merged=merged)
     siblings = draft.candidates.shape[2]
     device = p.device
@@ -77,7 +76,7 @@ def walk_tree(
         kids = draft.children[rows, current]  # (B, K) tree nodes (-1: not in the tree)
         tokens = draft.candidates[rows, current]  # (B, K)
         valid = alive[:, None] & (tokens >= 0)
-        outcome = rule.level(
+        outcome = rule.node(
             p[rows, current],
             tokens,
             valid,

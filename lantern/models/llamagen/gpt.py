@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lantern import checks
 from lantern.errors import ConfigError
 from lantern.models.kv_cache import KVCache, NoCache
 from lantern.models.llamagen.rope import apply_rope, rope_table_2d
@@ -45,8 +46,7 @@ class GPTConfig:
     ffn_hidden: int = field(default=0)
 
     def __post_init__(self):
-        if self.model_type not in MODEL_TYPES:
-            raise ConfigError(f"model_type must be one of {', '.join(MODEL_TYPES)}, got {self.model_type!r}")
+        checks.choice("model_type", self.model_type, MODEL_TYPES)
         if self.dim % self.n_head or (self.dim // self.n_head) % 4:
             raise ConfigError(f"dim {self.dim} must split into {self.n_head} heads with head_dim divisible by 4")
         if self.grid_size < 1 or self.cls_token_num < 1:
@@ -92,10 +92,8 @@ def gpt_config(preset: str, model_type: str, image_size: int, downsample: int = 
 
     t2i models default to 120 condition tokens of dimension 2048 (FLAN-T5-XL), c2i to one class token.
     """
-    if preset not in GPT_PRESETS:
-        raise ConfigError(f"unknown GPT preset {preset!r}; allowed: {', '.join(GPT_PRESETS)}")
-    if model_type not in MODEL_TYPES:
-        raise ConfigError(f"model_type must be one of {', '.join(MODEL_TYPES)}, got {model_type!r}")
+    checks.choice("GPT preset", preset, GPT_PRESETS)
+    checks.choice("model_type", model_type, MODEL_TYPES)
     if image_size < downsample or image_size % downsample:
         raise ConfigError(
             f"image_size {image_size} is not a multiple of the tokenizer's {downsample}x downsample "

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lantern import checks
 from lantern.errors import ConfigError
 
 CODEBOOK_USED_SIZE = 65536  # length of the `quantize.codebook_used` buffer in the official files
@@ -43,11 +44,8 @@ class VQConfig:
         # A list from YAML would make the frozen config unhashable; store a tuple.
         object.__setattr__(self, "ch_mult", tuple(self.ch_mult))
         for name in ("codebook_embed_dim", "ch", "z_channels", "num_res_blocks", "norm_groups", "in_channels"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"VQConfig.{name} must be a positive integer, got {value!r}")
-        if not isinstance(self.codebook_size, int) or isinstance(self.codebook_size, bool) or self.codebook_size < 2:
-            raise ConfigError(f"VQConfig.codebook_size must be an integer >= 2, got {self.codebook_size!r}")
+            object.__setattr__(self, name, checks.integer(f"VQConfig.{name}", getattr(self, name), 1))
+        object.__setattr__(self, "codebook_size", checks.integer("VQConfig.codebook_size", self.codebook_size, 2))
         if not self.ch_mult or not all(isinstance(m, int) and m >= 1 for m in self.ch_mult):
             raise ConfigError(f"VQConfig.ch_mult must be a non-empty list of positive integers, got {self.ch_mult!r}")
         bad = [self.ch * m for m in self.ch_mult if (self.ch * m) % self.norm_groups]
@@ -56,10 +54,8 @@ class VQConfig:
                 f"VQConfig: every level width ch*ch_mult must be divisible by norm_groups={self.norm_groups}, "
                 f"got widths {bad} (ch={self.ch}, ch_mult={list(self.ch_mult)})"
             )
-        if not isinstance(self.l2_norm, bool):
-            raise ConfigError(f"VQConfig.l2_norm must be true or false, got {self.l2_norm!r}")
-        if not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"VQConfig.dropout must be in [0, 1), got {self.dropout!r}")
+        checks.flag("VQConfig.l2_norm", self.l2_norm)
+        checks.probability("VQConfig.dropout", self.dropout, one=False)
 
     @property
     def downsample(self) -> int:
@@ -106,8 +102,7 @@ VQ_PRESETS: dict[str, VQConfig] = {
 
 def vq_config(name: str, **overrides) -> VQConfig:
     """Return the preset ``name`` with ``overrides`` applied (e.g. ``codebook_size=1024``)."""
-    if name not in VQ_PRESETS:
-        raise ConfigError(f"unknown VQ preset {name!r}; allowed: {', '.join(VQ_PRESETS)}")
+    checks.choice("VQ preset", name, VQ_PRESETS)
     known = {f.name for f in fields(VQConfig)}
     unknown = sorted(set(overrides) - known)
     if unknown:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from lantern import checks
 from lantern.errors import CheckpointError, ConfigError
 
 
@@ -77,9 +78,7 @@ def left_pad(states: torch.Tensor, mask: torch.Tensor) -> TextEmbedding:
 
 def check_max_length(max_length: int) -> int:
     """Return ``max_length`` if it is a positive integer, else raise :class:`ConfigError`."""
-    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
-        raise ConfigError(f"text max_length must be a positive integer, got {max_length!r}")
-    return max_length
+    return checks.integer("text max_length", max_length, 1)
 
 
 class TextEncoder(abc.ABC):

@@ -20,7 +20,7 @@ import urllib.parse
 import warnings
 from collections.abc import Callable
 
-from lantern.errors import ConfigError
+from lantern import checks
 
 MODES = ("clean", "lower", "none")
 _EXTENSIONS = "png|jpg|jpeg|bmp|webp|eps|pdf|apk|mp4"
@@ -120,12 +120,7 @@ def clean_once(caption: str) -> str:
 
 def check_mode(mode: str) -> str:
     """``mode`` if it is one of :data:`MODES`, else ConfigError."""
-    if mode not in MODES:
-        raise ConfigError(
-            f"model.text_preprocessing={mode!r} must be one of {', '.join(MODES)} "
-            "(clean: LlamaGen's default caption cleaning)"
-        )
-    return mode
+    return checks.choice("model.text_preprocessing", mode, MODES, note="clean: LlamaGen's default caption cleaning")
 
 
 def preprocess(caption: str, mode: str = "clean") -> str:

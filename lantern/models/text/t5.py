@@ -12,6 +12,7 @@ import os
 
 import torch
 
+from lantern import checks
 from lantern.errors import ConfigError
 from lantern.models.text.base import HFTextEncoder, check_max_length, load_hf_encoder, read_model_config
 
@@ -44,7 +45,7 @@ def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
         return dtype
     if isinstance(dtype, str) and dtype.lower() in _DTYPES:
         return _DTYPES[dtype.lower()]
-    raise ConfigError(f"model.text_encoder_dtype={dtype!r} is not supported; use one of float32, bfloat16, float16")
+    raise checks.refuse("model.text_encoder_dtype", dtype, "one of float32, bfloat16, float16")
 
 
 def load_t5_encoder(

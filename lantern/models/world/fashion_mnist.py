@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from lantern import REPO_ROOT
+from lantern import REPO_ROOT, checks
 from lantern.errors import ConfigError
 
 NUM_CLASSES = 10
@@ -200,7 +200,7 @@ def load_split(root: str | os.PathLike | None, split: str) -> tuple[np.ndarray, 
     gzip-compressed (``*-ubyte.gz``) or plain (``*-ubyte``).
     """
     if split not in SPLITS:
-        raise ConfigError(f"Fashion-MNIST split must be one of {list(SPLITS)}, got {split!r}")
+        raise checks.refuse("Fashion-MNIST split", split, "one of " + ", ".join(SPLITS))
     root = default_data_root() if root is None else Path(root)
     prefix = _FILE_PREFIX[split]
     image_name = f"{prefix}-images-idx3-ubyte"

@@ -1,0 +1,81 @@
+"""The multirun's Hydra callback: every job checked first, one sweep per folder, its table whatever happens."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from lantern.cli.preflight import check_sweep_jobs
+from lantern.errors import ConfigError
+from lantern.files import write_json_atomic
+from lantern.results.record import RECORD_NAME
+from lantern.results.render import write_tables
+from lantern.results.tables import FAILED_NAME, failed_jobs, load_records, table_rows
+from lantern.run.sweeps import check_launcher, claim_sweep
+
+try:
+    from hydra.experimental.callback import Callback
+except ImportError:  # pragma: no cover - hydra is a dependency
+    Callback = object
+
+
+class SweepTable(Callback):
+    """Hydra callback: one sweep per folder, and its table whatever becomes of its jobs.
+
+    At the start of a multirun it checks the launcher config (a missing required field is one
+    ``error:`` line, exit 2) and every job's config (:func:`lantern.cli.preflight.check_sweep_jobs`: one
+    bad value in any job and nothing runs), takes the sweep folder's lock (a second sweep into it is refused) and
+    refuses a folder that holds a sweep of other overrides. After every job it rewrites the table of
+    the jobs finished so far and names failed ones (so a failed job, which stops Hydra before the end
+    of the multirun, still leaves a table); at the end of the multirun it writes the table once more
+    and hands it to the runs' tracker (``job.tracker``, W&B by default) once.
+    """
+
+    def __init__(self) -> None:
+        self._lock = None
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        try:
+            check_launcher(config)
+            check_sweep_jobs(config)  # every job's config, before any folder is made
+            self._lock = claim_sweep(config)
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(2)
+
+    def on_job_end(self, config, job_return, **kwargs) -> None:
+        from hydra.core.utils import JobStatus
+
+        run_dir = Path(config.hydra.runtime.output_dir)
+        if job_return.status == JobStatus.FAILED:
+            error = job_return._return_value
+            write_json_atomic(
+                run_dir / FAILED_NAME,
+                {
+                    "overrides": list(job_return.overrides or []),
+                    "error": f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}",
+                },
+            )
+        elif (run_dir / FAILED_NAME).is_file():
+            (run_dir / FAILED_NAME).unlink()
+        self._write(Path(config.hydra.sweep.dir))
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        from hydra.utils import instantiate
+
+        sweep = Path(config.hydra.sweep.dir)
+        written = self._write(sweep)
+        if written is not None:
+            print(f"sweep table: {written[1]['md']}")
+            tracker = config.get("job", {}).get("tracker")
+            if tracker is not None:
+                instantiate(tracker).log_table(sweep, table_rows(written[0]), written[1]["png"])
+        if self._lock is not None:
+            self._lock.release()
+
+    @staticmethod
+    def _write(sweep: Path):
+        if not any(sweep.rglob(RECORD_NAME)):
+            return None
+        records = load_records([sweep])
+        return records, write_tables(records, sweep, failed=failed_jobs([sweep]))

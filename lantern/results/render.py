@@ -1,0 +1,251 @@
+"""The table rendered from one pandas DataFrame: Markdown, LaTeX, CSV and JSON, and the Pareto plot.
+
+:func:`frame` turns :class:`~lantern.results.tables.Table` rows into a DataFrame of raw values (CSV and
+JSON read it); :func:`shown` formats it for reading (Markdown via ``DataFrame.to_markdown``, LaTeX via
+``Styler.to_latex``); the Pareto plot (matplotlib) reads the raw frame. :func:`write_tables` writes every
+file as a set: into a temporary folder first, then renamed into place, so a failure leaves none of them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import statistics
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+from lantern.results.record import RunRecord
+from lantern.results.tables import COLUMNS, Table, build_table
+
+NOTE_LATENCY = (
+    "Latency: decode time per image, mean [interquartile range over batches]. Speed-up: AR time / decoder time "
+    "[interquartile range of per-batch ratios]; AR ms/image is the AR time it was measured against (interleaved "
+    "in the same run, or the named AR run of the same setting)."
+)
+
+
+def frame(table: Table) -> pd.DataFrame:
+    """The rows as a DataFrame with the columns :data:`~lantern.results.tables.COLUMNS` (raw values)."""
+    return pd.DataFrame(table.rows, columns=list(COLUMNS))
+
+
+def _joined(data: pd.DataFrame) -> bool:
+    """Whether the rows carry latency from separate runs (``build_table(..., latency=...)``)."""
+    return bool(data["throughput_batch"].notna().any())
+
+
+def _number(value, digits: int) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def _range(values, digits: int) -> str:
+    return "" if not isinstance(values, list) else f" [{values[0]:.{digits}f}, {values[1]:.{digits}f}]"
+
+
+def _short_run(run, root: Path | None) -> str:
+    if not isinstance(run, str) or not run:
+        return "-"
+    if root is not None:
+        try:
+            return Path(run).resolve().relative_to(Path(root).resolve()).as_posix() or "."
+        except ValueError:
+            pass
+    return run
+
+
+def shown(table: Table, root: Path | None = None, times: str = "x") -> pd.DataFrame:
+    """The table formatted for reading: one text column per shown quantity, ``-`` where a value is missing."""
+    data = frame(table)
+    joined = _joined(data)
+    rows = []
+    for row in data.to_dict("records"):
+        speedup = (
+            "-" if _number(row["speedup"], 2) == "-" else f"{row['speedup']:.2f}{times}" + _range(row["speedup_iqr"], 2)
+        )
+        tv = (
+            "-"
+            if _number(row["tv_realised"], 3) == "-"
+            else (f"{row['tv_realised']:.3f} / {_number(row['tv_realised_max'], 3)}")
+        )
+        out = {
+            "method": row["method"],
+            "tau": _number(row["tau"], 2),
+            "latency ms/image [IQR]": _number(row["latency_ms"], 1) + _range(row["latency_iqr_ms"], 1),
+            "speed-up [IQR]": speedup,
+            "AR ms/image": _number(row["baseline_ms"], 1),
+        }
+        if joined:
+            throughput = row["throughput_speedup"]
+            out["throughput speed-up"] = "-" if _number(throughput, 2) == "-" else f"{throughput:.2f}{times}"
+        out.update(
+            {
+                "FID": _number(row["fid"], 2),
+                "CLIP": _number(row["clip_score"], 4),
+                "delta": _number(row["delta"], 2),
+                "realised TV mean / max": tv,
+                "run": _short_run(row["run"], root),
+            }
+        )
+        if joined:
+            out["latency run"] = _short_run(row["latency_run"], root)
+        rows.append(out)
+    return pd.DataFrame(rows, columns=None if rows else ["method"])
+
+
+def notes(table: Table, failed: list[dict] | None = None, root: Path | None = None) -> list[str]:
+    """The lines under the table: how it was measured, why cells are empty, failed sweep jobs."""
+    data = frame(table)
+    lines = [NOTE_LATENCY]
+    if len(data) and _joined(data):
+        batches = lambda key: "/".join(str(int(b)) for b in sorted(set(data[key].dropna()))) or "-"  # noqa: E731
+        lines.append(
+            f"Latency, speed-up and AR ms/image come from the latency runs at batch {batches('latency_batch')} "
+            f"(latency run column); tau, FID, CLIP and TV from the quality runs (run column); throughput "
+            f"speed-up is the quality run's own, at batch {batches('throughput_batch')}. Per-sample seeds "
+            "make a sample the same at any batch size."
+        )
+    lines += table.notes
+    for job in failed or []:
+        lines.append(f"FAILED job {_short_run(job['run'], root)} ({' '.join(job['overrides'])}): {job['error']}")
+    return lines
+
+
+def to_markdown(table: Table, failed: list[dict] | None = None, root: Path | None = None) -> str:
+    """The table as Markdown (``DataFrame.to_markdown``), then its notes and any failed jobs.
+
+    ``root``: run folders are shown relative to it (the sweep or output folder) where they lie under it.
+    """
+    body = shown(table, root).to_markdown(index=False, tablefmt="pipe", disable_numparse=True)
+    return body + "\n\n" + "\n".join(notes(table, failed, root)) + "\n"
+
+
+def to_latex(table: Table, failed: list[dict] | None = None, root: Path | None = None) -> str:
+    """The table as a LaTeX tabular with booktabs rules (``Styler.to_latex``), notes as comments."""
+    data = shown(table, root, times=r"$\times$").drop(columns=["run", "latency run"], errors="ignore")
+    escaped = data.copy()
+    for column in escaped.columns:
+        if column != "speed-up [IQR]" and column != "throughput speed-up":
+            escaped[column] = escaped[column].map(_tex)
+    escaped.columns = [_tex(c) for c in escaped.columns]
+    styler = escaped.style.hide(axis="index")
+    tabular = styler.to_latex(hrules=True, column_format="l" + "r" * (len(escaped.columns) - 1))
+    comments = ["% Needs \\usepackage{booktabs} (\\toprule, \\midrule, \\bottomrule)."]
+    comments += [f"% {_tex(line)}" for line in notes(table, failed, root)]
+    return "\n".join(comments) + "\n" + tabular
+
+
+def _tex(text: str) -> str:
+    return str(text).replace("\\", "/").replace("_", "\\_").replace("%", "\\%").replace("&", "\\&").replace("#", "\\#")
+
+
+def to_csv(table: Table) -> str:
+    """The table as CSV with raw numbers (``DataFrame.to_csv``; ranges as ``[q1, q3]``)."""
+    data = frame(table)
+    for column in ("latency_iqr_ms", "speedup_iqr"):
+        data[column] = data[column].map(lambda v: json.dumps(v) if isinstance(v, list) else v)
+    return data.to_csv(index=False)
+
+
+def to_json(table: Table, records: list[RunRecord], latency: list[RunRecord] | None, failed: list[dict]) -> str:
+    """``{"rows": [...], "notes": [...], "runs": [...], "latency_runs": [...], "failed": [...]}`` from the frame."""
+    data = frame(table).astype(object).where(frame(table).notna(), None)
+    payload = {
+        "rows": data.to_dict("records"),
+        "notes": table.notes,
+        "runs": [r.run_dir for r in records],
+        "latency_runs": [r.run_dir for r in latency or []],
+        "failed": failed,
+    }
+    return json.dumps(payload, indent=2, default=str) + "\n"
+
+
+def _far_outliers(values: list[float]) -> set[float]:
+    """Values above twice the median (a broken mode's FID beside working ones)."""
+    if len(values) < 3:
+        return set()
+    median = statistics.median(values)
+    return {v for v in values if v > 2 * median}
+
+
+def pareto_plot(table: Table, path: str | os.PathLike) -> Path:
+    """Speed-up against FID (or against tau when no run has a FID), Pareto front marked, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = frame(table)
+    use_fid = bool(data["fid"].notna().any())
+    key, label = ("fid", "FID (lower is better)") if use_fid else ("tau", "tau (mean accepted length)")
+    points = [
+        (r["speedup"], r[key], r["method"] + ("" if not r["tv_realised"] else f" [TV {r['tv_realised']:.3f}]"))
+        for r in data.to_dict("records")
+        if pd.notna(r["speedup"]) and pd.notna(r[key])
+    ]
+    figure, axis = plt.subplots(figsize=(9, 6))
+    outliers = _far_outliers([y for _, y, _ in points]) if use_fid else set()
+    kept = [p for p in points if p[1] not in outliers]
+    for i, (x, y, name) in enumerate(kept):
+        axis.scatter(x, y, color="tab:blue")
+        axis.annotate(name, (x, y), fontsize=6, xytext=(3, 3 + 7 * (i % 3)), textcoords="offset points")
+    if outliers:  # rows far above the rest would squash every other point into one line
+        off = [f"{name}: FID {y:.1f}, {x:.2f}x" for x, y, name in points if y in outliers]
+        axis.text(0.01, 0.99, "off the chart:\n" + "\n".join(off), transform=axis.transAxes, fontsize=6, va="top")
+    better = (lambda a, b: a <= b) if use_fid else (lambda a, b: a >= b)
+    front = sorted(p for p in points if not any(q[0] >= p[0] and better(q[1], p[1]) and q[:2] != p[:2] for q in points))
+    if len(front) > 1:
+        axis.plot([p[0] for p in front], [p[1] for p in front], color="tab:orange", label="Pareto front")
+        axis.legend()
+    axis.set_xlabel("speed-up over AR")
+    axis.set_ylabel(label)
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120, format="png")
+    plt.close(figure)
+    return Path(path)
+
+
+def write_tables(
+    records: list[RunRecord],
+    out_dir: str | os.PathLike,
+    stem: str = "table",
+    failed: list[dict] | None = None,
+    latency: list[RunRecord] | None = None,
+) -> dict[str, Path]:
+    """Write ``stem.md``, ``stem.csv``, ``stem.tex``, ``stem.json`` and ``stem_pareto.png`` into ``out_dir``.
+
+    ``failed``: sweep jobs without a record (:func:`~lantern.results.tables.failed_jobs`), named under the
+    table. ``latency``: runs that lend the rows their latency and speed-up. Every file is written into a
+    temporary folder in ``out_dir`` first and renamed into place only when all are written.
+    """
+    out, failed = Path(out_dir), failed or []
+    table = build_table(records, latency)  # a refused join writes nothing
+    out.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{stem}.", suffix=".tmp", dir=out))
+    try:
+        texts = {
+            "md": to_markdown(table, failed, out),
+            "csv": to_csv(table),
+            "tex": to_latex(table, failed, out),
+            "json": to_json(table, records, latency, failed),
+        }
+        names = {suffix: f"{stem}.{suffix}" for suffix in texts} | {"png": f"{stem}_pareto.png"}
+        for suffix, text in texts.items():
+            (scratch / names[suffix]).write_text(text, encoding="utf-8")
+        pareto_plot(table, scratch / names["png"])
+        for name in names.values():
+            with open(scratch / name, "rb+") as handle:
+                os.fsync(handle.fileno())
+        paths = {}
+        for suffix, name in names.items():
+            os.replace(scratch / name, out / name)
+            paths[suffix] = out / name
+        return paths
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
