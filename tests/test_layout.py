@@ -158,3 +158,26 @@ def test_the_walk_sees_lazy_imports(tmp_path):
         ("lantern.rules.exact", 2),
         ("lantern.files", 3),
     ]
+
+
+FAMILIES = ("lantern.models.llamagen",)
+FAMILY_FREE = ("decoding", "rules", "metrics", "results", "run", "cli")
+
+
+def test_decoders_rules_metrics_and_tables_never_import_a_model_family():
+    """A family is a folder: the wings that drive models reach them through lantern.models.target only."""
+    found = [
+        f"{name}:{line} -> {target}"
+        for name, edges in graph().items()
+        if wing(name) in FAMILY_FREE
+        for target, line in edges
+        if target.startswith(FAMILIES)
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_the_llamagen_target_satisfies_the_family_protocol():
+    from lantern.models.llamagen.gpt import Transformer, gpt_config
+    from lantern.models.target import Target
+
+    assert isinstance(Transformer(gpt_config("GPT-nano", "c2i", 32, vocab_size=64)), Target)

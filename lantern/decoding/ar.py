@@ -15,8 +15,8 @@ from lantern.decoding.compile import check_compile, compiled, mark_static
 from lantern.decoding.loop import run_steps
 from lantern.models.condition import Condition
 from lantern.models.kv_cache import KVCache
-from lantern.models.llamagen.gpt import Transformer, prefix_causal_mask
 from lantern.models.sampling import SamplingConfig, guided_logits, guided_logits_at, next_token
+from lantern.models.target import Target, prefix_causal_mask
 
 # How attention runs. fast: PyTorch's default SDPA kernel over this decoder's cache (T + N - 1 slots).
 # reference: as LlamaGen's generate(): the math SDPA backend over find_multiple(T + N, 8) cache slots, so
@@ -43,7 +43,7 @@ class ARSettings(DecoderSettings):
 
 
 def decode_one_token(
-    model: Transformer,
+    model: Target,
     sampling: SamplingConfig,
     cache: KVCache,
     mask: torch.Tensor,
@@ -69,7 +69,7 @@ def decode_one_token(
 class ARContext:
     """Per batch shape: the model, its cache and mask at addresses fixed for the whole run, the knobs."""
 
-    model: Transformer
+    model: Target
     sampling: SamplingConfig
     cache: KVCache
     mask: torch.Tensor  # (rows, 1, L, L) causal over the whole cache
@@ -129,7 +129,7 @@ class ARDecoder:
         """ConfigError unless this decoder's compile mode runs on ``device`` (checked before any work)."""
         check_compile(self.compile, device, self.backend)
 
-    def generate(self, model: Transformer, condition: Condition, keys: torch.Tensor) -> DecodeResult:
+    def generate(self, model: Target, condition: Condition, keys: torch.Tensor) -> DecodeResult:
         """Decode all image tokens for ``condition`` (B prompts) with per-sample RNG ``keys`` (B,)."""
         if self.attention == "reference":
             from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -138,8 +138,8 @@ class ARDecoder:
                 return self._generate(model, condition, keys)
         return self._generate(model, condition, keys)
 
-    def _context(self, model: Transformer, rows: int, batch: int, length: int, device) -> ARContext:
-        shape = (model.config, rows, length, model.tok_embeddings.weight.dtype, device)
+    def _context(self, model: Target, rows: int, batch: int, length: int, device) -> ARContext:
+        shape = (model.config, rows, length, model.input_embeddings().dtype, device)
         if shape not in self._contexts:
             cache = model.new_cache(rows, length)
             mask = torch.zeros(rows, 1, length, length, dtype=torch.bool, device=device)
@@ -149,7 +149,7 @@ class ARDecoder:
         return self._contexts[shape]
 
     @torch.inference_mode()
-    def _generate(self, model: Transformer, condition: Condition, keys: torch.Tensor) -> DecodeResult:
+    def _generate(self, model: Target, condition: Condition, keys: torch.Tensor) -> DecodeResult:
         cfg = model.config
         cond_len, num_tokens = cfg.cls_token_num, cfg.num_image_tokens
         cond_emb, cond_mask = guided_inputs(model, condition, self.sampling)

@@ -10,13 +10,11 @@ from __future__ import annotations
 import torch
 
 from lantern.models.condition import Condition
-from lantern.models.llamagen.gpt import Transformer, prefix_causal_mask
 from lantern.models.sampling import SamplingConfig
+from lantern.models.target import Target, prefix_causal_mask
 
 
-def guided_inputs(
-    model: Transformer, condition: Condition, sampling: SamplingConfig
-) -> tuple[torch.Tensor, torch.Tensor]:
+def guided_inputs(model: Target, condition: Condition, sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """Condition embeddings and mask for the model batch: (B, T, D), (B, T), or (2B, ...) as ``[cond; uncond]``.
 
     With CFG the unconditional half uses the null condition and the same caption mask as its
@@ -30,7 +28,7 @@ def guided_inputs(
 
 
 def prefill_condition(
-    model: Transformer, cond_emb: torch.Tensor, cond_mask: torch.Tensor, cache, capacity: int
+    model: Target, cond_emb: torch.Tensor, cond_mask: torch.Tensor, cache, capacity: int
 ) -> torch.Tensor:
     """Write the condition (rows, T, D) into cache slots ``0..T-1`` with a mask over the whole
     ``capacity``; return the final-norm hidden states (rows, T, D) (the last predicts image token 0)."""

@@ -24,8 +24,8 @@ from lantern.decoding.jacobi.grouping import Grouping
 from lantern.decoding.jacobi.step import INITS, JacobiContext, JacobiState, initial_tokens, jacobi_step
 from lantern.decoding.loop import default_sync_every, run_steps, summarise
 from lantern.models.condition import Condition
-from lantern.models.llamagen.gpt import Transformer
 from lantern.models.sampling import SamplingConfig, guided_logits, next_token
+from lantern.models.target import Target
 
 
 @register
@@ -129,13 +129,13 @@ class JacobiDecoder:
             grouping=None if self.grouping is None else self.grouping.describe(),
         )
 
-    def _context(self, model: Transformer, rows: int, batch: int, capacity: int, device) -> JacobiContext:
-        shape = (model.config, rows, batch, capacity, model.tok_embeddings.weight.dtype, device)
+    def _context(self, model: Target, rows: int, batch: int, capacity: int, device) -> JacobiContext:
+        shape = (model.config, rows, batch, capacity, model.input_embeddings().dtype, device)
         if shape not in self._contexts:
             cache = model.new_cache(rows, capacity)
             if self.compile != "none":
                 mark_static(cache.k, cache.v)
-            close = self.grouping.close_table(model.tok_embeddings.weight) if self.grouping is not None else None
+            close = self.grouping.close_table(model.input_embeddings()) if self.grouping is not None else None
             self._contexts[shape] = JacobiContext(
                 model=model,
                 cache=cache,
@@ -151,7 +151,7 @@ class JacobiDecoder:
         return self._contexts[shape]
 
     @torch.inference_mode()
-    def generate(self, model: Transformer, condition: Condition, keys: torch.Tensor) -> DecodeResult:
+    def generate(self, model: Target, condition: Condition, keys: torch.Tensor) -> DecodeResult:
         """Decode all image tokens for ``condition`` (B prompts) with per-sample RNG ``keys`` (B,)."""
         cfg, sampling, width = model.config, self.sampling, self.window
         self.check_model(cfg)

@@ -36,8 +36,8 @@ import torch
 from lantern import rng
 from lantern.decoding.batch import repeat_rows, tree_attention_mask
 from lantern.decoding.jacobi.grouping import Grouping, grouped_law
-from lantern.models.llamagen.gpt import Transformer
 from lantern.models.sampling import SamplingConfig, draw, guided_logits_at, verification_probabilities
+from lantern.models.target import Target
 from lantern.rules.exact import residual, sampled_test
 
 # How fresh window tokens (the tail after a step's accepted tokens) are initialised. ``random``: a
@@ -78,7 +78,7 @@ class JacobiLog(NamedTuple):
 class JacobiContext:
     """What stays fixed for a batch shape: the model, its cache (static address) and the knobs."""
 
-    model: Transformer
+    model: Target
     cache: object
     sampling: SamplingConfig
     window: int

@@ -38,8 +38,8 @@ from lantern.decoding.tree.step import (
 )
 from lantern.models.condition import Condition
 from lantern.models.drafter import Drafter
-from lantern.models.llamagen.gpt import Transformer
 from lantern.models.sampling import SamplingConfig, guided_logits, next_token
+from lantern.models.target import Target
 from lantern.rules.api import RuleSpec
 from lantern.rules.exact import ExactTest
 from lantern.rules.factory import exact
@@ -155,9 +155,9 @@ class SpeculativeDecoder:
         """ConfigError unless this decoder's compile mode runs on ``device`` (checked before any work)."""
         check_compile(self.compile, device, self.backend)
 
-    def _context(self, model: Transformer, rows: int, batch: int, capacity: int, device) -> StepContext:
+    def _context(self, model: Target, rows: int, batch: int, capacity: int, device) -> StepContext:
         """The step context of this batch shape: caches allocated once, at fixed addresses."""
-        shape = (model.config, rows, batch, capacity, model.tok_embeddings.weight.dtype, device)
+        shape = (model.config, rows, batch, capacity, model.input_embeddings().dtype, device)
         if shape not in self._contexts:
             target_cache, drafter_cache = model.new_cache(rows, capacity), self.drafter.new_cache(rows, capacity)
             if self.compile != "none":
@@ -177,7 +177,7 @@ class SpeculativeDecoder:
         return self._contexts[shape]
 
     @torch.inference_mode()
-    def generate(self, model: Transformer, condition: Condition, keys: torch.Tensor) -> DecodeResult:
+    def generate(self, model: Target, condition: Condition, keys: torch.Tensor) -> DecodeResult:
         """Decode all image tokens for ``condition`` (B prompts) with per-sample RNG ``keys`` (B,)."""
         cfg, sampling, drafter = model.config, self.sampling, self.drafter
         drafter.check_target(cfg)

@@ -15,12 +15,12 @@ import torch
 
 from lantern.decoding.batch import repeat_rows, tree_attention_mask
 from lantern.models.drafter import Drafter
-from lantern.models.llamagen.gpt import Transformer, prefix_causal_mask
 from lantern.models.sampling import SamplingConfig, guided_logits_at, verification_probabilities
+from lantern.models.target import Target, prefix_causal_mask
 
 
 def drafter_prefill(
-    model: Transformer,
+    model: Target,
     drafter: Drafter,
     cache,
     cond_emb: torch.Tensor,
@@ -48,7 +48,7 @@ def drafter_prefill(
 
 
 def drafter_consume(
-    model: Transformer,
+    model: Target,
     drafter: Drafter,
     cache,
     tokens: torch.Tensor,
@@ -86,7 +86,7 @@ class DraftSession:
 
     def __init__(
         self,
-        model: Transformer,
+        model: Target,
         drafter: Drafter,
         cache,
         sampling: SamplingConfig,

@@ -23,8 +23,8 @@ from lantern.decoding.tree.draft import Draft
 from lantern.decoding.tree.session import DraftSession, drafter_consume
 from lantern.decoding.tree.verify import Walk, walk_tree
 from lantern.models.drafter import Drafter
-from lantern.models.llamagen.gpt import Transformer
 from lantern.models.sampling import SamplingConfig, guided_logits_at, verification_probabilities
+from lantern.models.target import Target
 from lantern.rules.api import Rule
 
 
@@ -59,7 +59,7 @@ class StepLog(NamedTuple):
 class StepContext:
     """What stays fixed for a batch shape: models, caches (static addresses), and the strategy pieces."""
 
-    model: Transformer
+    model: Target
     drafter: Drafter
     target_cache: object
     drafter_cache: object

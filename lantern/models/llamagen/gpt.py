@@ -18,6 +18,7 @@ from lantern import checks
 from lantern.errors import ConfigError
 from lantern.models.kv_cache import KVCache, NoCache
 from lantern.models.llamagen.rope import apply_rope, rope_table_2d
+from lantern.models.target import prefix_causal_mask
 
 MODEL_TYPES = ("c2i", "t2i")
 
@@ -251,6 +252,10 @@ class Transformer(nn.Module):
         """Image token ids (B, S) -> embeddings (B, S, D)."""
         return self.tok_embeddings(tokens)
 
+    def input_embeddings(self) -> torch.Tensor:
+        """The (V, D) input embedding table."""
+        return self.tok_embeddings.weight
+
     # ----- core ---------------------------------------------------------------------------------
     def forward_embeddings(self, x, positions, slots, mask, cache) -> torch.Tensor:
         """Run the layers over embeddings ``x`` (B, S, D); return final-norm hidden states (B, S, D).
@@ -316,19 +321,3 @@ class Transformer(nn.Module):
         The last condition position predicts token 0; see :meth:`teacher_hidden`.
         """
         return self.teacher_hidden(cond_emb, tokens, cond_mask)[:, cond_emb.shape[1] - 1 :]
-
-
-def prefix_causal_mask(cond_mask: torch.Tensor, length: int) -> torch.Tensor:
-    """Causal mask (B, 1, L, L) over ``length`` slots whose first T columns follow ``cond_mask`` (B, T).
-
-    As in the reference: padded condition columns are hidden from every query, and the diagonal is
-    kept so a fully padded row still attends to itself.
-    """
-    batch, cond_len = cond_mask.shape
-    device = cond_mask.device
-    causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
-    columns = torch.ones(batch, length, dtype=torch.bool, device=device)
-    columns[:, :cond_len] = cond_mask
-    mask = causal[None] & columns[:, None, :]
-    mask |= torch.eye(length, dtype=torch.bool, device=device)[None]
-    return mask.unsqueeze(1)

@@ -1,0 +1,85 @@
+"""The target-model protocol: what every decoder, rule, metric and table may ask of a model family.
+
+A family (``llamagen/`` today) is a folder of its own whose model satisfies :class:`Target`; decoders
+reach the model only through these methods and the shape facts of :class:`TargetShape`, never through
+a family's modules. Sequence layout shared by every family: condition slots ``0 .. T-1``; image token
+``n`` is fed at position ``T + n`` and its output predicts token ``n + 1``; the output at ``T - 1``
+predicts token 0. Logits are fp32; caches are static and addressed by slots; masks are boolean over
+cache slots, so tree and window verification need no other entry point.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+class TargetShape(Protocol):
+    """The shape facts a decoder reads from ``model.config``."""
+
+    cls_token_num: int  # T: condition slots before the image
+    num_image_tokens: int  # N
+    grid_size: int  # image side in tokens (N = grid_size ** 2)
+    vocab_size: int  # V: image codes
+    max_seq_len: int  # T + N: rows of the position table
+
+
+@runtime_checkable
+class Target(Protocol):
+    """A target model: no decoding state of its own; callers pass caches, positions, slots and masks."""
+
+    config: TargetShape
+
+    def embed_condition(self, condition: torch.Tensor) -> torch.Tensor:
+        """The batch's condition (class ids (B,) or caption states (B, T, C)) -> embeddings (B, T, D)."""
+        ...
+
+    def null_condition(self, batch: int) -> torch.Tensor:
+        """The unconditional input of classifier-free guidance, in the form :meth:`embed_condition` takes."""
+        ...
+
+    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Image token ids (B, S) -> input embeddings (B, S, D)."""
+        ...
+
+    def input_embeddings(self) -> torch.Tensor:
+        """The (V, D) input embedding table (its dtype and device are the model's)."""
+        ...
+
+    def forward_embeddings(self, x, positions, slots, mask, cache) -> torch.Tensor:
+        """Embeddings (B, S, D) at ``positions`` written to cache ``slots`` under ``mask`` (B, 1, S, L) ->
+        final-norm hidden states (B, S, D)."""
+        ...
+
+    def prefill(self, cond_emb: torch.Tensor, mask: torch.Tensor, cache) -> tuple[torch.Tensor, torch.Tensor]:
+        """The condition into cache slots ``0 .. T-1``; fp32 logits (B, V) and hidden (B, D) predicting token 0."""
+        ...
+
+    def forward_tokens(self, tokens, positions, slots, mask, cache) -> tuple[torch.Tensor, torch.Tensor]:
+        """Image tokens (B, S) -> fp32 logits (B, S, V) and hidden states (B, S, D)."""
+        ...
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Hidden states (..., D) -> fp32 logits (..., V)."""
+        ...
+
+    def new_cache(self, batch: int, max_len: int | None = None):
+        """A zeroed static cache for ``batch`` rows and ``max_len`` slots."""
+        ...
+
+
+def prefix_causal_mask(cond_mask: torch.Tensor, length: int) -> torch.Tensor:
+    """Causal mask (B, 1, L, L) over ``length`` slots whose first T columns follow ``cond_mask`` (B, T).
+
+    As in the reference: padded condition columns are hidden from every query, and the diagonal is
+    kept so a fully padded row still attends to itself.
+    """
+    batch, cond_len = cond_mask.shape
+    device = cond_mask.device
+    causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+    columns = torch.ones(batch, length, dtype=torch.bool, device=device)
+    columns[:, :cond_len] = cond_mask
+    mask = causal[None] & columns[:, None, :]
+    mask |= torch.eye(length, dtype=torch.bool, device=device)[None]
+    return mask.unsqueeze(1)
