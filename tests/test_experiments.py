@@ -43,9 +43,13 @@ def smoke_overrides(experiment: str, folder: Path) -> list[str]:
 @pytest.mark.parametrize(
     "experiment",
     [
-        # The world's paper table is 15 modes (about 5 minutes on 2 cores) and the peers' table 6 of them
-        # (every mode of both is composed and built by the fast test below): in the slow suite.
-        pytest.param(e, marks=pytest.mark.slow) if e in ("paper_table", "peers") else e
+        # The world's paper table and its batch-1 latency form are 15 modes each (minutes on 2 cores), the
+        # peers' table 6 of them and the COCO grid runs FID and CLIP per job: every mode of each is composed
+        # and built by the fast test below, and the COCO metrics run in the fast test further down; the
+        # whole sweeps are in the slow suite.
+        pytest.param(e, marks=pytest.mark.slow)
+        if e in ("paper_table", "peers", "paper_table_latency", "paper_table_llamagen_coco")
+        else e
         for e in EXPERIMENTS
     ],
 )
