@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 
 from lantern.cli.main import run_hydra, run_or_exit
 from lantern.cli.preflight import check_run_config
+from lantern.files import forget_inputs
 from lantern.run.distributed import World, check_world, rank_device, world_from_env
 from lantern.run.rundir import claim_run_folder
 from lantern.run.tracking import run_identity
@@ -27,6 +28,7 @@ def generate(cfg: DictConfig, out_dir: Path, world: World) -> dict | None:
     holds a finished run of this config is returned as it is, without loading a model.
     """
     resolved = check_run_config(cfg, HydraConfig.get().overrides.task)  # before anything is built or written
+    forget_inputs()  # this job's inputs: what the loaders below read (a multirun runs jobs in one process)
     check_world(world, cfg.num_images)
     group, name = run_identity()  # a sweep's runs share a W&B group and are named from their overrides
     tracker = instantiate(cfg.job.tracker, group=group, name=name)

@@ -100,6 +100,75 @@ def sha256_file(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
+# sha256 of files by (real path, size, mtime): large checkpoints are hashed once, not at every run.
+_HASHES: dict[tuple, str] = {}
+
+
+def _hash_cache_file() -> Path:
+    root = os.environ.get("LANTERN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "lantern")
+    return Path(root) / "sha256.json"
+
+
+def sha256_cached(path: str | os.PathLike) -> str:
+    """:func:`sha256_file`, remembered by (real path, size, mtime) in this process and in
+    ``$LANTERN_CACHE/sha256.json`` (or ``~/.cache/lantern``); a changed file has a new size or mtime."""
+    real = os.path.realpath(path)
+    stat = os.stat(real)
+    key = (real, stat.st_size, stat.st_mtime_ns)
+    if key in _HASHES:
+        return _HASHES[key]
+    cache = _hash_cache_file()
+    entry = f"{real}|{stat.st_size}|{stat.st_mtime_ns}"
+    try:
+        stored = json.loads(cache.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        stored = {}
+    stored = stored if isinstance(stored, dict) else {}
+    digest = stored.get(entry)
+    if not (isinstance(digest, str) and len(digest) == 64):
+        digest = sha256_file(real)
+        if stat.st_size >= 1 << 20:  # only files worth remembering; a cache that cannot be written is skipped
+            stored = {k: v for k, v in stored.items() if not k.startswith(f"{real}|")} | {entry: digest}
+            try:
+                write_json_atomic(cache, stored)
+            except OSError:
+                pass
+    _HASHES[key] = digest
+    return digest
+
+
+# What the current job read: absolute path -> {"role", "sha256", "bytes"}. Loaders note what they read
+# (lantern.models.checkpoint, prompt files, text encoders, metric weights, worlds); the job records it and a
+# resume compares it with what the run folder's first images were made from.
+_INPUTS: dict[str, dict] = {}
+
+
+def note_input(path: str | os.PathLike, role: str) -> str:
+    """Record that the current job reads ``path`` as ``role`` (target, tokenizer, drafter, prompts, ...); a
+    folder counts as the sorted list of its files' hashes. Returns the sha256."""
+    real = os.path.realpath(path)
+    if os.path.isdir(real):
+        files = sorted(p for p in Path(real).rglob("*") if p.is_file())
+        digest = hashlib.sha256()
+        for file in files:
+            digest.update(f"{file.relative_to(real).as_posix()}\0{sha256_cached(file)}\n".encode())
+        value, size = digest.hexdigest(), sum(f.stat().st_size for f in files)
+    else:
+        value, size = sha256_cached(real), os.path.getsize(real)
+    _INPUTS[real] = {"role": role, "sha256": value, "bytes": size}
+    return value
+
+
+def inputs_read() -> dict[str, dict]:
+    """Every input noted since :func:`forget_inputs`, by absolute path (sorted)."""
+    return {path: dict(entry) for path, entry in sorted(_INPUTS.items())}
+
+
+def forget_inputs() -> None:
+    """Start a new job's list of inputs."""
+    _INPUTS.clear()
+
+
 def image_name(index: int) -> str:
     """File name of image ``index``: ``000042.png``."""
     return f"{index:06d}.png"

@@ -15,8 +15,8 @@ import argparse
 import json
 from pathlib import Path
 
-from lantern.files import copy_atomic, write_json_atomic
-from lantern.models.world.load import MANIFEST_NAME, sha256_file
+from lantern.files import copy_atomic, sha256_file, write_json_atomic
+from lantern.models.world.load import MANIFEST_NAME
 from lantern.results.provenance import git_commit
 
 DATA = "Fashion-MNIST (Zalando Research, MIT licence): 60k train split from the Debian package dataset-fashion-mnist"

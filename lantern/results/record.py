@@ -64,6 +64,7 @@ class RunRecord(BaseModel):
     cfg_scale: float
     cfg_interval: float | None = None
     dtype: str | None = None  # the target's weights
+    inputs: dict[str, dict[str, Any]] | None = None  # every file read: path -> role, sha256, bytes
     tokens_per_image: int | None = None
     # Timing (of the images decoded by the last process; ``timing`` says how many that was).
     latency_s_per_image: float | None = None

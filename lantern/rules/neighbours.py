@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from lantern.errors import CheckpointError, ConfigError
+from lantern.files import note_input
 from lantern.models.bundle import random_vq
 from lantern.models.checkpoint import read_state_dict
 from lantern.rules.relaxation import NeighbourTable
@@ -180,7 +181,7 @@ def check_table(table: torch.Tensor, codebook: torch.Tensor) -> None:
 
 
 def _codebook_from(vq_ckpt: str | os.PathLike) -> torch.Tensor:
-    state = read_state_dict(vq_ckpt)
+    state = read_state_dict(vq_ckpt, "tokenizer")
     if CODEBOOK_KEY not in state:
         raise CheckpointError(f"{os.fspath(vq_ckpt)!r} has no {CODEBOOK_KEY!r}: is it a VQ tokenizer checkpoint?")
     return state[CODEBOOK_KEY].float()  # (V, D)
@@ -193,6 +194,7 @@ def read_table_file(path: str | os.PathLike, codebook: torch.Tensor, normalize: 
         raise ConfigError(f"model.neighbours.path={os.fspath(path)!r} is not a file")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
+        note_input(path, "neighbours")
     except Exception as error:  # noqa: BLE001 - any unreadable file gets the same one-line answer
         raise ConfigError(
             f"model.neighbours.path={os.fspath(path)!r} is not a neighbour table file ({type(error).__name__})"

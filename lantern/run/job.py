@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 from lantern import checks
 from lantern.errors import ConfigError
-from lantern.files import labelled_grid, read_images, write_atomic
+from lantern.files import inputs_read, labelled_grid, read_images, write_atomic
 from lantern.models.bundle import ModelBundle
 from lantern.results.baselines import read_baseline_run, recorded_speedup, speed_setting
 from lantern.results.provenance import environment
@@ -271,7 +271,7 @@ class GenerationJob:
         store = folder.store()
         mine = [i for i in world.shard(list(range(self.num_images))) if not store.is_finished(i)]
         if world.is_main:
-            folder.start()
+            folder.start(inputs_read())  # refuses files changed since the folder's first images
         world.barrier()
         part = self._decode_shard(store, mine, world)
         parts = world.gather(part)  # every rank's images are on disk once it reaches this
@@ -319,6 +319,7 @@ class GenerationJob:
         fields = {
             **self.decoder.settings.record(),
             "settings": self.decoder.settings.to_json(),
+            "inputs": inputs_read(),
             **self._setting(),
             "tokens_per_image": tokens_per_image,
             "latency_s_per_image": total / decoded if decoded else None,

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from lantern import checks
 from lantern.errors import ConfigError
+from lantern.files import note_input
 
 # LlamaGen's own demo classes for class-conditional sampling.
 IMAGENET_DEMO_CLASSES = (207, 360, 387, 974, 88, 979, 417, 279)
@@ -81,6 +82,7 @@ def caption_file(path: str, name: str | None = None) -> PromptSet:
     if not os.path.isfile(path):
         raise ConfigError(f"prompt file not found: {path!r} (expected a text file with one caption per line)")
     captions = [line.strip() for line in read_text(path, "prompt file").splitlines() if line.strip()]
+    note_input(path, "prompts")
     return PromptSet(name or os.path.basename(path), "text", captions)
 
 
@@ -118,6 +120,7 @@ def coco_captions(
     if not os.path.isfile(path):
         raise ConfigError(f"COCO caption file not found: {path!r} (expected e.g. annotations/captions_val2017.json)")
     text = read_text(path, "COCO caption file")
+    note_input(path, "prompts")
     try:
         annotations = json.loads(text)["annotations"]
         rows = [(int(a["image_id"]), int(a.get("id", 0)), str(a["caption"]).strip()) for a in annotations]
@@ -147,6 +150,7 @@ def parti_prompts(
     if not os.path.isfile(path):
         raise ConfigError(f"PartiPrompts file not found: {path!r} (expected PartiPrompts.tsv)")
     reader = csv.DictReader(io.StringIO(read_text(path, "PartiPrompts file"), newline=""), delimiter="\t")
+    note_input(path, "prompts")
     if not reader.fieldnames or "Prompt" not in reader.fieldnames:
         raise ConfigError(f"{path!r} is not a PartiPrompts TSV: no 'Prompt' column in its header")
     rows = [r for r in reader if (r.get("Prompt") or "").strip()]

@@ -4,6 +4,7 @@ Layout of a run folder::
 
     .lock              the writer's lock (lantern.run.lock); the file stays, the lock goes with its process
     run_config.json    the resolved config the images are made with, written before the first image
+    run_inputs.json    the sha256 of every file they are made from (weights, prompt files, ...), beside it
     tokens/000042.pt   image 42's tokens (N,) and per-sample decoder counters, written before its PNG
     000042.png         image 42; with its tokens file, the mark that image 42 is finished
     grid.png, metrics.json   written last; a complete metrics.json means the run is finished
@@ -26,12 +27,13 @@ import numpy as np
 import torch
 
 from lantern.errors import ConfigError, LanternError
-from lantern.files import image_name, remove_stale_temps, save_png, write_atomic, write_json_atomic
+from lantern.files import image_name, note_input, remove_stale_temps, save_png, write_atomic, write_json_atomic
 from lantern.results.record import RECORD_NAME, RunRecord, read_record
 from lantern.run.distributed import World
 from lantern.run.lock import LOCK_NAME, FolderLock
 
 RUN_CONFIG = "run_config.json"
+RUN_INPUTS = "run_inputs.json"  # every file the first images were made from: path -> role, sha256, bytes
 TOKENS_DIR = "tokens"
 # Config entries that change neither images nor records' meaning: where things are written, how runs are logged.
 IGNORED_CONFIG_KEYS = ("wandb", "paths")
@@ -96,8 +98,8 @@ class RunFolder:
     def _leave(self, failed: bool) -> None:
         if failed and self._was_empty:
             leftovers = {p.name for p in self.path.iterdir()} if self.path.exists() else set()
-            if leftovers <= {LOCK_NAME, RUN_CONFIG, TOKENS_DIR} and not self.store().finished_any():
-                for name in (RUN_CONFIG, TOKENS_DIR):
+            if leftovers <= {LOCK_NAME, RUN_CONFIG, RUN_INPUTS, TOKENS_DIR} and not self.store().finished_any():
+                for name in (RUN_CONFIG, RUN_INPUTS, TOKENS_DIR):
                     target = self.path / name
                     if target.is_dir():
                         for stale in target.iterdir():
@@ -124,6 +126,7 @@ class RunFolder:
             difference = first_difference(comparable(record.config), self.config)
             if difference:
                 raise self._refuse("a finished run", difference)
+            self._check_inputs(record.inputs or {}, "a finished run")
             return Claim(finished=record, resumed=False)
         config_file = self.path / RUN_CONFIG
         if config_file.is_file():
@@ -131,6 +134,7 @@ class RunFolder:
             difference = first_difference(stored, self.config)
             if difference:
                 raise self._refuse("an unfinished run", difference)
+            self._check_inputs(self.stored_inputs(), "an unfinished run")
             return Claim(finished=None, resumed=True)
         strangers = sorted(p.name for p in self.path.iterdir() if not p.name.startswith(".") and p.name != TOKENS_DIR)
         if strangers:
@@ -140,8 +144,44 @@ class RunFolder:
             )
         return Claim(finished=None, resumed=False)
 
-    def start(self) -> None:
-        """Write ``run_config.json`` (before the first image), so a rerun can tell it may resume."""
+    def stored_inputs(self) -> dict:
+        """The inputs ``run_inputs.json`` records (empty when there is none)."""
+        try:
+            stored = json.loads((self.path / RUN_INPUTS).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return stored if isinstance(stored, dict) else {}
+
+    def _check_inputs(self, stored: dict, what: str) -> None:
+        """Refuse when a file the folder's images were made from now has other contents (or is gone):
+        resume identity is contents, not paths. Hashes are cached by (path, size, mtime)."""
+        for path, entry in stored.items():
+            expected = entry.get("sha256") if isinstance(entry, dict) else None
+            now = note_input(path, entry.get("role", "input")) if os.path.exists(path) else None
+            if now != expected:
+                state = "is gone" if now is None else f"now has sha256 {now[:12]}..."
+                raise ConfigError(
+                    f"run folder {str(self.path)!r} holds {what} made from {path!r} (sha256 {str(expected)[:12]}...), "
+                    f"which {state}; restore that file to resume, or choose another folder"
+                )
+
+    def check_inputs(self, inputs: dict) -> None:
+        """Refuse when this job reads a file the folder's first images were made from with other contents."""
+        stored = self.stored_inputs()
+        for path, entry in inputs.items():
+            if path in stored and stored[path].get("sha256") != entry["sha256"]:
+                raise ConfigError(
+                    f"run folder {str(self.path)!r} holds images made from {path!r} with sha256 "
+                    f"{str(stored[path].get('sha256'))[:12]}..., which now has {entry['sha256'][:12]}...; "
+                    "restore that file to resume, or choose another folder"
+                )
+
+    def start(self, inputs: dict | None = None) -> None:
+        """Write ``run_config.json`` and ``run_inputs.json`` (before the first image), so a rerun can tell
+        it may resume from the same config and the same files."""
+        if inputs is not None:
+            self.check_inputs(inputs)
+            write_json_atomic(self.path / RUN_INPUTS, {**self.stored_inputs(), **inputs})
         if not (self.path / RUN_CONFIG).is_file():
             write_json_atomic(self.path / RUN_CONFIG, self.config)
 

@@ -18,6 +18,7 @@ import torch
 
 from lantern import checks
 from lantern.errors import CheckpointError, ConfigError
+from lantern.files import note_input
 
 
 @dataclass
@@ -228,4 +229,5 @@ def load_hf_encoder(model_class, path: str, dtype: torch.dtype, expected: str, l
         raise CheckpointError(
             f"cannot load a {label} encoder from {path!r} ({reason[:200]}); expected {expected}"
         ) from exc
+    note_input(path, "text_encoder")
     return model, tokenizer

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from lantern import REPO_ROOT
 from lantern.errors import CheckpointError
-from lantern.files import sha256_file
+from lantern.files import note_input
 from lantern.models.bundle import ModelBundle, load_bundle
 
 MANIFEST_NAME = "manifest.json"
@@ -87,7 +87,7 @@ def verify_world(folder: str | Path) -> dict:
                 f"world file {str(path)!r} is missing; {restore_hint(path)} "
                 f"or rebuild it with `{entry.get('command', '?')}`"
             )
-        actual = sha256_file(path)
+        actual = note_input(path, f"world:{name}")
         if actual != entry.get("sha256"):
             raise CheckpointError(
                 f"world file {str(path)!r} was altered (sha256 {actual[:12]}..., manifest {str(entry.get('sha256'))[:12]}...); "
