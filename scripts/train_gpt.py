@@ -14,85 +14,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import hydra
-import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from lantern.cli.main import run_or_exit
-from lantern.files import sha256_file
-from lantern.models.checkpoint import load_weights
-from lantern.models.llamagen.gpt import Transformer, gpt_config
-from lantern.models.llamagen.vq import VQModel, vq_config
-from lantern.models.world.fashion_mnist import FashionMNISTImages
-from lantern.training.fashion import caption_table, tokenize
-from lantern.training.gpt import GPTObjective
-from lantern.training.loop import EpochBatches, Trainer, warmup_cosine
-
-WEIGHTS_NAME = "gpt.safetensors"
+from lantern import REPO_ROOT
+from lantern.cli.main import run_hydra, run_or_exit
+from lantern.training.jobs.gpt import WEIGHTS_NAME, train
 
 
-def train_gpt(cfg: DictConfig) -> dict:
-    config = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
-    torch.set_num_threads(int(cfg.num_threads))
-    out_dir = Path(cfg.out_dir)
-    vq = load_weights(VQModel(vq_config(cfg.vq_preset)), cfg.vq_weights, f"{cfg.vq_preset} tokenizer").eval()
-    train = FashionMNISTImages.from_folder(cfg.data_root, "train", cfg.resolution)
-    if cfg.max_train_images:
-        count = min(int(cfg.max_train_images), len(train))
-        train = FashionMNISTImages(train.images[:count].numpy(), train.labels[:count].numpy(), cfg.resolution)
-    codes = tokenize(vq, train, out_dir / "codes_train.pt", sha256_file(cfg.vq_weights))
-    states, masks, class_captions = caption_table(cfg.text_max_length)
-    caption_ids = class_captions[torch.as_tensor(train.labels, dtype=torch.long)]  # (N, K)
-
-    torch.manual_seed(cfg.seed)
-    gpt_cfg = gpt_config(
-        cfg.preset,
-        "t2i",
-        cfg.resolution,
-        vq.config.downsample,
-        vocab_size=vq.config.codebook_size,
-        caption_dim=states.shape[-1],
-        cls_token_num=cfg.text_max_length,
-    )
-    model = Transformer(gpt_cfg)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr,
-        betas=tuple(cfg.betas),
-    )
-    objective = GPTObjective(model, codes, caption_ids, states, masks, cfg.cond_dropout)
-    trainer = Trainer(
-        model,
-        optimizer,
-        objective,
-        EpochBatches(len(train), cfg.batch_size, cfg.seed, lambda idx: idx),
-        max_steps=cfg.steps,
-        out_dir=out_dir,
-        ckpt_every=cfg.ckpt_every,
-        log_every=cfg.log_every,
-        progress=cfg.progress,
-        grad_clip=cfg.grad_clip,
-        lr_schedule=warmup_cosine(cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio),
-        config=config,
-        export_name=WEIGHTS_NAME,
-        export_dtype=torch.float16,
-    )
-    params = sum(p.numel() for p in model.parameters()) / 1e6
-    print(
-        f"training {cfg.preset} t2i ({params:.2f}M parameters, {gpt_cfg.grid_size}x{gpt_cfg.grid_size} tokens, "
-        f"vocab {gpt_cfg.vocab_size}) for {cfg.steps} steps of {cfg.batch_size} into {out_dir}",
-        flush=True,
-    )
-    return trainer.fit()
-
-
-@hydra.main(version_base="1.3", config_path="../conf", config_name="train_gpt")
+@hydra.main(version_base="1.3", config_path=str(REPO_ROOT / "conf"), config_name="train_gpt")
 def main(cfg: DictConfig) -> None:
     """Entry point: train and print a summary; user errors exit 2 with one line."""
-    summary = run_or_exit(lambda: train_gpt(cfg))
+    summary = run_or_exit(lambda: train(cfg), cfg.out_dir)
     print(f"{Path(cfg.out_dir) / WEIGHTS_NAME}: {summary['steps']} steps, last logs {summary['logs']}")
 
 
 if __name__ == "__main__":
-    main()
+    run_hydra(main)

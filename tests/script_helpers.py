@@ -29,3 +29,19 @@ def fashion_root(root: Path, images: np.ndarray, labels: np.ndarray, train: int,
     write_idx(root / "t10k-images-idx3-ubyte", images[-test:])
     write_idx(root / "t10k-labels-idx1-ubyte", labels[-test:])
     return root
+
+
+def run_hydra_script(name: str, overrides: list[str]) -> None:
+    """Run the Hydra script ``scripts/<name>.py`` in this process with ``overrides`` on its command line, as
+    ``python scripts/<name>.py KEY=VALUE ...`` does (user errors: one ``error:`` line and SystemExit(2))."""
+    import sys
+
+    from lantern.cli.main import run_hydra
+
+    module = load_script(name)
+    argv = sys.argv
+    sys.argv = [f"{name}.py", *overrides]
+    try:
+        run_hydra(module.main)
+    finally:
+        sys.argv = argv

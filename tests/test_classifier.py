@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
-from script_helpers import fashion_root, load_script
+from script_helpers import fashion_root, run_hydra_script
 from torch import nn
 
 from lantern.errors import CheckpointError, ConfigError
@@ -158,9 +158,8 @@ def test_training_reduces_the_loss(test_split, tmp_path):
 
 
 def test_script_without_data_prints_one_line(tmp_path, capsys):
-    script = load_script("train_classifier")
     with pytest.raises(SystemExit) as exit_info:
-        script.main(["--data-root", str(tmp_path / "nowhere"), "--out-dir", str(tmp_path / "out")])
+        run_hydra_script("train_classifier", [f"data_root={tmp_path / 'nowhere'}", f"out_dir={tmp_path / 'out'}"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: Fashion-MNIST train split not found") and "\n" not in err
@@ -172,35 +171,24 @@ def test_script_trains_exports_and_resumes(test_split, tmp_path, capsys):
     root = fashion_root(tmp_path / "data", images, labels, train=128, test=50)
     out = tmp_path / "out"
     argv = [
-        "--data-root",
-        str(root),
-        "--test-root",
-        str(root),
-        "--out-dir",
-        str(out),
-        "--steps",
-        "3",
-        "--batch-size",
-        "32",
-        "--width",
-        "4",
-        "--no-progress",
-        "--log-every",
-        "1",
-        "--ckpt-every",
-        "1",
+        f"data_root={str(root)}",
+        f"test_root={str(root)}",
+        f"out_dir={str(out)}",
+        "steps=3",
+        "batch_size=32",
+        "width=4",
+        "progress=false",
+        "log_every=1",
+        "ckpt_every=1",
     ]
-    script = load_script("train_classifier")
-    assert script.main(argv) == 0
+    run_hydra_script("train_classifier", argv)
     report = json.loads((out / "classifier_report.json").read_text())
     assert 0.0 <= report["test"]["accuracy"] <= 1.0 and report["test"]["images"] == 50
     assert report["training"]["steps"] == 3 and report["training"]["resumed_from"] is None
     weights = load_file(str(out / "classifier.safetensors"))
     assert all(v.dtype == torch.float16 for k, v in weights.items() if "num_batches" not in k)
     load_classifier(out / "classifier.safetensors", width=4)
-    longer = list(argv)
-    longer[argv.index("--steps") + 1] = "5"
-    assert script.main(longer) == 0
+    run_hydra_script("train_classifier", [*argv, "steps=5"])
     report = json.loads((out / "classifier_report.json").read_text())
     assert report["training"]["steps"] == 5 and report["training"]["resumed_from"] == 3
     assert "test accuracy" in capsys.readouterr().out

@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 from safetensors.torch import load_file
-from script_helpers import fashion_root, load_script
+from script_helpers import fashion_root, run_hydra_script
 
 from lantern.metrics.classifier import pad_to_world
 from lantern.metrics.clip import CLIPScore, encode_images, encode_texts
@@ -28,20 +28,13 @@ from lantern.training.clip import (
 )
 
 TINY_ARGS = [
-    "--embed-dim",
-    "16",
-    "--vision-width",
-    "32",
-    "--vision-layers",
-    "1",
-    "--vision-head-width",
-    "16",
-    "--text-width",
-    "16",
-    "--text-heads",
-    "2",
-    "--text-layers",
-    "1",
+    "embed_dim=16",
+    "vision_width=32",
+    "vision_layers=1",
+    "vision_head_width=16",
+    "text_width=16",
+    "text_heads=2",
+    "text_layers=1",
 ]
 
 
@@ -116,27 +109,18 @@ def test_script_trains_exports_resumes_and_the_file_loads_through_clipscore(test
     root = fashion_root(tmp_path / "data", images, labels, train=128, test=40)
     out = tmp_path / "out"
     argv = [
-        "--data-root",
-        str(root),
-        "--test-root",
-        str(root),
-        "--out-dir",
-        str(out),
-        "--steps",
-        "2",
-        "--batch-size",
-        "32",
-        "--no-progress",
-        "--log-every",
-        "1",
-        "--ckpt-every",
-        "1",
-        "--score-images",
-        "10",
+        f"data_root={str(root)}",
+        f"test_root={str(root)}",
+        f"out_dir={str(out)}",
+        "steps=2",
+        "batch_size=32",
+        "progress=false",
+        "log_every=1",
+        "ckpt_every=1",
+        "score_images=10",
         *TINY_ARGS,
     ]
-    script = load_script("train_clip")
-    assert script.main(argv) == 0
+    run_hydra_script("train_clip", argv)
     report = json.loads((out / "clip_report.json").read_text())
     assert report["training"]["steps"] == 2 and report["training"]["resumed_from"] is None
     assert set(report["test"]["conventions"]) == {"lantern", "torchmetrics"} and report["test"]["images"] == 40
@@ -155,9 +139,7 @@ def test_script_trains_exports_resumes_and_the_file_loads_through_clipscore(test
         ),
         abs=1e-5,
     )
-    longer = list(argv)
-    longer[argv.index("--steps") + 1] = "3"
-    assert script.main(longer) == 0
+    run_hydra_script("train_clip", [*argv, "steps=3"])
     report = json.loads((out / "clip_report.json").read_text())
     assert report["training"]["steps"] == 3 and report["training"]["resumed_from"] == 2
     assert "zero-shot accuracy" in capsys.readouterr().out
@@ -166,18 +148,19 @@ def test_script_trains_exports_resumes_and_the_file_loads_through_clipscore(test
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--steps", "0"], "--steps must be >= 1"),
-        (["--prefix-prob", "1.5"], "--prefix-prob must be in [0, 1]"),
-        (["--patch-size", "5"], "patch_size must divide the image size 32"),
-        (["--context-length", "8"], "context_length 8 is too short"),
-        (["--data-root", "NOWHERE"], "Fashion-MNIST train split not found"),
+        (["steps=0"], "steps=0: expected an integer >= 1"),
+        (["lr=nan"], "lr=nan: expected a finite number > 0"),
+        (["prefix_prob=1.5"], "prefix_prob=1.5: expected a number in [0, 1]"),
+        (["patch_size=5"], "patch_size must divide the image size 32"),
+        (["context_length=8"], "context_length 8 is too short"),
+        (["data_root=NOWHERE"], "Fashion-MNIST train split not found"),
+        (["stepz=3"], "stepz"),
     ],
 )
 def test_bad_arguments_print_one_line_and_exit_2(argv, message, tmp_path, capsys):
-    script = load_script("train_clip")
     argv = [a.replace("NOWHERE", str(tmp_path / "nowhere")) for a in argv]
     with pytest.raises(SystemExit) as exit_info:
-        script.main([*argv, "--out-dir", str(tmp_path / "out")])
+        run_hydra_script("train_clip", [*argv, f"out_dir={tmp_path / 'out'}"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and message in err and "\n" not in err

@@ -53,6 +53,32 @@ StepFn = Callable[[Any], tuple[torch.Tensor, Mapping[str, Any]]]
 BatchFactory = Callable[[int, int], Iterable[Any]]
 
 
+def check_trainer_knobs(cfg: Mapping[str, Any]) -> None:
+    """The knobs every training job shares, checked before any data is read or folder made: ``steps``,
+    ``batch_size``, ``ckpt_every``, ``log_every``, ``num_threads`` >= 1, ``warmup_steps``, ``seed`` >= 0, a
+    finite ``lr`` > 0, ``min_lr_ratio`` in [0, 1], ``weight_decay`` >= 0 and ``grad_clip`` > 0 or null
+    (those present in ``cfg``)."""
+    for name, low in (
+        ("steps", 1),
+        ("batch_size", 1),
+        ("ckpt_every", 1),
+        ("log_every", 1),
+        ("num_threads", 1),
+        ("warmup_steps", 0),
+        ("seed", 0),
+    ):
+        if cfg.get(name) is not None:
+            checks.integer(name, cfg[name], low)
+    if "lr" in cfg:
+        checks.real("lr", cfg["lr"], 0, low_open=True)
+    if "min_lr_ratio" in cfg:
+        checks.probability("min_lr_ratio", cfg["min_lr_ratio"])
+    if "weight_decay" in cfg:
+        checks.real("weight_decay", cfg["weight_decay"], 0)
+    if "grad_clip" in cfg:
+        checks.optional(checks.real, "grad_clip", cfg["grad_clip"], 0, low_open=True)
+
+
 def warmup_cosine(warmup_steps: int, total_steps: int, min_ratio: float = 0.0) -> Callable[[int], float]:
     """LR multiplier schedule: linear warmup over ``warmup_steps``, then cosine decay to ``min_ratio``.
 

@@ -1,0 +1,1 @@
+"""Training jobs: one entry function each (``train(cfg) -> report``), called by ``scripts/train_*.py``."""
