@@ -11,60 +11,19 @@ interrupted run leaves no half-made reference. Bad input prints one ``error:`` l
 
 from __future__ import annotations
 
-import argparse
-import shutil
 from pathlib import Path
 
-from PIL import Image
-from tqdm import tqdm
-
-from lantern.cli.main import run_or_exit
-from lantern.errors import ConfigError
-
-SUFFIXES = (".jpg", ".jpeg", ".png")
-
-
-def centre_square(image: Image.Image, size: int) -> Image.Image:
-    """The largest centred square of ``image``, resized to ``size`` x ``size`` with Lanczos, in RGB."""
-    width, height = image.size
-    side = min(width, height)
-    left, top = (width - side) // 2, (height - side) // 2
-    square = image.convert("RGB").crop((left, top, left + side, top + side))
-    return square.resize((size, size), Image.LANCZOS)
-
-
-def make_reference(images: Path, out: Path, size: int, progress: bool = True) -> int:
-    """Write every image of ``images`` into ``out`` as a ``size`` px PNG; return how many."""
-    if not isinstance(size, int) or size < 8:
-        raise ConfigError(f"size={size!r} must be an integer >= 8")
-    if not images.is_dir():
-        raise ConfigError(f"image folder not found: {str(images)!r}")
-    files = sorted(p for p in images.iterdir() if p.suffix.lower() in SUFFIXES)
-    if not files:
-        raise ConfigError(f"no {'/'.join(SUFFIXES)} images in {str(images)!r}")
-    if out.exists():
-        raise ConfigError(f"output folder {str(out)!r} already exists; remove it or choose another")
-    partial = out.with_name(out.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    for path in tqdm(files, desc="reference images", unit="img", disable=not progress):
-        try:
-            with Image.open(path) as image:
-                centre_square(image, size).save(partial / f"{path.stem}.png")
-        except OSError as exc:
-            shutil.rmtree(partial)
-            raise ConfigError(f"cannot read image {str(path)!r} ({exc})") from exc
-    partial.rename(out)
-    return len(files)
+from lantern.cli.main import ArgumentParser, run_or_exit
+from lantern.metrics.reference import make_reference
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(__doc__)
     parser.add_argument("--images", required=True, help="folder of real images (e.g. MS-COCO val2017)")
     parser.add_argument("--out", required=True, help="new folder for the prepared PNGs")
     parser.add_argument("--size", type=int, default=256, help="side of the output squares (the generator's resolution)")
     parser.add_argument("--no-progress", action="store_true")
-    args = parser.parse_args(argv)
+    args = parser.parse(argv)
     count = run_or_exit(lambda: make_reference(Path(args.images), Path(args.out), args.size, not args.no_progress))
     print(f"{count} reference images ({args.size} px) in {args.out}")
 

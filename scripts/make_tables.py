@@ -13,25 +13,20 @@ nothing is written. ``--out`` is a folder.
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
-
-from lantern.cli.main import run_or_exit
-from lantern.errors import ConfigError
-from lantern.results.render import to_markdown, write_tables
-from lantern.results.tables import build_table, failed_jobs, load_records
+from lantern.cli.main import ArgumentParser, run_or_exit
+from lantern.results.render import make_tables, to_markdown
+from lantern.results.tables import failed_jobs
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(__doc__)
     parser.add_argument("runs", nargs="+", help="run or sweep folders, or metrics.json files")
     parser.add_argument(
         "--out",
         default=None,
-        help="folder for table.{md,csv,tex,json} and table_pareto.png (created if missing; "
-        "default: the first runs folder)",
+        help="folder for STEM.{md,csv,tex,json} and STEM_pareto.png (created if missing; default: the first runs folder)",
     )
-    parser.add_argument("--stem", default="table")
+    parser.add_argument("--stem", default="table", help="a plain file name (no folders)")
     parser.add_argument(
         "--latency",
         action="append",
@@ -39,19 +34,9 @@ def main() -> None:
         metavar="RUNS",
         help="run or sweep folders whose latency and speed-up the rows take (same method and setting)",
     )
-    args = parser.parse_args()
-
-    def make() -> dict:
-        out = Path(args.out) if args.out else Path(args.runs[0])
-        if out.exists() and not out.is_dir():
-            raise ConfigError(f"--out={str(out)!r} is a file; give a folder (the tables are written into it)")
-        records = load_records(args.runs)  # every record validated before anything is written
-        latency = load_records(args.latency) if args.latency else None
-        paths = write_tables(records, out, args.stem, failed=failed_jobs(args.runs), latency=latency)
-        print(to_markdown(build_table(records, latency), failed_jobs(args.runs), out))
-        return paths
-
-    paths = run_or_exit(make)
+    args = parser.parse()
+    table, paths = run_or_exit(lambda: make_tables(args.runs, args.out, args.stem, args.latency))
+    print(to_markdown(table, failed_jobs(args.runs), paths["md"].parent))
     print("wrote " + ", ".join(str(p) for p in paths.values()))
 
 

@@ -1,7 +1,7 @@
 """Train the prompt-faithfulness classifier of the embedded world on Fashion-MNIST in one command.
 
     python scripts/train_classifier.py                                  # 60k train split, 3 epochs
-    python scripts/train_classifier.py --epochs 1 --out-dir outputs/train/classifier_try
+    python scripts/train_classifier.py epochs=1 out_dir=outputs/train/classifier_try
 
 The train split comes from ``data_root`` (default ``/usr/share/datasets/fashion-mnist``, apt
 package ``dataset-fashion-mnist``); the test accuracy is measured on the shipped 10k test split

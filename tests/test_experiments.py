@@ -169,8 +169,7 @@ def test_every_metrics_config_instantiates(metrics):
 def test_fid_reference_folder_is_centre_cropped_and_refuses_to_overwrite(tmp_path):
     from PIL import Image
 
-    sys.path.insert(0, str(REPO / "scripts"))
-    from fid_reference import centre_square
+    from lantern.metrics.reference import centre_square
 
     wide = np.zeros((40, 60, 3), dtype=np.uint8)
     wide[:, 10:50] = 255  # the centred 40x40 square is all white, the side strips black
@@ -207,9 +206,7 @@ def test_the_coco_experiment_measures_fid_and_clip_on_the_world(tmp_path):
     from PIL import Image
 
     from lantern.metrics.classifier import fashion_test_images
-
-    sys.path.insert(0, str(REPO / "scripts"))
-    from fid_reference import make_reference
+    from lantern.metrics.reference import make_reference
 
     source = tmp_path / "val2017"
     source.mkdir()

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from script_helpers import load_script
 
 
@@ -41,6 +42,8 @@ def test_gpu_check_without_a_gpu_is_one_line(capsys):
 
     if torch.cuda.is_available():
         return
-    assert load_script("gpu_check").main(["--device", "cuda"]) == 2
+    with pytest.raises(SystemExit) as exit_info:
+        load_script("gpu_check").main(["--device", "cuda"])
+    assert exit_info.value.code == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ")

@@ -27,3 +27,70 @@ def test_bad_training_values_are_one_line_at_once_and_leave_no_folder(tmp_path, 
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and err.startswith("error: ") and "\n" not in err and message in err, err
     assert not out.exists()
+
+
+ARGPARSE_SCRIPTS = [
+    "bench_ar",
+    "bench_speculative",
+    "eval_world",
+    "fid_reference",
+    "gpu_check",
+    "make_tables",
+    "ship_world",
+]
+HYDRA_SCRIPTS = ["train_classifier", "train_clip", "train_drafter", "train_gpt", "train_vq"]
+
+
+def _main(name: str, argv: list[str], monkeypatch) -> None:
+    import sys
+
+    from script_helpers import load_script
+
+    monkeypatch.setattr(sys, "argv", [f"{name}.py", *argv])
+    module = load_script(name)
+    module.main() if name != "gpu_check" else module.main(argv)
+
+
+@pytest.mark.parametrize("name", ARGPARSE_SCRIPTS)
+def test_every_tool_has_help_and_refuses_an_unknown_flag_in_one_line(name, monkeypatch, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        _main(name, ["--help"], monkeypatch)
+    assert exit_info.value.code == 0 and "usage:" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        _main(name, ["--no-such-flag"], monkeypatch)
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and err.startswith("error: ") and "\n" not in err, err
+
+
+@pytest.mark.parametrize("name", HYDRA_SCRIPTS)
+def test_every_training_job_has_help(name, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run_hydra_script(name, ["--help"])
+    assert exit_info.value.code == 0 and "Powered by Hydra" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "name, argv, message",
+    [
+        ("bench_speculative", ["--deltas", "abc"], "--deltas='abc': expected a number in [0, 1]"),
+        ("bench_speculative", ["--deltas", "-0.5"], "--deltas=-0.5: expected a number in [0, 1]"),
+        ("bench_speculative", ["--structures", "pyramid"], "--structures='pyramid': expected one of"),
+        ("bench_speculative", ["--model", "nope"], "--model='nope': expected one of"),
+        ("bench_speculative", ["--mode", "x::foo=1"], "unknown key 'foo'"),
+        ("bench_speculative", ["--overrides", "temperature=-3"], "temperature=-3: expected a finite number >= 0"),
+        ("bench_speculative", ["--images", "0"], "--images=0: expected an integer >= 1"),
+        ("bench_ar", ["--runs", "0"], "--runs=0: expected an integer >= 1"),
+        ("eval_world", ["--batch-size", "0", "recon"], "--batch-size=0: expected an integer >= 1"),
+        ("fid_reference", ["--images", "x", "--out", "y", "--size", "4"], "--size=4: expected an integer >= 8"),
+        ("ship_world", ["--world", "W", "--file", "a=b"], "--file='a=b': expected NAME=SOURCE=COMMAND"),
+        ("make_tables", ["R", "--stem", "../x/y"], "--stem='../x/y': expected a plain file name"),
+        ("gpu_check", ["--images", "1", "--device", "cpu"], "--images=1: expected an integer >= 2"),
+    ],
+)
+def test_bad_tool_values_are_one_line_and_write_nothing(tmp_path, monkeypatch, capsys, name, argv, message):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        _main(name, argv, monkeypatch)
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and err.startswith("error: ") and "\n" not in err and message in err, err
+    assert list(tmp_path.iterdir()) == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from lantern.cli.hydra_errors import hydra_message
-from lantern.errors import one_line, user_message
+from lantern.errors import ConfigError, one_line, user_message
 
 T = TypeVar("T")
 
@@ -48,7 +49,7 @@ def run_or_exit(task: Callable[[], T], out_dir: str | Path | None = None) -> T:
             )
         sys.exit(130 if isinstance(exc, KeyboardInterrupt) else 143)
     except Exception as exc:
-        message = user_message(exc)
+        message = hydra_message(exc) or user_message(exc)
         if message is None:
             raise
         _remove_if_empty(out_dir)
@@ -104,3 +105,21 @@ def _raised_in(exc: BaseException, code) -> bool:
             return True
         tb = tb.tb_next
     return False
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse for the scripts that take files and flags (make_tables, the benchmarks, ...): a bad flag is one
+    :class:`ConfigError` (``error: ...`` and exit 2 through :func:`run_or_exit`), not argparse's usage lines.
+    ``--help`` prints the script's docstring."""
+
+    def __init__(self, doc: str | None = None, **kwargs):
+        if doc is not None:  # the script's docstring (subparsers pass argparse's own keywords instead)
+            kwargs.update(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+        super().__init__(**kwargs)
+
+    def error(self, message: str):
+        raise ConfigError(f"{message} (see --help)")
+
+    def parse(self, argv=None) -> argparse.Namespace:
+        """:meth:`parse_args` with its refusal as one ``error:`` line and exit 2."""
+        return run_or_exit(lambda: self.parse_args(argv))

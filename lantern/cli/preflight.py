@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lantern import checks
 from lantern.errors import ConfigError
+from lantern.run.dry_build import dry_build
 
 # The knobs whose default is null (so their kind cannot come from the default): name -> check.
 NULLABLE_KNOBS = {
@@ -142,41 +143,6 @@ def check_run_config(cfg: DictConfig, overrides: Sequence[str] = ()) -> dict:
     if overrides:
         check_overrides(cfg, overrides)
     return resolved
-
-
-def stand_in_neighbours(k_max: int):
-    """A neighbour table of the configured width with no codebook behind it (for :func:`dry_build`)."""
-    import torch
-
-    from lantern.rules.relaxation import NeighbourTable
-
-    codes = k_max + 1
-    order = (torch.arange(codes)[:, None] + torch.arange(1, codes)[None, :]) % codes  # (V, k_max) other codes
-    return NeighbourTable(order)
-
-
-def dry_build(resolved: dict) -> None:
-    """Build a resolved config's sampling, draft and decoders (and the AR baseline) without reading a file:
-    the drafter becomes None and the neighbour table a stand-in of the configured width. Their constructors
-    check every knob, so a bad value is found here, before a model is loaded."""
-    from hydra.utils import instantiate
-
-    instantiate(resolved["sampling"])
-    if isinstance(resolved.get("draft"), dict):
-        instantiate(resolved["draft"])
-    for key in ("decoding", "speedup_baseline"):
-        node = resolved.get(key)
-        if not isinstance(node, dict):
-            continue
-        node = {**node}
-        if "drafter" in node:
-            node["drafter"] = None
-        acceptance = node.get("acceptance")
-        if isinstance(acceptance, dict) and "neighbours" in acceptance:
-            width = ((resolved.get("model") or {}).get("neighbours") or {}).get("k_max", 1024)
-            stand_in = {"_target_": f"{__name__}.stand_in_neighbours", "k_max": int(width)}
-            node["acceptance"] = {**acceptance, "neighbours": stand_in}
-        instantiate(node, _convert_="partial")
 
 
 def sweep_jobs(config: DictConfig) -> list[list[str]]:

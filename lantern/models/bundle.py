@@ -105,3 +105,14 @@ def random_vq(vq: Mapping, init_seed: int = 0) -> VQModel:
     """The seeded random tokenizer of :func:`random_bundle` (seed ``init_seed + 1``)."""
     torch.manual_seed(init_seed + 1)
     return VQModel(vq_config(vq["preset"], **dict(vq.get("overrides") or {})))
+
+
+def random_gpt(preset: str, model_type: str, image_size: int, init_seed: int = 0, **overrides):
+    """A seeded random LlamaGen target of a named preset (speed checks at real sizes, no files)."""
+    torch.manual_seed(init_seed)
+    return Transformer(gpt_config(preset, model_type, image_size, **overrides))
+
+
+def load_vq(preset: str, path: str | os.PathLike, **overrides) -> VQModel:
+    """A tokenizer of a named preset loaded strictly from ``path`` (its input noted as the tokenizer)."""
+    return load_weights(VQModel(vq_config(preset, **overrides)), path, expected=preset, role="tokenizer").eval()

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from lantern.errors import ConfigError
 from lantern.results.record import RunRecord
 from lantern.results.tables import COLUMNS, Table, build_table
 
@@ -249,3 +250,21 @@ def write_tables(
         return paths
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def make_tables(
+    runs: list[str], out: str | None = None, stem: str = "table", latency: list[str] | None = None
+) -> tuple[Table, dict[str, Path]]:
+    """``scripts/make_tables.py``: every record under ``runs`` (and ``latency``) validated, then the table
+    written into ``out`` (default: the first runs folder) as the set of files :func:`write_tables` makes."""
+    from lantern.results.tables import failed_jobs, load_records
+
+    if not stem or Path(stem).name != stem or stem in (".", ".."):
+        raise ConfigError(f"--stem={stem!r}: expected a plain file name (no folders)")
+    folder = Path(out) if out else Path(runs[0])
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"--out={str(folder)!r} is a file; give a folder (the tables are written into it)")
+    records = load_records(runs)  # every record validated before anything is written
+    timed = load_records(latency) if latency else None
+    table = build_table(records, timed)
+    return table, write_tables(records, folder, stem, failed=failed_jobs(runs), latency=timed)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import resource
 import statistics
 import time
 from pathlib import Path
@@ -21,19 +20,7 @@ from lantern.rng import keys_tensor
 from lantern.run.distributed import World, check_world
 from lantern.run.prompts import PromptSet
 from lantern.run.rundir import ImageStore, RunFolder, claim_run_folder
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for queued device work, so wall-clock times cover it."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def peak_memory_mb(device: torch.device) -> float:
-    """Peak device memory (CUDA) or peak resident set size of this process (CPU), in MiB."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+from lantern.run.timing import peak_memory_mb, quartiles, synchronize
 
 
 def acceptance_summary(samples: list[dict[str, torch.Tensor]]) -> dict:
@@ -359,12 +346,3 @@ class GenerationJob:
             "config": config,
         }
         return build_record(fields)
-
-
-def quartiles(values) -> list[float]:
-    """[q1, q3] of ``values`` (inclusive method; one value gives [v, v])."""
-    values = list(values)
-    if len(values) == 1:
-        return [values[0], values[0]]
-    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return [q1, q3]

@@ -55,7 +55,7 @@ def train(cfg: DictConfig) -> dict:
         train_images, train_labels = train_images[: cfg.train_limit], train_labels[: cfg.train_limit]
     steps_per_epoch = len(train_images) // cfg.batch_size
     if steps_per_epoch < 1:
-        raise ConfigError(f"--batch-size {cfg.batch_size} is larger than the train set ({len(train_images)} images)")
+        raise ConfigError(f"batch_size={cfg.batch_size} is larger than the train set ({len(train_images)} images)")
     steps = cfg.steps if cfg.steps is not None else cfg.epochs * steps_per_epoch
     out_dir = Path(cfg.out_dir)
     config = {**OmegaConf.to_container(cfg, resolve=True), "steps": steps}

@@ -71,7 +71,7 @@ def evaluate(weights: Path, config_path: Path, images: np.ndarray, labels: np.nd
     """Zero-shot accuracy and cosines of the exported ``weights`` on uint8 (N, 32, 32, 3) ``images``.
 
     The model is loaded by :class:`CLIPScore` exactly as a run's ``clip`` metric loads it; the
-    first ``--score-images`` images are also scored by ``CLIPScore.score`` itself with matched and
+    first ``score_images`` images are also scored by ``CLIPScore.score`` itself with matched and
     mismatched captions under both conventions.
     """
     started = time.perf_counter()
@@ -120,7 +120,7 @@ def train(cfg: DictConfig) -> dict:
         test_images, test_labels = test_images[: cfg.eval_limit], test_labels[: cfg.eval_limit]
     steps_per_epoch = len(train_images) // cfg.batch_size
     if steps_per_epoch < 1:
-        raise ConfigError(f"--batch-size {cfg.batch_size} is larger than the train set ({len(train_images)} images)")
+        raise ConfigError(f"batch_size={cfg.batch_size} is larger than the train set ({len(train_images)} images)")
     out_dir = Path(cfg.out_dir)
     config = OmegaConf.to_container(cfg, resolve=True).copy()
 

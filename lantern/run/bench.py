@@ -1,0 +1,407 @@
+"""The speculative-decoding benchmark: every mode against AR on the same prompts and seeds, in one run.
+
+Every mode is composed from the project configs exactly as ``run.py`` would (``decoding=... draft=...
+delta=... temperature=...``), so a row is what a user gets from the same overrides. For each sampling
+setting (greedy, and the model's recommended sampling) the AR baseline and every mode decode the same
+images at batch 1; runs are interleaved image by image (AR, mode 1, mode 2, ..., then the next image) so
+machine noise hits all modes alike, after one untimed warm-up per mode. Latency per image is the median
+over ``runs`` repeats; a mode's latency is the mean over images. Speed-up = AR latency / mode latency,
+measured in this run; speed-up / tau shows how much of the step compression survives the drafter and tree
+overheads. The spread is the range of the speed-ups of the single runs (run j: mean over images of AR's
+j-th time / the mode's j-th time); every time is kept in the JSON record. Every mode's config is composed
+and its decoder built before the first is timed, and the output folder is checked writable first, so a
+bad value or an unwritable ``out`` costs nothing.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+
+from lantern import REPO_ROOT, checks
+from lantern.decoding.ar import ARDecoder
+from lantern.files import write_json_atomic, write_text_atomic
+from lantern.models.bundle import random_gpt
+from lantern.models.condition import ClassConditioner
+from lantern.models.sampling import SamplingConfig
+from lantern.results.provenance import environment
+from lantern.rng import keys_tensor
+from lantern.run.timing import synchronize
+
+EXACT_STRUCTURES = ("chain", "static_tree", "dynamic_tree")
+DELTAS = (0.05, 0.1, 0.2, 0.4)
+# Drafter-free decoders (lantern.decoding.jacobi.decoder). GSD measures its realised TV over the whole vocabulary at
+# every step by default (half its step time on the world); gsd_audit_off never audits (every 10^6-th step),
+# the cost of the method alone, and records no TV.
+PEERS = {
+    "sjd": ["decoding=sjd"],
+    "gsd": ["decoding=gsd"],
+    "gsd_audit_off": ["decoding=gsd", "decoding.tv_audit_every=1000000"],
+}
+
+
+def modes(
+    structures: tuple[str, ...],
+    lantern_structures: tuple[str, ...],
+    deltas: tuple[float, ...],
+    candidates: tuple[str, ...] = ("deterministic",),
+) -> list[tuple[str, list[str]]]:
+    """(label, Hydra overrides) of every speculative mode in the benchmark, for each candidate kind."""
+    rows = []
+    structures, lantern_structures = tuple(s for s in structures if s), tuple(s for s in lantern_structures if s)
+    for kind in candidates:
+        tag, extra = ("", []) if kind == "deterministic" else (f" {kind}", [f"draft.candidates={kind}"])
+        rows += [(f"eagle {s}{tag}", ["decoding=eagle", f"draft={s}", *extra]) for s in structures]
+        for s in lantern_structures:
+            rows += [
+                (f"lantern d={d} {s}{tag}", ["decoding=lantern", f"draft={s}", f"delta={d}", *extra]) for d in deltas
+            ]
+        if lantern_structures:
+            rows.append(
+                (
+                    f"lantern_pp l=3 k=10 {lantern_structures[0]}{tag}",
+                    ["decoding=lantern_pp", f"draft={lantern_structures[0]}", *extra],
+                )
+            )
+    return rows
+
+
+def compose_config(overrides: list[str]):
+    with initialize_config_dir(version_base="1.3", config_dir=str(REPO_ROOT / "conf")):
+        return compose("config", overrides=overrides)
+
+
+def timed(decoder, bundle, condition, keys) -> tuple[float, object]:
+    synchronize(bundle.device)
+    start = time.perf_counter()
+    result = decoder.generate(bundle.gpt, condition, keys)
+    synchronize(bundle.device)
+    return time.perf_counter() - start, result
+
+
+def bench_setting(name: str, base: list[str], rows, args) -> list[dict]:
+    """All modes for one sampling setting; returns one record per mode (AR first)."""
+    cfg = compose_config(base)
+    bundle = instantiate(cfg.model.bundle)
+    prompts = instantiate(cfg.prompts)
+    items = [prompts.items[i % len(prompts.items)] for i in range(args.images)]
+    decoders = [("ar", instantiate(cfg.decoding))]
+    for label, overrides in rows:
+        if "temperature=0" in base and "draft.candidates=sampled" in overrides:
+            continue  # greedy decoding drafts top-ranked candidates only
+        decoders.append((label, instantiate(compose_config(base + overrides).decoding)))
+    conditions = [bundle.conditioner.encode([item]) for item in items]
+    keys = [keys_tensor(args.seed, [i], bundle.device) for i in range(args.images)]
+    for _, decoder in decoders:  # warm-up: caches, neighbour tables, allocator
+        timed(decoder, bundle, conditions[0], keys[0])
+    times = {label: [[] for _ in items] for label, _ in decoders}
+    results = {label: [None] * len(items) for label, _ in decoders}
+    for _ in range(args.runs):
+        for i in range(len(items)):
+            for label, decoder in decoders:
+                seconds, result = timed(decoder, bundle, conditions[i], keys[i])
+                times[label][i].append(seconds)
+                results[label][i] = result
+    records = []
+    ar_latency = statistics.mean(statistics.median(t) for t in times["ar"])
+    ar_runs = [statistics.mean(t[j] for t in times["ar"]) for j in range(args.runs)]  # run j's mean latency
+    for label, decoder in decoders:
+        latency = statistics.mean(statistics.median(t) for t in times[label])
+        steps = sum(int(r.per_sample["steps"].sum()) for r in results[label])
+        tokens = sum(int(r.per_sample["tokens"].sum()) for r in results[label])
+        tau = tokens / steps
+        record = {
+            "setting": name,
+            "mode": label,
+            "latency_s": latency,
+            "speedup": ar_latency / latency,
+            "tau": tau,
+            "speedup_per_tau": ar_latency / latency / tau,
+            "speedup_runs": [a / statistics.mean(t[j] for t in times[label]) for j, a in enumerate(ar_runs)],
+            "times_s": times[label],  # (image, run)
+            "describe": decoder.settings.record(),
+        }
+        if "tv_measured" in results[label][0].per_sample:  # speculative modes (AR rows, compiled or not, have none)
+            stats = {k: sum(r.stats[k] for r in results[label]) for k in results[label][0].stats}
+            phases = {k.removesuffix("_time_s"): v for k, v in stats.items() if k.endswith("_time_s")}
+            if phases:  # eager runs time each phase (compiled steps are timed as a whole)
+                record["drafter_share"] = phases["drafter"] / max(1e-12, sum(phases.values()))
+                record["phase_ms_per_step"] = {k: 1000 * v / steps for k, v in phases.items() if k != "prefill"}
+            measured = sum(int(r.per_sample["tv_measured"].sum()) for r in results[label])
+            record["tv_measured_tokens"] = measured
+            if measured:
+                record["tv_realised_mean"] = (
+                    sum(float(r.per_sample["tv_realised_sum"].sum()) for r in results[label]) / measured
+                )
+                record["tv_realised_max"] = max(float(r.per_sample["tv_realised_max"].max()) for r in results[label])
+            record["same_tokens_as_ar"] = all(
+                torch.equal(a.codes, b.codes) for a, b in zip(results[label], results["ar"], strict=True)
+            )
+        records.append(record)
+        print(
+            f"{name:9s} {label:32s} latency {latency * 1000:7.1f} ms  tau {tau:5.2f}  speed-up {record['speedup']:5.2f}x "
+            f"({_spread(record)})  speed-up/tau {record['speedup_per_tau']:4.2f}",
+            flush=True,
+        )
+    return records
+
+
+def _spread(record: dict) -> str:
+    runs = record["speedup_runs"]
+    return f"{min(runs):.2f}-{max(runs):.2f}"
+
+
+def markdown(records: list[dict], env: dict, args) -> str:
+    lines = [
+        f"# Speculative decoding benchmark (model={args.model})",
+        "",
+        f"`python scripts/bench_speculative.py {' '.join(args.argv)}` at commit {env['commit'][:7]}{' (dirty)' if env['dirty'] else ''} on "
+        f"{env['device_name']} ({env['num_threads']} threads), torch {env['versions']['torch']}. Batch 1, {args.images} prompts, "
+        f"median of {args.runs} interleaved runs per image after a warm-up; speed-up against AR in the same run.",
+        "",
+        "| setting | mode | tau | latency ms/image | speed-up | runs' range | speed-up / tau | drafter share of time (phases per step) | realised TV mean / max |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in records:
+        share = f"{r['drafter_share']:.0%}" if "drafter_share" in r else ""
+        if "phase_ms_per_step" in r:
+            share += " (" + ", ".join(f"{k} {v:.2f}" for k, v in r["phase_ms_per_step"].items()) + " ms/step)"
+        tv = f"{r['tv_realised_mean']:.3f} / {r['tv_realised_max']:.3f}" if "tv_realised_mean" in r else ""
+        tv = "not audited" if r.get("tv_measured_tokens") == 0 else tv
+        lines.append(
+            f"| {r['setting']} | {r['mode']} | {r['tau']:.2f} | {r['latency_s'] * 1000:.1f} | {r['speedup']:.2f}x | "
+            f"{_spread(r)} | {r['speedup_per_tau']:.2f} | {share} | {tv} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class BenchPlan:
+    """What :func:`run_bench` times: ``settings`` (greedy, sampling) x (AR + ``rows``: (label, overrides))."""
+
+    images: int = 20
+    runs: int = 3
+    seed: int = 0
+    threads: int = 2
+    model: str = "fashion_t2i"
+    settings: tuple[str, ...] = ("greedy", "sampling")
+    rows: list = field(default_factory=list)
+    overrides: tuple[str, ...] = ()
+    out: str | None = None
+    argv: tuple[str, ...] = ()
+
+
+SETTINGS = {"greedy": ["temperature=0"], "sampling": []}
+
+
+def plan_from(
+    images: int,
+    runs: int,
+    seed: int,
+    threads: int,
+    model: str,
+    structures: str,
+    lantern_structures: str,
+    deltas: str,
+    candidates: str,
+    settings: str,
+    peers: str,
+    mode: list[str],
+    overrides: str,
+    out: str | None,
+    argv=(),
+) -> BenchPlan:
+    """A checked :class:`BenchPlan` from the script's comma-separated options; every mode's config is
+    composed and its decoder built (with stand-ins for the files it reads) before anything is timed."""
+    from lantern.run.dry_build import dry_build
+
+    images, runs = checks.integer("--images", images, 1), checks.integer("--runs", runs, 1)
+    seed, threads = checks.integer("--seed", seed, 0), checks.integer("--threads", threads, 1)
+    split = lambda text: tuple(part for part in text.split(",") if part)  # noqa: E731
+    drafts = tuple(p.stem for p in (REPO_ROOT / "conf" / "draft").glob("*.yaml"))
+    models = tuple(p.stem for p in (REPO_ROOT / "conf" / "model").glob("*.yaml"))
+    checks.choice("--model", model, sorted(models))
+    for structure in split(structures) + split(lantern_structures):
+        checks.choice("--structures", structure, sorted(drafts))
+    kinds = tuple(checks.choice("--candidates", kind, ("deterministic", "sampled")) for kind in split(candidates))
+    values = []
+    for delta in split(deltas):
+        try:
+            value = float(delta)
+        except ValueError:
+            value = delta
+        values.append(checks.probability("--deltas", value))
+    rows = modes(split(structures), split(lantern_structures), tuple(values), kinds)
+    for peer in split(peers):
+        rows.append((checks.choice("--peers", peer, tuple(PEERS)), PEERS[peer]))
+    for extra in mode:
+        label, sep, given = extra.partition("::")
+        if not sep or not label.strip() or not given.split():
+            raise checks.refuse("--mode", extra, "LABEL::OVERRIDES (Hydra overrides separated by spaces)")
+        rows.append((label.strip(), given.split()))
+    for name in split(settings):
+        checks.choice("--settings", name, tuple(SETTINGS))
+    plan = BenchPlan(images, runs, seed, threads, model, split(settings), rows, split(overrides), out, tuple(argv))
+    for name in plan.settings:
+        base = [f"model={plan.model}", *SETTINGS[name], *plan.overrides]
+        for _, given in [("ar", [])] + rows:
+            dry_build(resolved_config(base + given))
+    if out is not None:
+        check_writable(Path(out).with_suffix(".json"))
+    return plan
+
+
+def resolved_config(overrides: list[str]) -> dict:
+    """The run config ``run.py`` would compose from ``overrides``, resolved (a bad value: one ConfigError)."""
+    from omegaconf import OmegaConf
+
+    from lantern.errors import ConfigError
+
+    try:
+        return OmegaConf.to_container(compose_config(overrides), resolve=True, throw_on_missing=True)
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - an override Hydra cannot compose is bad input
+        raise ConfigError(f"cannot compose {' '.join(overrides)!r}: {str(exc).splitlines()[0]}") from exc
+
+
+def check_writable(path: Path) -> None:
+    """Create ``path``'s folder and prove a file can be written there, before hours of timing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, {"status": "benchmark running; this file is replaced by its results"})
+
+
+def run_bench(plan: BenchPlan) -> list[dict]:
+    """Time every mode of ``plan`` (see the module docstring); write ``out``.md/.json when given, as each
+    setting finishes (so a long run's timings are never lost at the end)."""
+    torch.set_num_threads(plan.threads)
+    records = []
+    for name in plan.settings:
+        records += bench_setting(name, [f"model={plan.model}", *SETTINGS[name], *plan.overrides], plan.rows, plan)
+        if plan.out:
+            write_results(plan, records)
+    return records
+
+
+def write_results(plan: BenchPlan, records: list[dict]) -> Path:
+    """``out``.json (the plan, the environment, every record) and ``out``.md (the table)."""
+    env = environment(torch.device("cpu"))
+    out = Path(plan.out)
+    args = {k: v for k, v in asdict(plan).items() if k != "rows"} | {"rows": [list(r) for r in plan.rows]}
+    write_json_atomic(out.with_suffix(".json"), {"args": args, "environment": env, "records": records})
+    write_text_atomic(out.with_suffix(".md"), markdown(records, env, plan))
+    return out.with_suffix(".md")
+
+
+# ----- plain AR, and LlamaGen's own generate() beside it ---------------------------------------------
+
+
+def timed_calls(fns: dict, runs: int, warmup: int, device: torch.device) -> dict[str, float]:
+    """Median seconds of each callable; runs are interleaved so background load hits all alike."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times = {name: [] for name in fns}
+    for _ in range(runs):
+        for name, fn in fns.items():
+            synchronize(device)
+            start = time.perf_counter()
+            fn()
+            synchronize(device)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def reference_model(repo: str, model):
+    """LlamaGen's own Transformer with our weights (imported from a local checkout)."""
+    sys.path.insert(0, repo)
+    from autoregressive.models.gpt import ModelArgs
+    from autoregressive.models.gpt import Transformer as RefTransformer
+
+    cfg = model.config
+    args = ModelArgs(
+        dim=cfg.dim,
+        n_layer=cfg.n_layer,
+        n_head=cfg.n_head,
+        vocab_size=cfg.vocab_size,
+        num_classes=cfg.num_classes,
+        cls_token_num=cfg.cls_token_num,
+        model_type=cfg.model_type,
+        block_size=cfg.num_image_tokens,
+        token_dropout_p=0.0,
+        resid_dropout_p=0.0,
+        ffn_dropout_p=0.0,
+    )
+    ref = RefTransformer(args)
+    ref.load_state_dict(model.state_dict(), strict=True)
+    return ref.to(model.output.weight.device).eval()
+
+
+def run_ar_bench(args) -> list[dict]:
+    """Tokens/s of the AR decoder on a random target (``scripts/bench_ar.py``), and of LlamaGen's own
+    ``generate()`` on the same weights when ``args.llamagen_repo`` is a local checkout of it."""
+    checks.integer("--runs", args.runs, 1)
+    checks.integer("--warmup", args.warmup, 0)
+    for batch in args.batch_sizes:
+        checks.integer("--batch-sizes", batch, 1)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    model = random_gpt(args.preset, "c2i", args.grid * 16, vocab_size=args.vocab).to(device).eval()
+    cfg = model.config
+    ref = reference_model(args.llamagen_repo, model) if args.llamagen_repo else None
+    sampling = SamplingConfig(temperature=1.0, top_k=args.top_k, cfg_scale=args.cfg_scale)
+    decoder = ARDecoder(sampling)
+    conditioner = ClassConditioner(cfg.num_classes, device)
+    rows = []
+    print(
+        f"{args.preset} c2i, {cfg.num_image_tokens} tokens/image, cfg {args.cfg_scale}, "
+        f"{torch.get_num_threads()} threads on {device}"
+    )
+    for batch in args.batch_sizes:
+        condition = conditioner.encode([i % cfg.num_classes for i in range(batch)])
+        keys = keys_tensor(0, range(batch), device)
+        fns = {"lantern": lambda condition=condition, keys=keys: decoder.generate(model, condition, keys)}
+        if ref is not None:
+            from autoregressive.models.generate import generate as ref_generate
+
+            def run_ref(sample_logits=True, condition=condition):
+                with torch.no_grad():
+                    return ref_generate(
+                        ref,
+                        condition.values,
+                        cfg.num_image_tokens,
+                        cfg_scale=args.cfg_scale,
+                        temperature=1.0,
+                        top_k=args.top_k,
+                        top_p=1.0,
+                        sample_logits=sample_logits,
+                    )
+
+            fns["llamagen"] = run_ref
+        medians = timed_calls(fns, args.runs, args.warmup, device)
+        row = {"batch": batch}
+        for name, seconds in medians.items():
+            row[f"{name}_s"] = seconds
+            row[f"{name}_tokens_per_s"] = batch * cfg.num_image_tokens / seconds
+        if ref is not None:
+            greedy_ours = (
+                ARDecoder(SamplingConfig(temperature=0, cfg_scale=args.cfg_scale))
+                .generate(model, condition, keys)
+                .codes
+            )
+            greedy_ref = run_ref(sample_logits=False).long()
+            row["speedup_vs_llamagen"] = medians["llamagen"] / medians["lantern"]
+            row["greedy_tokens_equal"] = bool(torch.equal(greedy_ours, greedy_ref))
+        rows.append(row)
+        print("  " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
+    if args.json:
+        write_json_atomic(args.json, {"args": vars(args), "results": rows, "environment": environment(device)})
+    return rows
