@@ -30,8 +30,13 @@ class ModelBundle:
 
     @torch.inference_mode()
     def decode_images(self, codes: torch.Tensor) -> torch.Tensor:
-        """Codes (B, N) -> pixels (B, H, W, 3) uint8 (the VQ decoder runs in fp32)."""
-        return to_uint8(self.vq.decode_codes(codes))
+        """Codes (B, N) -> pixels (B, H, W, 3) uint8 (the VQ decoder runs in fp32).
+
+        One image at a time: a CPU's convolution kernels round differently at different batch sizes (seen on
+        AVX-512, tiny_random_c2i: one channel of one pixel of one image in four moved by 1 between batch 1 and
+        batch 4), and an image must not change with the batch size.
+        """
+        return torch.cat([to_uint8(self.vq.decode_codes(codes[i : i + 1])) for i in range(codes.shape[0])])
 
 
 def _build(gpt: Mapping, vq: Mapping) -> tuple[Transformer, VQModel, str]:
