@@ -61,3 +61,13 @@ def test_bench_keeps_every_run_and_reports_the_spread(tmp_path):
     assert "| runs' range |" in table
     low, high = min(records[2]["speedup_runs"]), max(records[2]["speedup_runs"])
     assert f"| {low:.2f}-{high:.2f} |" in table
+
+
+def test_every_candidate_kind_is_asked_for_explicitly():
+    """The config's default kind is sampled: a deterministic row without its override would time sampled drafts."""
+    from lantern.run.bench import modes
+
+    rows = dict(modes(("chain",), ("chain",), (0.4,), ("deterministic", "sampled")))
+    assert rows["eagle chain"] == ["decoding=eagle", "draft=chain", "draft.candidates=deterministic"]
+    assert rows["eagle chain sampled"] == ["decoding=eagle", "draft=chain", "draft.candidates=sampled"]
+    assert rows["lantern d=0.4 chain"][-1] == "draft.candidates=deterministic"

@@ -57,7 +57,8 @@ def modes(
     rows = []
     structures, lantern_structures = tuple(s for s in structures if s), tuple(s for s in lantern_structures if s)
     for kind in candidates:
-        tag, extra = ("", []) if kind == "deterministic" else (f" {kind}", [f"draft.candidates={kind}"])
+        # Always explicit: the config's default kind is sampled, so no override would not mean deterministic.
+        tag, extra = ("" if kind == "deterministic" else f" {kind}"), [f"draft.candidates={kind}"]
         rows += [(f"eagle {s}{tag}", ["decoding=eagle", f"draft={s}", *extra]) for s in structures]
         for s in lantern_structures:
             rows += [
