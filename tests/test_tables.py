@@ -358,6 +358,7 @@ def test_a_failed_job_is_named_under_the_table(tmp_path):
         ),
         ({**SETTING, "decoding": "ar", "num_images": "4"}, "field 'num_images': input should be a valid integer"),
         ({**SETTING, "decoding": "ar", "schema_version": 99}, "schema_version=99; this lantern reads versions 0, 1"),
+        ({**SETTING, "decoding": "ar", "num_images": -5}, "num_images=-5: expected an integer >= 1"),
     ],
 )
 def test_make_tables_refuses_a_malformed_record_with_one_line_and_writes_nothing(tmp_path, payload, message):
@@ -545,3 +546,58 @@ def test_a_new_user_s_fp32_ar_and_bf16_lantern_runs_join_to_no_speedup(tmp_path)
     rows = json.loads((tmp_path / "t" / "table.json").read_text())["rows"]
     lantern = next(r for r in rows if r["method"].startswith("LANTERN"))
     assert lantern["speedup"] is None and "differs in dtype (this run 'bfloat16', the other 'float32')" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"num_images": 0}, "num_images=0: expected an integer >= 1"),
+        ({"batch_size": -2}, "batch_size=-2: expected an integer >= 1"),
+        ({"latency_s_per_image": -1.0}, "latency_s_per_image=-1.0: expected a finite number > 0 or null"),
+        ({"latency_s_per_image": float("nan")}, "latency_s_per_image=nan: expected a finite number > 0"),
+        ({"latency_s_per_image": 0.0}, "latency_s_per_image=0.0: expected a finite number > 0"),
+        ({"speedup": float("inf")}, "speedup=inf: expected a finite number > 0"),
+        ({"speedup_iqr": [1.0, -2.0]}, "speedup_iqr=[1.0, -2.0]: expected [q1, q3]"),
+        ({"speedup_iqr": [1.0]}, "speedup_iqr=[1.0]: expected [q1, q3]"),
+        ({"mean_accepted_length": 0.5}, "mean_accepted_length=0.5: expected a finite number >= 1"),
+        ({"tv_realised_max": 1.5}, "tv_realised_max=1.5: expected a number in [0, 1]"),
+        ({"tv_realised_mean": -0.2}, "tv_realised_mean=-0.2: expected a number in [0, 1]"),
+        ({"fid": float("nan")}, "fid=nan: expected a finite number or null"),
+    ],
+)
+def test_a_record_whose_values_no_run_can_produce_is_refused(tmp_path, fields, message):
+    from lantern.results.record import RecordError, read_record
+
+    run = record(tmp_path, "run", AR, **{"latency_s_per_image": 0.1, "speedup": 1.0, **fields})
+    with pytest.raises(RecordError) as refused:
+        read_record(run)
+    shown = str(refused.value)
+    assert shown.startswith(f"{str(run / 'metrics.json')!r} is not a valid run record: {message}"), shown
+
+
+def test_one_run_given_three_times_is_one_row_with_a_note(tmp_path):
+    from lantern.results.render import make_tables
+
+    run = record(tmp_path, "run", AR, latency_s_per_image=0.1)
+    table, paths = make_tables([str(run), str(run / "metrics.json"), str(tmp_path)], out=str(tmp_path / "t"))
+    assert len(table.rows) == 1
+    assert sum("given more than once, shown once" in note for note in table.notes) == 2
+    assert "given more than once" in paths["md"].read_text()
+
+
+def test_the_notes_name_the_inputs_by_short_hash_and_tell_two_sets_apart(tmp_path):
+    def inputs(weights):
+        return {
+            "/w/gpt.safetensors": {"role": "target", "sha256": weights * 64, "bytes": 1},
+            "/w/prompts.txt": {"role": "prompts", "sha256": "c" * 64, "bytes": 1},
+            "/w/clip.safetensors": {"role": "metric", "sha256": "d" * 64, "bytes": 1},  # not a join input
+        }
+
+    one = record(tmp_path, "one", AR, latency_s_per_image=0.1, inputs=inputs("a"))
+    table = build_table(load_records([one]))
+    assert table.notes[-1] == f"Inputs (sha256): gpt.safetensors {'a' * 12}, prompts.txt {'c' * 12}."
+    other = record(tmp_path, "other", EAGLE, latency_s_per_image=0.05, inputs=inputs("b"))
+    table = build_table(load_records([one, other]))
+    assert [row["speedup"] for row in table.rows if row["method"] != "AR"] == [None]  # other weights: no join
+    lines = [note for note in table.notes if note.startswith("Inputs")]
+    assert len(lines) == 2 and f"gpt.safetensors {'b' * 12}" in lines[1] and "1 of 2 runs" in lines[1], lines

@@ -17,11 +17,12 @@ join them with another run.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from lantern.errors import LanternError
 from lantern.files import write_json_atomic
@@ -98,6 +99,42 @@ class RunRecord(BaseModel):
 
     _source: Path | None = PrivateAttr(default=None)
 
+    @model_validator(mode="after")
+    def _meaningful(self) -> RunRecord:
+        """Values a run can produce: a record that passes the types but not this (``num_images=-5``, a NaN or
+        negative latency, tau < 1, a TV outside [0, 1]) was edited or corrupted, and no table may show it."""
+        for name in ("num_images", "batch_size", "world_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)}: expected an integer >= 1")
+        positive = (
+            "latency_s_per_image",
+            "latency_s_median",
+            "tokens_per_s",
+            "speedup",
+            "speedup_median",
+            "baseline_latency_s_per_image",
+            "compared_latency_s_per_image",
+        )
+        for name in positive:
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name}={value}: expected a finite number > 0 or null")
+        for name in ("latency_s_iqr", "speedup_iqr"):
+            pair = getattr(self, name)
+            if pair is not None and (len(pair) != 2 or not all(math.isfinite(v) and v > 0 for v in pair)):
+                raise ValueError(f"{name}={pair}: expected [q1, q3] of finite numbers > 0 or null")
+        if not (math.isfinite(self.mean_accepted_length) and self.mean_accepted_length >= 1):
+            raise ValueError(f"mean_accepted_length={self.mean_accepted_length}: expected a finite number >= 1")
+        for name in ("tv_realised_mean", "tv_realised_max", "delta"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and -1e-6 <= value <= 1 + 1e-6):
+                raise ValueError(f"{name}={value}: expected a number in [0, 1] or null")
+        for name in ("fid", "clip_score"):
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                raise ValueError(f"{name}={value}: expected a finite number or null")
+        return self
+
     @property
     def source(self) -> Path | None:
         """The ``metrics.json`` this record was read from (None for a record built in this process)."""
@@ -135,6 +172,8 @@ def write_record(record: RunRecord, run_dir: str | os.PathLike) -> Path:
 
 def _first_problem(exc: ValidationError) -> str:
     error = exc.errors()[0]
+    if not error["loc"] and error["type"] == "value_error":  # a meaning check (RunRecord._meaningful)
+        return str(error.get("ctx", {}).get("error", error["msg"]))
     field = ".".join(str(part) for part in error["loc"]) or "(top level)"
     shown = repr(error.get("input"))
     shown = shown if len(shown) <= 40 else shown[:37] + "..."

@@ -218,15 +218,18 @@ def write_tables(
     stem: str = "table",
     failed: list[dict] | None = None,
     latency: list[RunRecord] | None = None,
+    notes: list[str] | None = None,
 ) -> dict[str, Path]:
     """Write ``stem.md``, ``stem.csv``, ``stem.tex``, ``stem.json`` and ``stem_pareto.png`` into ``out_dir``.
 
     ``failed``: sweep jobs without a record (:func:`~lantern.results.tables.failed_jobs`), named under the
-    table. ``latency``: runs that lend the rows their latency and speed-up. Every file is written into a
+    table. ``latency``: runs that lend the rows their latency and speed-up. ``notes``: more lines for the
+    table's notes. Every file is written into a
     temporary folder in ``out_dir`` first and renamed into place only when all are written.
     """
     out, failed = Path(out_dir), failed or []
     table = build_table(records, latency)  # a refused join writes nothing
+    table.notes.extend(notes or [])
     out.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{stem}.", suffix=".tmp", dir=out))
     try:
@@ -264,7 +267,10 @@ def make_tables(
     folder = Path(out) if out else Path(runs[0])
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"--out={str(folder)!r} is a file; give a folder (the tables are written into it)")
-    records = load_records(runs)  # every record validated before anything is written
+    repeated: list[str] = []
+    records = load_records(runs, repeated)  # every record validated before anything is written
     timed = load_records(latency) if latency else None
     table = build_table(records, timed)
-    return table, write_tables(records, folder, stem, failed=failed_jobs(runs), latency=timed)
+    notes = [f"{path}: given more than once, shown once" for path in repeated]
+    table.notes.extend(notes)
+    return table, write_tables(records, folder, stem, failed=failed_jobs(runs), latency=timed, notes=notes)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from lantern.decoding.api import DecoderSettings, settings_from_record
 from lantern.errors import ConfigError
-from lantern.results.baselines import LATENCY_IGNORED, first_difference, record_setting
+from lantern.results.baselines import LATENCY_IGNORED, first_difference, model_inputs, record_setting
 from lantern.results.record import RECORD_NAME, RunRecord, read_record
 
 FAILED_NAME = ".failed.json"  # beside a sweep job's images when the job raised (written by SweepTable)
@@ -62,16 +62,26 @@ class Table:
     notes: list[str] = field(default_factory=list)
 
 
-def load_records(paths: Iterable[str | Path]) -> list[RunRecord]:
-    """Every ``metrics.json`` under ``paths`` (files or folders), validated (:func:`read_record`)."""
+def load_records(paths: Iterable[str | Path], repeated: list[str] | None = None) -> list[RunRecord]:
+    """Every ``metrics.json`` under ``paths`` (files or folders), validated (:func:`read_record`).
+
+    A record reached twice (the same run given twice, or inside two given folders) is read once; its
+    path is appended to ``repeated`` when given, for the table's notes.
+    """
     paths = list(paths)
-    records = []
+    records, seen = [], set()
     for path in paths:
         path = Path(path)
         if not path.exists():
             raise ConfigError(f"runs path not found: {str(path)!r}")
-        files = [path] if path.is_file() else sorted(path.rglob(RECORD_NAME))
-        records.extend(read_record(file) for file in files)
+        for file in [path] if path.is_file() else sorted(path.rglob(RECORD_NAME)):
+            key = file.resolve()
+            if key in seen:
+                if repeated is not None:
+                    repeated.append(str(file))
+                continue
+            seen.add(key)
+            records.append(read_record(file))
     if not records:
         raise ConfigError(f"no {RECORD_NAME} found under {', '.join(map(str, paths))}")
     return records
@@ -238,7 +248,23 @@ def build_table(records: list[RunRecord], latency: list[RunRecord] | None = None
     rows.sort(key=lambda row: _sortable(row["_order"]))
     for row in rows:
         del row["_order"]
-    return Table(rows=rows, notes=notes)
+    return Table(rows=rows, notes=notes + input_notes(records))
+
+
+def input_notes(records: list[RunRecord]) -> list[str]:
+    """One line per distinct set of joined inputs (model weights, tokenizer, text encoder, prompt files) with
+    their short sha256, so a reader sees which files the rows were made from (runs join only within a set)."""
+    sets: dict[str, list[RunRecord]] = {}
+    for record in records:
+        hashes = model_inputs(record.inputs)
+        if hashes:
+            sets.setdefault(json.dumps(hashes, sort_keys=True), []).append(record)
+    lines = []
+    for key, members in sets.items():
+        shown = ", ".join(f"{Path(path).name} {str(digest)[:12]}" for path, digest in json.loads(key).items())
+        who = f" ({len(members)} of {len(records)} runs, first {members[0].run_dir})" if len(sets) > 1 else ""
+        lines.append(f"Inputs (sha256): {shown}{who}.")
+    return lines
 
 
 def _method_key(runs: _Runs, record: RunRecord) -> str:
