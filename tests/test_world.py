@@ -83,3 +83,32 @@ def test_restore_advice_suggests_git_only_for_tracked_files_of_this_repository(t
     shipped = REPO / "worlds" / "fashion_mnist" / "gpt.safetensors"
     if shipped.is_file():
         assert restore_hint(shipped) == "restore it with `git checkout -- worlds/fashion_mnist/gpt.safetensors`"
+
+
+def test_a_world_is_pinned_whole_a_deleted_entry_is_an_error_not_a_skipped_check(tmp_path):
+    from lantern.models.world.load import world_file
+
+    make_world(tmp_path)
+    (tmp_path / "b.bin").write_bytes(b"drafter")
+    with pytest.raises(CheckpointError, match=r"no entry for 'b\.bin', which the world loads"):
+        world_file(str(tmp_path), "b.bin")
+    with pytest.raises(CheckpointError, match=r"no entry for 'b\.bin'"):
+        verify_world(tmp_path, loads=("b.bin",))
+    assert world_file(str(tmp_path), "a.bin") == str(tmp_path / "a.bin")
+    (tmp_path / "a.bin").write_bytes(b"weightz")  # and a file that has one is checked when it is asked for
+    with pytest.raises(CheckpointError, match=r"a\.bin.*altered"):
+        world_file(str(tmp_path), "a.bin")
+
+
+def test_the_shipped_world_refuses_to_load_a_file_whose_entry_was_deleted(tmp_path):
+    import shutil
+
+    from lantern.models.world.load import load_world
+
+    world = tmp_path / "world"
+    shutil.copytree(REPO / "worlds" / "fashion_mnist", world)
+    manifest = json.loads((world / "manifest.json").read_text())
+    del manifest["files"]["gpt.safetensors"]
+    (world / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match=r"no entry for 'gpt\.safetensors'"):
+        load_world("fashion_t2i", {}, {}, conditioner=lambda: None, folder=str(world))

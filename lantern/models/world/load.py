@@ -69,36 +69,47 @@ def restore_hint(path: Path) -> str:
     return "restore it from where the world folder came from"
 
 
-def verify_world(folder: str | Path) -> dict:
-    """Check every file of the manifest against its sha256; return the manifest.
+def _verify_member(folder: Path, manifest: dict, name: str) -> Path:
+    """``folder / name`` after checking it against its manifest entry; CheckpointError when it has no entry
+    (a world is pinned whole: deleting an entry must not switch its check off), is missing or was altered."""
+    where = str(folder / MANIFEST_NAME)
+    entry = manifest["files"].get(name)
+    if entry is None:
+        raise CheckpointError(
+            f"world manifest {where!r} has no entry for {name!r}, which the world loads; every file of a world "
+            f"is pinned by sha256: {restore_hint(folder / MANIFEST_NAME)}, or ship the file with scripts/ship_world.py"
+        )
+    path = world_member(folder, name)
+    if not isinstance(entry, dict):
+        raise CheckpointError(f"world manifest {where!r}: the entry of {name!r} is not a table")
+    if not path.is_file():
+        raise CheckpointError(
+            f"world file {str(path)!r} is missing; {restore_hint(path)} or rebuild it with `{entry.get('command', '?')}`"
+        )
+    actual = note_input(path, f"world:{name}")
+    if actual != entry.get("sha256"):
+        raise CheckpointError(
+            f"world file {str(path)!r} was altered (sha256 {actual[:12]}..., manifest {str(entry.get('sha256'))[:12]}...); "
+            f"{restore_hint(path)} or rebuild it with `{entry.get('command', '?')}`"
+        )
+    return path
 
-    A missing or altered file raises one CheckpointError that says how to restore or rebuild it.
-    """
+
+def verify_world(folder: str | Path, loads: tuple[str, ...] = ()) -> dict:
+    """Check every file of the manifest against its sha256, and that each file in ``loads`` has an entry;
+    return the manifest. A missing, unpinned or altered file raises one CheckpointError that says how to
+    restore or rebuild it."""
     folder = Path(folder)
     manifest = read_manifest(folder)
-    for name, entry in manifest["files"].items():
-        path = world_member(folder, name)
-        if not isinstance(entry, dict):
-            raise CheckpointError(
-                f"world manifest {str(folder / MANIFEST_NAME)!r}: the entry of {name!r} is not a table"
-            )
-        if not path.is_file():
-            raise CheckpointError(
-                f"world file {str(path)!r} is missing; {restore_hint(path)} "
-                f"or rebuild it with `{entry.get('command', '?')}`"
-            )
-        actual = note_input(path, f"world:{name}")
-        if actual != entry.get("sha256"):
-            raise CheckpointError(
-                f"world file {str(path)!r} was altered (sha256 {actual[:12]}..., manifest {str(entry.get('sha256'))[:12]}...); "
-                f"{restore_hint(path)} or rebuild it with `{entry.get('command', '?')}`"
-            )
+    for name in dict.fromkeys([*manifest["files"], *loads]):
+        _verify_member(folder, manifest, name)
     return manifest
 
 
 def world_file(folder: str | None, name: str) -> str:
-    """Path of file ``name`` in a world folder (``None``: the shipped world)."""
-    return str((Path(folder) if folder else DEFAULT_WORLD) / name)
+    """Path of file ``name`` in a world folder (``None``: the shipped world), checked against its manifest entry."""
+    root = Path(folder) if folder else DEFAULT_WORLD
+    return str(_verify_member(root, read_manifest(root), name))
 
 
 def load_world(
@@ -114,5 +125,5 @@ def load_world(
 ) -> ModelBundle:
     """Verify a shipped world's manifest, then load its GPT and VQ strictly (see :func:`load_bundle`)."""
     folder = Path(folder) if folder else DEFAULT_WORLD
-    verify_world(folder)
+    verify_world(folder, loads=(gpt_file, vq_file))
     return load_bundle(name, gpt, vq, str(folder / gpt_file), str(folder / vq_file), conditioner, device, dtype)
