@@ -62,6 +62,18 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
     return write_atomic(path, lambda tmp: Path(tmp).write_bytes(data))
 
 
+def save_torch_atomic(path: str | os.PathLike, obj) -> Path:
+    """``torch.save(obj)`` to ``path`` atomically. The bytes are serialised in memory and written by Python,
+    so a full disk is an ``OSError`` naming the file (torch's own writer reports it as a C++ iostream error)."""
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return write_bytes_atomic(path, buffer.getvalue())
+
+
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically (:func:`write_atomic`)."""
     return write_atomic(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
@@ -174,9 +186,18 @@ def image_name(index: int) -> str:
     return f"{index:06d}.png"
 
 
+def png_bytes(pixels: np.ndarray) -> bytes:
+    """(H, W, 3) uint8 pixels encoded as PNG."""
+    import io
+
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
 def save_png(pixels: np.ndarray, path: str | os.PathLike) -> None:
     """Save (H, W, 3) uint8 pixels as PNG atomically, so a killed run leaves no broken file."""
-    write_atomic(path, lambda tmp: Image.fromarray(pixels).save(tmp, format="PNG"))
+    write_bytes_atomic(path, png_bytes(pixels))
 
 
 def labelled_grid(images: list[np.ndarray], labels: list[str], columns: int = 8, cell: int = 128) -> Image.Image:

@@ -1,4 +1,4 @@
-"""Speculative decoding vs AR on the same prompts and seeds, in one run: tau, latency, speed-up.
+r"""Speculative decoding vs AR on the same prompts and seeds, in one run: tau, latency, speed-up.
 
     python scripts/bench_speculative.py                       # the embedded world, CPU, batch 1
     python scripts/bench_speculative.py --images 20 --runs 3 --out results/bench_speculative

@@ -93,7 +93,7 @@ def test_binary_or_non_utf8_prompt_files_name_the_file_and_line(tmp_path, loader
     assert len(str(caught.value)) < 300
 
 
-def test_a_long_prompt_warns_once_and_is_stored_once(tmp_path):
+def test_a_long_prompt_warns_once_and_is_stored_once_by_its_start_and_hash(tmp_path):
     import subprocess
     import sys
     from pathlib import Path
@@ -128,6 +128,21 @@ def test_a_long_prompt_warns_once_and_is_stored_once(tmp_path):
     ]
     assert len(warnings) == 1
     record = json.loads((out / "metrics.json").read_text())
-    assert record["distinct_prompts"] == [long.strip(), "a white sneaker"]
+    import hashlib
+
+    stored, short = record["distinct_prompts"]
+    text = long.strip()
+    assert short == "a white sneaker"
+    assert stored.startswith(text[:4096]) and stored.endswith(
+        f"[... {len(text)} characters in all, sha256 {hashlib.sha256(text.encode()).hexdigest()}]"
+    )
     assert [row["prompt_id"] for row in record["per_image"]] == [0, 1, 0, 1]
-    assert (out / "metrics.json").stat().st_size < 1.5 * len(long)  # the long prompt is stored once, not per image
+    assert (out / "metrics.json").stat().st_size < 40_000  # its start and hash, stored once, not per image
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_prompt(tmp_path):
+    from lantern.run.prompts import caption_file
+
+    path = tmp_path / "captions.txt"
+    path.write_bytes("\ufeffa red dress\na white sneaker\n".encode())
+    assert list(caption_file(str(path))) == ["a red dress", "a white sneaker"]

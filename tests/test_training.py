@@ -120,6 +120,22 @@ def test_resume_matches_uninterrupted_run(tmp_path):
     assert (tmp_path / "split" / CONFIG_NAME).read_text().startswith("lr:")
 
 
+def test_a_resumed_log_lists_every_step_once(tmp_path):
+    """The killed run logged steps after its last checkpoint (and a line cut short); the resumed run logs
+    them again, so the log is cut back to the checkpoint's step first."""
+    full = _vq_trainer(tmp_path / "full", max_steps=6, ckpt_every=3)
+    full.fit()
+    part = _vq_trainer(tmp_path / "split", max_steps=3, ckpt_every=3)
+    part.fit()
+    log = tmp_path / "split" / loop_module.LOG_NAME
+    log.write_text(log.read_text() + json.dumps({"step": 4, "loss": 1.0}) + "\n" + '{"step": 5, "lo')
+    _vq_trainer(tmp_path / "split", max_steps=6, ckpt_every=3).fit()
+
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [line["step"] for line in lines] == [2, 3, 4, 6]  # 3: the first run's last step, logged as it ended
+    assert lines[2]["loss"] != 1.0  # step 4 is the resumed run's line, not the killed run's
+
+
 def test_resume_refuses_a_changed_config(tmp_path):
     _vq_trainer(tmp_path, max_steps=2, ckpt_every=1).fit()
     other = _vq_trainer(tmp_path, max_steps=4, lr=1e-3)
@@ -136,13 +152,15 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
     path = tmp_path / CHECKPOINT_NAME
     before = path.read_bytes()
 
-    def broken_save(obj, f, *args, **kwargs):
-        with open(f, "wb") as handle:
-            handle.write(b"half a checkpoint")
-        raise OSError("disk full")
+    def full_disk(fd):  # the bytes went to the temporary file, the disk refuses to keep them
+        raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(loop_module.torch, "save", broken_save)
-    with pytest.raises(OSError, match="disk full"):
+    import errno
+
+    from lantern import files
+
+    monkeypatch.setattr(files.os, "fsync", full_disk)
+    with pytest.raises(OSError, match="No space left"):
         trainer.save_checkpoint()
     assert path.read_bytes() == before
     assert sorted(os.listdir(tmp_path)) == sorted(["checkpoint.pt", "config.yaml", "log.jsonl", "model.safetensors"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from collections.abc import Mapping
 
 import torch
@@ -56,7 +57,9 @@ def read_state_dict(path: str | os.PathLike, role: str = "weights") -> dict[str,
 
             obj = load_file(path, device="cpu")
         else:
-            obj = torch.load(path, map_location="cpu", weights_only=True)
+            with warnings.catch_warnings():  # torch warns about refused pickles; the error line below says it
+                warnings.simplefilter("ignore")
+                obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any failure to parse means "not a checkpoint"
         raise CheckpointError(f"{path!r} is not a readable checkpoint: {unreadable_reason(exc)}") from exc
     if isinstance(obj, Mapping):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from lantern.errors import CheckpointError, ConfigError
-from lantern.files import note_input
+from lantern.files import note_input, save_torch_atomic
 from lantern.models.bundle import random_vq
 from lantern.models.checkpoint import read_state_dict
 from lantern.rules.relaxation import NeighbourTable
@@ -150,14 +149,7 @@ def load_or_build_table(
         "num_codes": int(codebook.shape[0]),
         "table": to_storage(table),
     }
-    handle, tmp = tempfile.mkstemp(dir=cache, prefix=exact.name, suffix=".tmp")
-    os.close(handle)
-    try:
-        torch.save(payload, tmp)
-        os.replace(tmp, exact)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    save_torch_atomic(exact, payload)
     return table
 
 

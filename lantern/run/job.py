@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -11,7 +13,7 @@ from tqdm import tqdm
 
 from lantern import checks
 from lantern.errors import ConfigError
-from lantern.files import inputs_read, labelled_grid, read_images, write_atomic
+from lantern.files import image_name, inputs_read, labelled_grid, read_images, write_atomic
 from lantern.models.bundle import ModelBundle
 from lantern.results.baselines import read_baseline_run, recorded_speedup, speed_setting
 from lantern.results.provenance import environment
@@ -51,6 +53,19 @@ def acceptance_summary(samples: list[dict[str, torch.Tensor]]) -> dict:
         summary["merged_mass_mean"] = sum(float(s["merged_sum"].sum()) for s in samples) / max(1, drafts)
         summary["merged_mass_max"] = max(float(s["merged_max"].max()) for s in samples)
     return summary
+
+
+STORED_PROMPT_CHARS = 4096
+
+
+def stored_prompt(prompt):
+    """A prompt as the record keeps it: whole up to :data:`STORED_PROMPT_CHARS` characters (text encoders
+    see far fewer tokens), else its start and the full text's length and sha256, so a 64 MB caption line
+    does not make a 64 MB record and the exact text is still identified."""
+    if not isinstance(prompt, str) or len(prompt) <= STORED_PROMPT_CHARS:
+        return prompt
+    digest = hashlib.sha256(prompt.encode("utf-8")).hexdigest()
+    return f"{prompt[:STORED_PROMPT_CHARS]} [... {len(prompt)} characters in all, sha256 {digest}]"
 
 
 class GenerationJob:
@@ -256,7 +271,16 @@ class GenerationJob:
                 self.baseline_run, speed_setting(mine, environment(self.bundle.device), config or {})
             )
         store = folder.store()
-        mine = [i for i in world.shard(list(range(self.num_images))) if not store.is_finished(i)]
+        shard = world.shard(list(range(self.num_images)))
+        kept, redone = store.keep_sound(shard, self.bundle.gpt.config.num_image_tokens)
+        if redone:  # a truncated or foreign file of an earlier process: decoded again, never a crash at the end
+            first = min(redone)
+            print(
+                f"{len(redone)} stored image(s) failed their check and are decoded again "
+                f"(first: {image_name(first)}: {redone[first]})",
+                file=sys.stderr,
+            )
+        mine = [i for i in shard if i not in kept]
         if world.is_main:
             folder.start(inputs_read())  # refuses files changed since the folder's first images
         world.barrier()
@@ -339,7 +363,7 @@ class GenerationJob:
                 [{key: torch.stack([s[key] for s in samples]) for key in samples[0]}] if samples[0] else []
             ),
             "decode_stats": stats,
-            "distinct_prompts": distinct,
+            "distinct_prompts": [stored_prompt(prompt) for prompt in distinct],
             "per_image": per_image,
             "per_batch": [{key: b[key] for key in ("rank", "indices", "seconds", "baseline_seconds")} for b in batches],
             "environment": environment(self.bundle.device),

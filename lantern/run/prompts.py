@@ -57,7 +57,7 @@ def caption_prompts(captions: Sequence[str], name: str = "captions") -> PromptSe
 
 
 def read_text(path: str, what: str) -> str:
-    """The UTF-8 text of the file ``path`` (a ``what``: for messages); one ConfigError naming the file
+    """The UTF-8 text of the file ``path`` (a ``what``: for messages), without a leading BOM; one ConfigError naming the file
     and the line for a binary file or one in another encoding."""
     with open(path, "rb") as handle:
         data = handle.read()
@@ -67,7 +67,7 @@ def read_text(path: str, what: str) -> str:
             f"{what} {path!r} is a binary file, not text (a NUL byte on line {line}); give a UTF-8 text file"
         )
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")  # a leading byte-order mark (Windows editors write one) is not text
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1

@@ -16,6 +16,7 @@ runs never mix in one folder.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterator
@@ -25,9 +26,19 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
 
 from lantern.errors import ConfigError, LanternError
-from lantern.files import image_name, note_input, remove_stale_temps, save_png, write_atomic, write_json_atomic
+from lantern.files import (
+    image_name,
+    note_input,
+    png_bytes,
+    remove_stale_temps,
+    save_torch_atomic,
+    sha256_file,
+    write_bytes_atomic,
+    write_json_atomic,
+)
 from lantern.results.record import RECORD_NAME, RunRecord, read_record
 from lantern.run.distributed import World
 from lantern.run.lock import LOCK_NAME, FolderLock
@@ -80,11 +91,19 @@ class RunFolder:
         self.config = comparable(config)
         self._lock = FolderLock(self.path, what="run folder")
         self._was_empty = False
+        self._locked = False
         self.claim: Claim | None = None
 
     def __enter__(self) -> RunFolder:
         self._was_empty = not self.path.exists() or not any(self.path.iterdir())
+        self._locked = False
+        if (self.path / RECORD_NAME).is_file():
+            # A finished run is only read (its record is written last, atomically): no lock, so it can be
+            # reported from a read-only disk or beside a reader holding the lock.
+            self.claim = self._finished()
+            return self
         self._lock.acquire()
+        self._locked = True
         try:
             self.claim = self._inspect()
         except BaseException:
@@ -96,6 +115,8 @@ class RunFolder:
         self._leave(failed=kind is not None)
 
     def _leave(self, failed: bool) -> None:
+        if not self._locked:
+            return
         if failed and self._was_empty:
             leftovers = {p.name for p in self.path.iterdir()} if self.path.exists() else set()
             if leftovers <= {LOCK_NAME, RUN_CONFIG, RUN_INPUTS, TOKENS_DIR} and not self.store().finished_any():
@@ -121,13 +142,8 @@ class RunFolder:
         for folder in (self.path, self.path / TOKENS_DIR):
             if folder.is_dir():
                 remove_stale_temps(folder)  # a killed writer's; no live writer holds the lock now
-        if (self.path / RECORD_NAME).is_file():
-            record = read_record(self.path)
-            difference = first_difference(comparable(record.config), self.config)
-            if difference:
-                raise self._refuse("a finished run", difference)
-            self._check_inputs(record.inputs or {}, "a finished run")
-            return Claim(finished=record, resumed=False)
+        if (self.path / RECORD_NAME).is_file():  # finished while this writer waited for the lock
+            return self._finished()
         config_file = self.path / RUN_CONFIG
         if config_file.is_file():
             stored = json.loads(config_file.read_text(encoding="utf-8"))
@@ -143,6 +159,14 @@ class RunFolder:
                 f"{', ...' if len(strangers) > 3 else ''}) and no {RUN_CONFIG}; choose an empty or new folder"
             )
         return Claim(finished=None, resumed=False)
+
+    def _finished(self) -> Claim:
+        record = read_record(self.path)
+        difference = first_difference(comparable(record.config), self.config)
+        if difference:
+            raise self._refuse("a finished run", difference)
+        self._check_inputs(record.inputs or {}, "a finished run")
+        return Claim(finished=record, resumed=False)
 
     def stored_inputs(self) -> dict:
         """The inputs ``run_inputs.json`` records (empty when there is none)."""
@@ -199,6 +223,7 @@ class ImageStore:
         return self.folder / TOKENS_DIR / f"{index:06d}.pt"
 
     def is_finished(self, index: int) -> bool:
+        """Whether both of image ``index``'s files exist (:meth:`check` also says whether they are sound)."""
         return (self.folder / image_name(index)).is_file() and self.tokens_path(index).is_file()
 
     def finished(self, indices) -> set[int]:
@@ -208,14 +233,56 @@ class ImageStore:
         tokens = self.folder / TOKENS_DIR
         return tokens.is_dir() and any(self.is_finished(int(p.stem)) for p in tokens.glob("*.pt") if p.stem.isdigit())
 
+    def check(self, index: int, length: int | None = None) -> str | None:
+        """What is wrong with finished image ``index``'s files, or None when they are sound: its tokens file
+        loads and holds ``length`` codes, and its PNG is the file the tokens file recorded (sha256; a folder
+        written before PNG hashes were recorded has its PNG decoded instead)."""
+        try:
+            saved = self.load(index)
+        except Exception as exc:  # truncated, foreign or corrupt: any failure to read it back
+            return f"tokens file unreadable ({type(exc).__name__})"
+        codes = saved.get("codes") if isinstance(saved, dict) else None
+        if not isinstance(codes, torch.Tensor) or not isinstance(saved.get("per_sample"), dict):
+            return "tokens file holds no codes"
+        if length is not None and codes.numel() != length:
+            return f"tokens file holds {codes.numel()} codes, not {length}"
+        png = self.folder / image_name(index)
+        try:
+            if "png_sha256" in saved:
+                return (
+                    None if sha256_file(png) == saved["png_sha256"] else "PNG differs from the one its tokens recorded"
+                )
+            with Image.open(png) as image:
+                image.load()
+        except Exception as exc:
+            return f"PNG unreadable ({type(exc).__name__})"
+        return None
+
+    def keep_sound(self, indices, length: int | None = None) -> tuple[set[int], dict[int, str]]:
+        """The finished images among ``indices`` whose files pass :meth:`check`; the others' files are removed
+        (so they are decoded again) and returned with what was wrong."""
+        sound, bad = set(), {}
+        for index in self.finished(indices):
+            problem = self.check(index, length)
+            if problem is None:
+                sound.add(index)
+                continue
+            bad[index] = problem
+            (self.folder / image_name(index)).unlink(missing_ok=True)
+            self.tokens_path(index).unlink(missing_ok=True)
+        return sound, bad
+
     def save(self, index: int, pixels: np.ndarray, codes: torch.Tensor, per_sample: dict[str, torch.Tensor]) -> None:
-        """Write image ``index``: its tokens (N,) and per-sample counters, then its (H, W, 3) uint8 PNG."""
+        """Write image ``index``: its tokens (N,), per-sample counters and its PNG's sha256, then the (H, W, 3)
+        uint8 PNG. The tokens file comes first: an image counts as finished only when both exist."""
+        png = png_bytes(pixels)
         payload = {
             "codes": codes.to("cpu", torch.int32).clone(),
             "per_sample": {key: value.detach().cpu().clone() for key, value in per_sample.items()},
+            "png_sha256": hashlib.sha256(png).hexdigest(),
         }
-        write_atomic(self.tokens_path(index), lambda tmp: torch.save(payload, tmp))
-        save_png(pixels, self.folder / image_name(index))
+        save_torch_atomic(self.tokens_path(index), payload)
+        write_bytes_atomic(self.folder / image_name(index), png)
 
     def load(self, index: int) -> dict:
         """Image ``index``'s ``codes`` (N,) and ``per_sample`` counters (each without the batch dimension)."""

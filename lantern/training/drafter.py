@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from lantern.decoding.ar import ARDecoder
 from lantern.errors import ConfigError
-from lantern.files import write_atomic
+from lantern.files import save_torch_atomic
 from lantern.models.condition import Condition
 from lantern.models.drafter import Drafter
 from lantern.models.kv_cache import NoCache
@@ -296,6 +296,6 @@ def generate_codes(
             parts.append(result.codes.to("cpu", torch.int32).clone())  # (b, N)
             codes = torch.cat(parts)
             parts = [codes]
-            write_atomic(cache, lambda tmp, codes=codes: torch.save({"key": key, "codes": codes}, tmp))
+            save_torch_atomic(cache, {"key": key, "codes": codes})
             bar.update(len(indices))
     return parts[0][:total].long()

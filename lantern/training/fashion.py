@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from lantern.files import write_atomic
+from lantern.files import save_torch_atomic
 from lantern.models.llamagen.vq import VQModel
 from lantern.models.world.fashion_mnist import NUM_CLASSES, FashionMNISTImages, all_captions
 from lantern.training.vq import image_batch
@@ -37,7 +37,7 @@ def tokenize(
         images = image_batch(dataset, torch.arange(start, min(start + batch, len(dataset))))
         codes.append(vq.encode(images).flatten(1).to(torch.int16))  # (b, G*G)
     codes = torch.cat(codes)
-    write_atomic(cache, lambda tmp: torch.save({"vq_sha256": vq_hash, "codes": codes}, tmp))
+    save_torch_atomic(cache, {"vq_sha256": vq_hash, "codes": codes})
     return codes.long()
 
 

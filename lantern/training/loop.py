@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from lantern import checks
 from lantern.errors import CheckpointError, ConfigError
-from lantern.files import write_atomic, write_text_atomic
+from lantern.files import save_torch_atomic, write_atomic, write_text_atomic
 
 CHECKPOINT_NAME = "checkpoint.pt"
 CONFIG_NAME = "config.yaml"
@@ -293,7 +293,7 @@ class Trainer:
         }
         if self._stateful_step_fn():
             state["step_fn"] = self.step_fn.state_dict()
-        write_atomic(self.checkpoint_path, lambda tmp: torch.save(state, tmp))
+        save_torch_atomic(self.checkpoint_path, state)
         return self.checkpoint_path
 
     def load_checkpoint(self) -> bool:
@@ -326,7 +326,23 @@ class Trainer:
         self.batch_in_epoch = int(state["batch_in_epoch"])
         self.train_wall_s = float(state.get("train_wall_s", 0.0))
         self.resumed_from = self.step
+        self._truncate_log(self.step)
         return True
+
+    def _truncate_log(self, step: int) -> None:
+        """Drop the log lines of steps after ``step``: the killed run logged them, this run logs them again."""
+        log = self.out_dir / LOG_NAME
+        if not log.is_file():
+            return
+        kept = []
+        for line in log.read_text(encoding="utf-8").splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:  # a line cut by the kill
+                continue
+            if isinstance(entry, dict) and isinstance(entry.get("step"), int) and entry["step"] <= step:
+                kept.append(line)
+        write_text_atomic(log, "".join(f"{line}\n" for line in kept))
 
     def _total_wall_s(self) -> float:
         running = 0.0 if self._loop_started is None else time.perf_counter() - self._loop_started
