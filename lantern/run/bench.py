@@ -229,8 +229,9 @@ def plan_from(
     drafts = tuple(p.stem for p in (REPO_ROOT / "conf" / "draft").glob("*.yaml"))
     models = tuple(p.stem for p in (REPO_ROOT / "conf" / "model").glob("*.yaml"))
     checks.choice("--model", model, sorted(models))
-    for structure in split(structures) + split(lantern_structures):
-        checks.choice("--structures", structure, sorted(drafts))
+    for flag, given in (("--structures", structures), ("--lantern-structures", lantern_structures)):
+        for structure in split(given):
+            checks.choice(flag, structure, sorted(drafts))
     kinds = tuple(checks.choice("--candidates", kind, ("deterministic", "sampled")) for kind in split(candidates))
     values = []
     for delta in split(deltas):
@@ -348,13 +349,18 @@ def reference_model(repo: str, model):
 def run_ar_bench(args) -> list[dict]:
     """Tokens/s of the AR decoder on a random target (``scripts/bench_ar.py``), and of LlamaGen's own
     ``generate()`` on the same weights when ``args.llamagen_repo`` is a local checkout of it."""
+    from lantern.models.devices import resolve_device
+
     checks.integer("--runs", args.runs, 1)
     checks.integer("--warmup", args.warmup, 0)
+    checks.integer("--grid", args.grid, 1)
+    checks.integer("--vocab", args.vocab, 2)
+    checks.integer("--threads", args.threads, 0)
     for batch in args.batch_sizes:
         checks.integer("--batch-sizes", batch, 1)
+    device = resolve_device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
     model = random_gpt(args.preset, "c2i", args.grid * 16, vocab_size=args.vocab).to(device).eval()
     cfg = model.config
     ref = reference_model(args.llamagen_repo, model) if args.llamagen_repo else None

@@ -188,12 +188,14 @@ def markdown(results: list[dict], env: dict, args) -> str:
 
 def run_gpu_check(args) -> list[dict]:
     """Time every target of ``args`` (see the module docstring) and write ``args.out``.md/.json."""
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
+    from lantern.models.devices import resolve_device
+
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(
             "--device cuda but no CUDA device is available; the CPU form is --device cpu "
             "--dtype float32 --compile none --tiny"
         )
+    device = resolve_device(args.device)
     checks.integer("--images", args.images, 2)
     targets = [checks.choice("--targets", t, ("world", "llamagen")) for t in args.targets.split(",")]
     out = Path(args.out)
