@@ -136,6 +136,21 @@ def test_a_resumed_log_lists_every_step_once(tmp_path):
     assert lines[2]["loss"] != 1.0  # step 4 is the resumed run's line, not the killed run's
 
 
+def test_resume_refuses_a_checkpoint_trained_from_a_file_that_changed_since(tmp_path):
+    """Kill, change the tokenizer in place, rerun: continuing would train on codes of two tokenizers."""
+    from lantern import files
+
+    vq = tmp_path / "vq.safetensors"
+    vq.write_bytes(b"first tokenizer")
+    files.note_input(vq, "tokenizer")  # what load_weights does for the job's inputs
+    _vq_trainer(tmp_path / "run", max_steps=2, ckpt_every=2).fit()
+    vq.write_bytes(b"another tokenizer")
+    files.note_input(vq, "tokenizer")
+    with pytest.raises(ConfigError, match=r"was trained from .*vq\.safetensors.* which now has"):
+        _vq_trainer(tmp_path / "run", max_steps=4, ckpt_every=2).fit()
+    files.forget_inputs()
+
+
 def test_resume_refuses_a_changed_config(tmp_path):
     _vq_trainer(tmp_path, max_steps=2, ckpt_every=1).fit()
     other = _vq_trainer(tmp_path, max_steps=4, lr=1e-3)

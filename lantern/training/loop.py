@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from lantern import checks
 from lantern.errors import CheckpointError, ConfigError
-from lantern.files import save_torch_atomic, write_atomic, write_text_atomic
+from lantern.files import inputs_read, save_torch_atomic, write_atomic, write_text_atomic
 
 CHECKPOINT_NAME = "checkpoint.pt"
 CONFIG_NAME = "config.yaml"
@@ -264,6 +264,7 @@ class Trainer:
         self.resumed_from: int | None = None
         self.train_wall_s = 0.0  # seconds spent in the step loop, summed over all resumptions
         self._loop_started: float | None = None
+        self.inputs: dict[str, dict] = {}
 
     @property
     def checkpoint_path(self) -> Path:
@@ -289,6 +290,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "rng": _rng_state(),
             "config": self.config,
+            "inputs": self.inputs,
             "train_wall_s": self._total_wall_s(),
         }
         if self._stateful_step_fn():
@@ -308,6 +310,7 @@ class Trainer:
         if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
             raise CheckpointError(f"{str(path)!r} is not a {CHECKPOINT_FORMAT} checkpoint")
         self._check_config(state.get("config"))
+        self._check_inputs(state.get("inputs") or {})
         if state["step"] > self.max_steps:
             raise ConfigError(
                 f"the checkpoint in {str(self.out_dir)!r} is at step {state['step']}, beyond max_steps="
@@ -363,6 +366,18 @@ class Trainer:
                 f"{str(self.checkpoint_path)!r} was written with a different config ({shown}"
                 f"{', ...' if len(diff) > 4 else ''}); use the same settings to resume or a fresh out_dir"
             )
+
+    def _check_inputs(self, saved: Mapping[str, Any]) -> None:
+        """Refuse to resume when a file the checkpoint was trained from (data, tokenizer, teacher) now has
+        other contents: continuing would train on two inputs. Contents, not paths, are compared."""
+        for path, entry in saved.items():
+            now = self.inputs.get(path)
+            if now is not None and isinstance(entry, Mapping) and now.get("sha256") != entry.get("sha256"):
+                raise ConfigError(
+                    f"{str(self.checkpoint_path)!r} was trained from {path!r} with sha256 "
+                    f"{str(entry.get('sha256'))[:12]}..., which now has {str(now.get('sha256'))[:12]}...; "
+                    "restore that file to resume, or use a fresh out_dir"
+                )
 
     def _write_config(self) -> None:
         if self.config is None:
@@ -424,6 +439,7 @@ class Trainer:
         call), the last logged ``logs`` and the ``weights`` path.
         """
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.inputs = inputs_read()  # every file the job has read so far (weights, data), by content
         self.load_checkpoint()
         self._write_config()
         self.model.train()
