@@ -34,8 +34,15 @@ def main() -> None:
         metavar="RUNS",
         help="run or sweep folders whose latency and speed-up the rows take (same method and setting)",
     )
+    parser.add_argument(
+        "--no-throughput",
+        action="store_true",
+        help="with --latency: leave out the quality runs' own speed-ups (runs timed on a shared or loaded machine)",
+    )
     args = parser.parse()
-    table, paths = run_or_exit(lambda: make_tables(args.runs, args.out, args.stem, args.latency))
+    table, paths = run_or_exit(
+        lambda: make_tables(args.runs, args.out, args.stem, args.latency, throughput=not args.no_throughput)
+    )
     print(to_markdown(table, failed_jobs(args.runs), paths["md"].parent))
     print("wrote " + ", ".join(str(p) for p in paths.values()))
 

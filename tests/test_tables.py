@@ -601,3 +601,20 @@ def test_the_notes_name_the_inputs_by_short_hash_and_tell_two_sets_apart(tmp_pat
     assert [row["speedup"] for row in table.rows if row["method"] != "AR"] == [None]  # other weights: no join
     lines = [note for note in table.notes if note.startswith("Inputs")]
     assert len(lines) == 2 and f"gpt.safetensors {'b' * 12}" in lines[1] and "1 of 2 runs" in lines[1], lines
+
+
+def test_no_throughput_leaves_out_the_quality_runs_own_times(tmp_path):
+    """Quality runs timed on a loaded machine: their latencies are not times, and no column may show them."""
+    quality, latency = tmp_path / "quality", tmp_path / "latency"
+    quality.mkdir(), latency.mkdir()
+    record(quality, "ar", AR, latency_s_per_image=0.02, fid=60.0, num_images=1000, batch_size=10)
+    record(quality, "eagle", EAGLE, latency_s_per_image=0.12, fid=61.0, num_images=1000, batch_size=10)
+    record(latency, "ar", AR, latency_s_per_image=0.4, num_images=30, batch_size=1)
+    record(latency, "eagle", EAGLE, latency_s_per_image=0.3, num_images=30, batch_size=1)
+    records, timed = load_records([quality]), load_records([latency])
+    assert [row["throughput_speedup"] for row in build_table(records, timed).rows] == [1.0, pytest.approx(1 / 6)]
+    table = build_table(records, timed, throughput=False)
+    assert [row["throughput_speedup"] for row in table.rows] == [None, None]
+    assert [row["speedup"] for row in table.rows] == [1.0, pytest.approx(0.4 / 0.3)]
+    text = to_markdown(table)
+    assert "throughput speed-up |" not in text and "(make_tables --no-throughput)" in text

@@ -64,6 +64,7 @@ def shown(table: Table, root: Path | None = None, times: str = "x") -> pd.DataFr
     """The table formatted for reading: one text column per shown quantity, ``-`` where a value is missing."""
     data = frame(table)
     joined = _joined(data)
+    timed = bool(data["throughput_speedup"].notna().any())  # quality runs whose own times are shown
     rows = []
     for row in data.to_dict("records"):
         speedup = (
@@ -81,7 +82,7 @@ def shown(table: Table, root: Path | None = None, times: str = "x") -> pd.DataFr
             "speed-up [IQR]": speedup,
             "AR ms/image": _number(row["baseline_ms"], 1),
         }
-        if joined:
+        if joined and timed:
             throughput = row["throughput_speedup"]
             out["throughput speed-up"] = "-" if _number(throughput, 2) == "-" else f"{throughput:.2f}{times}"
         out.update(
@@ -105,11 +106,15 @@ def notes(table: Table, failed: list[dict] | None = None, root: Path | None = No
     lines = [NOTE_LATENCY]
     if len(data) and _joined(data):
         batches = lambda key: "/".join(str(int(b)) for b in sorted(set(data[key].dropna()))) or "-"  # noqa: E731
+        own = (
+            f"throughput speed-up is the quality run's own, at batch {batches('throughput_batch')}"
+            if data["throughput_speedup"].notna().any()
+            else "the quality runs' own times are not shown (make_tables --no-throughput)"
+        )
         lines.append(
             f"Latency, speed-up and AR ms/image come from the latency runs at batch {batches('latency_batch')} "
-            f"(latency run column); tau, FID, CLIP and TV from the quality runs (run column); throughput "
-            f"speed-up is the quality run's own, at batch {batches('throughput_batch')}. Per-sample seeds "
-            "make a sample the same at any batch size."
+            f"(latency run column); tau, FID, CLIP and TV from the quality runs (run column); {own}. "
+            "Per-sample seeds make a sample the same at any batch size."
         )
     lines += table.notes
     for job in failed or []:
@@ -219,6 +224,7 @@ def write_tables(
     failed: list[dict] | None = None,
     latency: list[RunRecord] | None = None,
     notes: list[str] | None = None,
+    throughput: bool = True,
 ) -> dict[str, Path]:
     """Write ``stem.md``, ``stem.csv``, ``stem.tex``, ``stem.json`` and ``stem_pareto.png`` into ``out_dir``.
 
@@ -228,7 +234,7 @@ def write_tables(
     temporary folder in ``out_dir`` first and renamed into place only when all are written.
     """
     out, failed = Path(out_dir), failed or []
-    table = build_table(records, latency)  # a refused join writes nothing
+    table = build_table(records, latency, throughput)  # a refused join writes nothing
     table.notes.extend(notes or [])
     out.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{stem}.", suffix=".tmp", dir=out))
@@ -256,7 +262,11 @@ def write_tables(
 
 
 def make_tables(
-    runs: list[str], out: str | None = None, stem: str = "table", latency: list[str] | None = None
+    runs: list[str],
+    out: str | None = None,
+    stem: str = "table",
+    latency: list[str] | None = None,
+    throughput: bool = True,
 ) -> tuple[Table, dict[str, Path]]:
     """``scripts/make_tables.py``: every record under ``runs`` (and ``latency``) validated, then the table
     written into ``out`` (default: the first runs folder) as the set of files :func:`write_tables` makes."""
@@ -270,7 +280,10 @@ def make_tables(
     repeated: list[str] = []
     records = load_records(runs, repeated)  # every record validated before anything is written
     timed = load_records(latency) if latency else None
-    table = build_table(records, timed)
+    table = build_table(records, timed, throughput)
     notes = [f"{path}: given more than once, shown once" for path in repeated]
     table.notes.extend(notes)
-    return table, write_tables(records, folder, stem, failed=failed_jobs(runs), latency=timed, notes=notes)
+    paths = write_tables(
+        records, folder, stem, failed=failed_jobs(runs), latency=timed, notes=notes, throughput=throughput
+    )
+    return table, paths

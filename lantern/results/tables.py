@@ -192,14 +192,15 @@ def _differing(runs: _Runs) -> dict[int, str]:
     }
 
 
-def build_table(records: list[RunRecord], latency: list[RunRecord] | None = None) -> Table:
+def build_table(records: list[RunRecord], latency: list[RunRecord] | None = None, throughput: bool = True) -> Table:
     """One row per record in table order, with speed-up (and its spread) from the record or a like AR run.
 
     ``latency``: runs that time the same methods in another batch size (batch 1, as the papers do). A row
     whose method and setting one of them shares takes its latency and speed-up from it; the record's own
-    speed-up becomes ``throughput_speedup`` at ``throughput_batch``. Two latency runs of one method are refused.
+    speed-up becomes ``throughput_speedup`` at ``throughput_batch`` (left empty with ``throughput=False``: quality
+    runs timed on a shared or loaded machine). Two latency runs of one method are refused.
     """
-    runs, notes = _Runs(records), []
+    runs, notes, throughput_on = _Runs(records), [], throughput
     timing: dict[str, dict] = {}
     if latency:
         timed = _Runs(latency, ignore=LATENCY_IGNORED)
@@ -219,7 +220,10 @@ def build_table(records: list[RunRecord], latency: list[RunRecord] | None = None
         own = _speed(record, settings, runs, notes, method)
         speed, throughput = own, {"throughput_speedup": None, "throughput_batch": None}
         if latency:
-            throughput = {"throughput_speedup": own["speedup"], "throughput_batch": record.get("batch_size")}
+            throughput = {
+                "throughput_speedup": own["speedup"] if throughput_on else None,
+                "throughput_batch": record.get("batch_size"),
+            }
             matched = timing.get(_method_key(_Runs([record], ignore=LATENCY_IGNORED), record))
             if matched is None:
                 notes.append(f"{method} ({record.run_dir}): no latency run of the same method and setting")
