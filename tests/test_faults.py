@@ -13,9 +13,7 @@ from pathlib import Path
 
 import pytest
 from test_run import REPO
-from test_rundir import finish, start, wait_for
-
-IMAGES = 48  # test_rundir's BASE: the tiny random model at batch 1
+from test_rundir import IMAGES, finish, start, wait_for  # IMAGES: test_rundir's BASE, the tiny model at batch 1
 
 
 @pytest.fixture(scope="module")
