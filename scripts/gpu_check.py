@@ -3,14 +3,7 @@
     python scripts/gpu_check.py                                   # on a CUDA machine: writes results/gpu_check.{md,json}
     python scripts/gpu_check.py --device cpu --dtype float32 --compile none --tiny --out /tmp/g   # its CPU form (tests)
 
-Two targets: the embedded world (with its trained drafter) and a random-weight LlamaGen GPT-XL t2i at
-256 px (official layout and sizes: 36 x 1280, 120 caption tokens of 2048, V = 16384) with a random
-one-layer drafter, so verification and drafting costs are LlamaGen's even where acceptance is not.
-For each: eager AR, compiled AR, exact chain decoding and LANTERN (delta 0.1 and 0.4) on chains,
-compiled alike, batch 1, interleaved image by image after warm-up (compilation happens there),
-median latency per mode. Timed steps run under ``torch.cuda.set_sync_debug_mode("error")``, so any
-host synchronisation inside a step fails the check. Greedy tokens of compiled and eager AR are
-compared too. ``--tiny`` swaps GPT-XL for GPT-nano sizes (the CPU form, which the tests run).
+What it times and checks, and on which targets: :mod:`lantern.run.gpu_check`.
 """
 
 from __future__ import annotations

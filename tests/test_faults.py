@@ -13,16 +13,15 @@ from pathlib import Path
 
 import pytest
 from test_run import REPO
-from test_rundir import IMAGES, finish, start, wait_for  # IMAGES: test_rundir's BASE, the tiny model at batch 1
+
+# IMAGES, BASE and the uninterrupted run (`clean` below) are test_rundir's: the tiny model at batch 1
+from test_rundir import IMAGES, finish, reference, start, wait_for  # noqa: F401 (reference: a fixture)
 
 
 @pytest.fixture(scope="module")
-def clean(tmp_path_factory):
-    """An uninterrupted run of the configuration every test here damages."""
-    out = tmp_path_factory.mktemp("clean") / "run"
-    proc = finish(out)
-    assert proc.returncode == 0, proc.stderr
-    return out
+def clean(reference):  # noqa: F811 (the imported fixture, requested by name)
+    """test_rundir's uninterrupted run of the configuration every test here damages (read, never changed)."""
+    return reference
 
 
 def same_images(out: Path, clean: Path) -> None:
