@@ -4,6 +4,10 @@ r"""Speculative decoding vs AR on the same prompts and seeds, in one run: tau, l
     python scripts/bench_speculative.py --images 20 --runs 3 --out results/bench_speculative
     python scripts/bench_speculative.py --images 6 --runs 3 --settings sampling --deltas 0.1 \
         --lantern-structures chain --candidates sampled --peers sjd,gsd
+    python scripts/bench_speculative.py --compile none ...   # eager steps, with a per-phase breakdown
+
+Steps are compiled (``torch.compile(fullgraph=True)``, AR alike) unless ``--compile none``: the first
+compile of each mode takes one to three minutes on a 2-core CPU and is cached by Inductor for later runs.
 
 How modes are composed, interleaved and summarised: :mod:`lantern.run.bench`. Every value is checked and
 every mode's config composed before the first is timed; ``--out`` is checked writable first, and the
@@ -50,12 +54,18 @@ def main() -> None:
         default=[],
         metavar="LABEL::OVERRIDES",
         help="an extra row: its label, '::', then space-separated Hydra overrides on top of the setting's "
-        "(e.g. 'ar compiled::compile=default' or 'lantern d=0.4 chain(5)::decoding=lantern delta=0.4 draft.depth=5')",
+        "(e.g. 'lantern d=0.4 chain(5)::decoding=lantern delta=0.4 draft.depth=5')",
     )
     parser.add_argument(
         "--overrides",
         default="",
         help="extra Hydra overrides for AR and every mode, comma-separated (e.g. draft.depth=3)",
+    )
+    parser.add_argument(
+        "--compile",
+        default="default",
+        help="how AR and every mode run their steps: default (torch.compile, fullgraph), none (eager, timed per "
+        "phase), max-autotune, reduce-overhead (CUDA)",
     )
     parser.add_argument("--out", default=None, help="write OUT.md and OUT.json")
     args = parser.parse()
@@ -76,6 +86,7 @@ def main() -> None:
             args.overrides,
             args.out,
             sys.argv[1:],
+            args.compile,
         )
     )
     records = run_or_exit(lambda: run_bench(plan))

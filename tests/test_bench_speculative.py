@@ -31,6 +31,8 @@ def test_bench_keeps_every_run_and_reports_the_spread(tmp_path):
         "deterministic",
         "--threads",
         "1",
+        "--compile",
+        "none",
         "--out",
         str(out),
         "--mode",
@@ -57,6 +59,8 @@ def test_bench_keeps_every_run_and_reports_the_spread(tmp_path):
             abs(r - a / m) < 1e-9 for r, a, m in zip(runs, ar, mode, strict=True)
         )  # run j: AR's j-th times / the mode's
     assert records[0]["speedup_runs"] == [1.0, 1.0, 1.0]
+    assert {(r["compile"], r["dtype"], r["threads"]) for r in records} == {("none", "float32", 1)}
+    assert all(r["outside_target_ar_steps"] > 0 for r in records[1:])  # eager rows carry the breakdown
     table = out.with_suffix(".md").read_text()
     assert "| runs' range |" in table
     low, high = min(records[2]["speedup_runs"]), max(records[2]["speedup_runs"])

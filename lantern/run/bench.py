@@ -27,9 +27,11 @@ from hydra.utils import instantiate
 
 from lantern import REPO_ROOT, checks
 from lantern.decoding.ar import ARDecoder
+from lantern.decoding.compile import check_compile
 from lantern.files import write_json_atomic, write_text_atomic
 from lantern.models.bundle import random_gpt
 from lantern.models.condition import ClassConditioner
+from lantern.models.devices import resolve_device
 from lantern.models.sampling import SamplingConfig
 from lantern.results.provenance import environment
 from lantern.rng import keys_tensor
@@ -113,6 +115,7 @@ def bench_setting(name: str, base: list[str], rows, args) -> list[dict]:
     records = []
     ar_latency = statistics.mean(statistics.median(t) for t in times["ar"])
     ar_runs = [statistics.mean(t[j] for t in times["ar"]) for j in range(args.runs)]  # run j's mean latency
+    ar_token_ms = 1000 * ar_latency / int(results["ar"][0].codes.shape[1])  # one AR step (prefill included)
     for label, decoder in decoders:
         latency = statistics.mean(statistics.median(t) for t in times[label])
         steps = sum(int(r.per_sample["steps"].sum()) for r in results[label])
@@ -128,6 +131,10 @@ def bench_setting(name: str, base: list[str], rows, args) -> list[dict]:
             "speedup_runs": [a / statistics.mean(t[j] for t in times[label]) for j, a in enumerate(ar_runs)],
             "times_s": times[label],  # (image, run)
             "describe": decoder.settings.record(),
+            "compile": decoder.settings.compile,
+            "dtype": str(cfg.dtype),
+            "threads": args.threads,
+            "ar_step_ms": ar_token_ms,
         }
         if "tv_measured" in results[label][0].per_sample:  # speculative modes (AR rows, compiled or not, have none)
             stats = {k: sum(r.stats[k] for r in results[label]) for k in results[label][0].stats}
@@ -135,6 +142,8 @@ def bench_setting(name: str, base: list[str], rows, args) -> list[dict]:
             if phases:  # eager runs time each phase (compiled steps are timed as a whole)
                 record["drafter_share"] = phases["drafter"] / max(1e-12, sum(phases.values()))
                 record["phase_ms_per_step"] = {k: 1000 * v / steps for k, v in phases.items() if k != "prefill"}
+                outside = sum(v for k, v in record["phase_ms_per_step"].items() if k != "target")
+                record["outside_target_ar_steps"] = outside / ar_token_ms  # drafter + walk + advance per step
             measured = sum(int(r.per_sample["tv_measured"].sum()) for r in results[label])
             record["tv_measured_tokens"] = measured
             if measured:
@@ -167,8 +176,13 @@ def markdown(records: list[dict], env: dict, args) -> str:
         f"{env['device_name']} ({env['num_threads']} threads), torch {env['versions']['torch']}. Batch 1, {args.images} prompts, "
         f"median of {args.runs} interleaved runs per image after a warm-up; speed-up against AR in the same run.",
         "",
-        "| setting | mode | tau | latency ms/image | speed-up | runs' range | speed-up / tau | drafter share of time (phases per step) | realised TV mean / max |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"Every row, AR included, ran with `compile={args.compile}` (a compiled step is built in the untimed warm-up and "
+        "timed whole; eager rows are also timed per phase). 'Outside the target forward' is drafter + walk + advance "
+        "per speculative step in units of one AR step of the same run (eager rows only).",
+        "",
+        "| setting | mode | compile, dtype, threads | tau | latency ms/image | speed-up | runs' range | speed-up / tau | "
+        "outside the target forward, AR steps | drafter share of time (phases per step) | realised TV mean / max |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
         share = f"{r['drafter_share']:.0%}" if "drafter_share" in r else ""
@@ -176,9 +190,11 @@ def markdown(records: list[dict], env: dict, args) -> str:
             share += " (" + ", ".join(f"{k} {v:.2f}" for k, v in r["phase_ms_per_step"].items()) + " ms/step)"
         tv = f"{r['tv_realised_mean']:.3f} / {r['tv_realised_max']:.3f}" if "tv_realised_mean" in r else ""
         tv = "not audited" if r.get("tv_measured_tokens") == 0 else tv
+        outside = f"{r['outside_target_ar_steps']:.2f}" if "outside_target_ar_steps" in r else ""
+        ran = f"{r.get('compile', 'none')}, {r.get('dtype', '')}, {r.get('threads', '')}"
         lines.append(
-            f"| {r['setting']} | {r['mode']} | {r['tau']:.2f} | {r['latency_s'] * 1000:.1f} | {r['speedup']:.2f}x | "
-            f"{_spread(r)} | {r['speedup_per_tau']:.2f} | {share} | {tv} |"
+            f"| {r['setting']} | {r['mode']} | {ran} | {r['tau']:.2f} | {r['latency_s'] * 1000:.1f} | {r['speedup']:.2f}x | "
+            f"{_spread(r)} | {r['speedup_per_tau']:.2f} | {outside} | {share} | {tv} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -197,9 +213,22 @@ class BenchPlan:
     overrides: tuple[str, ...] = ()
     out: str | None = None
     argv: tuple[str, ...] = ()
+    compile: str = "default"
 
 
 SETTINGS = {"greedy": ["temperature=0"], "sampling": []}
+# Keys that change how fast every row runs: set for AR and every mode alike (--compile, --overrides), never
+# by one row's --mode, so no speed-up compares a compiled mode with an eager AR (or bf16 with fp32).
+ROW_WIDE = ("compile", "dtype", "device", "attention")
+
+
+def setting_overrides(plan: BenchPlan, name: str) -> list[str]:
+    """The overrides AR and every mode of setting ``name`` share."""
+    return [f"model={plan.model}", *SETTINGS[name], f"compile={plan.compile}", *plan.overrides]
+
+
+def _keys(overrides) -> set[str]:
+    return {o.split("=", 1)[0].lstrip("+~").removeprefix("decoding.") for o in overrides if "=" in o}
 
 
 def plan_from(
@@ -218,6 +247,7 @@ def plan_from(
     overrides: str,
     out: str | None,
     argv=(),
+    compile_mode: str = "default",
 ) -> BenchPlan:
     """A checked :class:`BenchPlan` from the script's comma-separated options; every mode's config is
     composed and its decoder built (with stand-ins for the files it reads) before anything is timed."""
@@ -247,14 +277,25 @@ def plan_from(
         label, sep, given = extra.partition("::")
         if not sep or not label.strip() or not given.split():
             raise checks.refuse("--mode", extra, "LABEL::OVERRIDES (Hydra overrides separated by spaces)")
+        if _keys(given.split()) & set(ROW_WIDE):
+            raise checks.refuse(
+                "--mode", extra, f"overrides that leave {', '.join(ROW_WIDE)} to --compile and --overrides (AR runs as every row)"
+            )
         rows.append((label.strip(), given.split()))
+    if "compile" in _keys(split(overrides)):
+        raise checks.refuse("--overrides", overrides, "overrides without compile= (use --compile)")
+    check_compile(compile_mode)
     for name in split(settings):
         checks.choice("--settings", name, tuple(SETTINGS))
-    plan = BenchPlan(images, runs, seed, threads, model, split(settings), rows, split(overrides), out, tuple(argv))
+    plan = BenchPlan(
+        images, runs, seed, threads, model, split(settings), rows, split(overrides), out, tuple(argv), compile_mode
+    )
     for name in plan.settings:
-        base = [f"model={plan.model}", *SETTINGS[name], *plan.overrides]
+        base = setting_overrides(plan, name)
         for _, given in [("ar", [])] + rows:
-            dry_build(resolved_config(base + given))
+            config = resolved_config(base + given)
+            check_compile(compile_mode, resolve_device(config["device"]))
+            dry_build(config)
     if out is not None:
         check_writable(Path(out).with_suffix(".json"))
     return plan
@@ -286,7 +327,7 @@ def run_bench(plan: BenchPlan) -> list[dict]:
     torch.set_num_threads(plan.threads)
     records = []
     for name in plan.settings:
-        records += bench_setting(name, [f"model={plan.model}", *SETTINGS[name], *plan.overrides], plan.rows, plan)
+        records += bench_setting(name, setting_overrides(plan, name), plan.rows, plan)
         if plan.out:
             write_results(plan, records)
     return records
