@@ -279,7 +279,9 @@ def plan_from(
             raise checks.refuse("--mode", extra, "LABEL::OVERRIDES (Hydra overrides separated by spaces)")
         if _keys(given.split()) & set(ROW_WIDE):
             raise checks.refuse(
-                "--mode", extra, f"overrides that leave {', '.join(ROW_WIDE)} to --compile and --overrides (AR runs as every row)"
+                "--mode",
+                extra,
+                f"overrides that leave {', '.join(ROW_WIDE)} to --compile and --overrides (AR runs as every row)",
             )
         rows.append((label.strip(), given.split()))
     if "compile" in _keys(split(overrides)):
