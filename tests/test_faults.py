@@ -5,6 +5,7 @@ same configuration: the images must be the same files, byte for byte.
 """
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -106,6 +107,10 @@ def test_a_full_disk_while_saving_tokens_is_an_oserror_naming_the_file(tmp_path)
 def test_make_tables_on_a_full_disk_writes_none_of_its_files(tmp_path, clean):
     out = tmp_path / "tables"
     out.mkdir()
+    # matplotlib's font cache is built on a fresh machine's first import; build it before the cap, so
+    # the capped run reports only its own files.
+    env = {**os.environ, "MPLCONFIGDIR": str(tmp_path / "mpl")}
+    subprocess.run([sys.executable, "-c", "import matplotlib.font_manager"], env=env, check=True, timeout=300)
     proc = subprocess.run(
         [sys.executable, "scripts/make_tables.py", str(clean), "--out", str(out)],
         cwd=REPO,
@@ -113,6 +118,7 @@ def test_make_tables_on_a_full_disk_writes_none_of_its_files(tmp_path, clean):
         text=True,
         timeout=300,
         preexec_fn=_capped(2048),
+        env=env,
     )
     errors = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(errors) == 1 and errors[0].startswith("error: File too large"), proc.stderr
