@@ -33,6 +33,7 @@ from lantern.models.bundle import random_gpt
 from lantern.models.condition import ClassConditioner
 from lantern.models.devices import resolve_device
 from lantern.models.sampling import SamplingConfig
+from lantern.results.baselines import JOIN_KEYS
 from lantern.results.provenance import environment
 from lantern.rng import keys_tensor
 from lantern.run.timing import synchronize
@@ -217,9 +218,9 @@ class BenchPlan:
 
 
 SETTINGS = {"greedy": ["temperature=0"], "sampling": []}
-# Keys that change how fast every row runs: set for AR and every mode alike (--compile, --overrides), never
-# by one row's --mode, so no speed-up compares a compiled mode with an eager AR (or bf16 with fp32).
-ROW_WIDE = ("compile", "dtype", "device", "attention")
+# What makes a speed-up comparable (the keys tables join on): set for AR and every mode alike (--model,
+# --compile, --overrides), never by one row's --mode, so no row is set against an AR baseline that ran otherwise.
+ROW_WIDE = tuple(key for key, _ in JOIN_KEYS)
 
 
 def setting_overrides(plan: BenchPlan, name: str) -> list[str]:
@@ -281,7 +282,8 @@ def plan_from(
             raise checks.refuse(
                 "--mode",
                 extra,
-                f"overrides that leave {', '.join(ROW_WIDE)} to --compile and --overrides (AR runs as every row)",
+                "overrides that leave compile, dtype, device and every key AR shares "
+                f"({', '.join(ROW_WIDE)}) to --model, --compile and --overrides",
             )
         rows.append((label.strip(), given.split()))
     if "compile" in _keys(split(overrides)):
