@@ -1,0 +1,390 @@
+"""Our decoders against the authors' LANTERN code (jadohu/LANTERN) on identical weights, in one process.
+
+The embedded world is converted to their HF layout (:mod:`lantern.reference.convert`) and their
+``LlamaForCausalLM`` and ``EaModel`` are built on it (:mod:`lantern.reference.theirs`). Then:
+
+1. **Conversion check**: our and their target logits, and our and their drafter logits, on the same
+   teacher-forced inputs (largest absolute difference; it must stay below ``LOGITS_TOLERANCE``).
+2. **Greedy equality** (temperature 0, ``check_images`` prompts): our AR codes == their AR codes, and
+   our EAGLE-2 codes == their EAGLE-2 codes (both equal AR when lossless).
+3. **Timing** in the world's recommended sampling setting (CFG 3, temperature 1, no top-k/top-p), batch 1,
+   eager on both sides (neither is compiled), for each mode in :data:`MODES`: after one untimed warm-up
+   per mode and side, image by image, interleaved (ours AR, theirs AR, ours EAGLE-2, theirs EAGLE-2, ...),
+   ``runs`` times. A side's latency is the mean over images of the per-image median; ours/theirs is the
+   ratio of those; the spread is the min-max of the per-run ratios (run j: mean over images of ours'
+   j-th time / mean of theirs').
+
+Settings matched on both sides: their ``EaModel.from_pretrained`` defaults (``total_token=59, depth=4,
+top_k=10``: a root plus 58 drafted nodes over five levels) are our ``draft=dynamic_tree`` (depth 5 levels,
+top_k 10, 58 nodes, deterministic top-k children); their ``lantern=True, lantern_k=1000, lantern_delta``
+is our ``decoding=lantern decoding.acceptance.semantics=reference k=1000 delta=...`` (their rule, as
+released), on the same raw-row neighbour table.
+
+What differs by construction, and is stated in the output: their ``generate()`` has 120 condition slots
+(the world has 16; 104 always-masked slots lead, logits unchanged, a little more attention work per step
+on their side), and their drafter reads code 0's embedding at 119 unmasked condition entries while ours
+reads the condition embeddings at 15 masked ones (the world's drafter was trained so): drafts, hence tau,
+may differ. Their sampled acceptance uses Python's ``random``, ours counter-based keys: sampled images
+differ, greedy ones must not.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from hydra.utils import instantiate
+
+from lantern import checks
+from lantern.errors import ConfigError
+from lantern.files import write_json_atomic, write_text_atomic
+from lantern.reference import convert, theirs
+from lantern.results.provenance import environment
+from lantern.rng import keys_tensor, sample_key
+from lantern.run.bench import check_writable, compose_config
+from lantern.run.timing import synchronize
+
+LOGITS_TOLERANCE = 1e-4  # fp32; measured differences are float rounding (~1e-6)
+MODEL = "fashion_t2i"
+K = 1000  # LANTERN's neighbourhood size (the paper's and both codes' default)
+DELTAS = (0.1, 0.4)
+TREE = ["draft=dynamic_tree", "draft.candidates=deterministic"]
+REFERENCE_SEMANTICS = ["decoding=lantern", "decoding.acceptance.semantics=reference", f"k={K}"]
+
+
+def modes(deltas: tuple[float, ...]) -> list[dict]:
+    """Each mode: its label, our Hydra overrides, and the arguments of their ``generate()``."""
+    rows = [
+        {"mode": "ar", "ours": [], "theirs": None},
+        {"mode": "eagle-2 dynamic tree", "ours": ["decoding=eagle", *TREE], "theirs": {"lantern": False}},
+    ]
+    for delta in deltas:
+        rows.append(
+            {
+                "mode": f"lantern reference k={K} delta={delta} dynamic tree",
+                "ours": [*REFERENCE_SEMANTICS, f"delta={delta}", *TREE],
+                "theirs": {"lantern": True, "k": K, "delta": delta},
+            }
+        )
+    return rows
+
+
+@dataclass
+class Plan:
+    """What :func:`run` does (checked by :func:`plan_from`)."""
+
+    images: int = 8
+    runs: int = 3
+    check_images: int = 3
+    seed: int = 0
+    threads: int = 2
+    deltas: tuple[float, ...] = DELTAS
+    reference: str | None = None
+    out: str | None = None
+    argv: tuple[str, ...] = ()
+    rows: list = field(default_factory=list)
+
+
+def plan_from(images, runs, check_images, seed, threads, deltas, reference, out, argv=()) -> Plan:
+    """A checked :class:`Plan`; every value is checked before anything is built (ConfigError: bad input)."""
+    images, runs = checks.integer("--images", images, 1), checks.integer("--runs", runs, 1)
+    check_images = checks.integer("--check-images", check_images, 0)
+    seed, threads = checks.integer("--seed", seed, 0), checks.integer("--threads", threads, 1)
+    values = []
+    for part in str(deltas).split(","):
+        try:
+            value = float(part)
+        except ValueError:
+            value = part
+        values.append(checks.probability("--deltas", value))
+    if out is not None and (
+        not isinstance(out, str) or not out.strip() or Path(out).suffix not in ("", ".md", ".json")
+    ):
+        raise checks.refuse("--out", out, "a path stem (OUT.md and OUT.json are written)")
+    if reference is not None:
+        theirs.reference_folder(reference)  # a given folder must hold their code (bad input otherwise)
+    plan = Plan(images, runs, check_images, seed, threads, tuple(values), reference, out, tuple(argv))
+    plan.rows = modes(plan.deltas)
+    for row in plan.rows:  # compose every config now: a bad override costs nothing
+        compose_config(_overrides(row["ours"]))
+    return plan
+
+
+def _overrides(mode: list[str], greedy: bool = False) -> list[str]:
+    return [
+        f"model={MODEL}",
+        "compile=none",
+        "dtype=float32",
+        "device=cpu",
+        *(["temperature=0"] if greedy else []),
+        *mode,
+    ]
+
+
+def _seconds(fn) -> tuple[float, object]:
+    synchronize(torch.device("cpu"))
+    start = time.perf_counter()
+    result = fn()
+    synchronize(torch.device("cpu"))
+    return time.perf_counter() - start, result
+
+
+class Sides:
+    """Our decoders and their models, built once; ``ours(mode)`` / ``theirs(mode)`` decode image ``i``."""
+
+    def __init__(self, plan: Plan, modules: theirs.Modules):
+        cfg = compose_config(_overrides([]))
+        self.cfg = cfg
+        self.bundle = instantiate(cfg.model.bundle)
+        prompts = instantiate(cfg.prompts)
+        self.items = [prompts.items[i % len(prompts.items)] for i in range(max(plan.images, plan.check_images))]
+        self.conditions = [self.bundle.conditioner.encode([item]) for item in self.items]
+        self.captions = [convert.caption_inputs(c.values, c.mask) for c in self.conditions]
+        self.seed = plan.seed
+        eagle_cfg = compose_config(_overrides(plan.rows[1]["ours"]))
+        self.drafter = instantiate(eagle_cfg.model.drafter)
+        tree = instantiate(eagle_cfg.draft)
+        self.tree = {"depth": tree.depth, "top_k": tree.top_k, "nodes": tree.nodes}
+        neighbours = instantiate(eagle_cfg.model.neighbours)
+        codebook = neighbours.codebook()
+        from lantern.rules.neighbours import neighbour_table
+
+        full = neighbour_table(codebook, codebook.shape[0] - 1, normalize=False)  # (V, V-1), as their file
+        ours_table = neighbours.table(default_normalize=False).indices
+        if not torch.equal(full[:, : ours_table.shape[1]].to(ours_table.device), ours_table.long()):
+            raise RuntimeError("the full neighbour table disagrees with the one our reference rule reads")
+        self.reference = theirs.build_reference(modules, self.bundle, self.drafter, full, **self.tree)
+        self.sampling = {
+            "cfg": float(cfg.cfg_scale),
+            "temperature": float(cfg.temperature),
+            "top_k": int(cfg.top_k),
+            "top_p": float(cfg.top_p),
+        }
+        self._ours: dict[tuple, object] = {}
+
+    def our_decoder(self, row: dict, greedy: bool):
+        key = (row["mode"], greedy)
+        if key not in self._ours:
+            self._ours[key] = instantiate(compose_config(_overrides(row["ours"], greedy)).decoding)
+        return self._ours[key]
+
+    def ours(self, row: dict, index: int, greedy: bool = False):
+        decoder = self.our_decoder(row, greedy)
+        keys = keys_tensor(self.seed, [index], self.bundle.device)
+        return lambda: decoder.generate(self.bundle.gpt, self.conditions[index], keys)
+
+    def theirs(self, row: dict, index: int, greedy: bool = False):
+        s = dict(self.sampling, temperature=0.0) if greedy else self.sampling
+        caption, spec = self.captions[index], row["theirs"]
+        theirs.seed_reference(sample_key(self.seed, index) & 0x7FFFFFFF)  # outside the timed call
+        args = (caption, s["temperature"], s["top_k"], s["top_p"], s["cfg"])
+        if spec is None:
+            return lambda: (self.reference.ar(*args), None)
+        return lambda: self.reference.speculative(*args, spec["lantern"], spec.get("k", K), spec.get("delta", 0.1))
+
+
+def _our_tau(result) -> float:
+    steps, tokens = int(result.per_sample["steps"].sum()), int(result.per_sample["tokens"].sum())
+    return tokens / max(1, steps)
+
+
+def greedy_check(sides: Sides, plan: Plan) -> list[dict]:
+    """Temperature 0: our codes against theirs, per prompt, for AR and EAGLE-2."""
+    rows = []
+    for index in range(plan.check_images):
+        ours_ar = sides.ours(sides_row(plan, "ar"), index, greedy=True)().codes.cpu()
+        theirs_ar = sides.theirs(sides_row(plan, "ar"), index, greedy=True)()[0].cpu().long()
+        eagle = sides_row(plan, "eagle-2 dynamic tree")
+        ours_eagle = sides.ours(eagle, index, greedy=True)()
+        theirs_eagle, theirs_tau = sides.theirs(eagle, index, greedy=True)()
+        row = {
+            "prompt": sides.items[index],
+            "ar_equal": bool(torch.equal(ours_ar, theirs_ar)),
+            "eagle2_equal": bool(torch.equal(ours_eagle.codes.cpu(), theirs_eagle.cpu().long())),
+            "ours_eagle2_equals_ours_ar": bool(torch.equal(ours_eagle.codes.cpu(), ours_ar)),
+            "ar_tokens_differing": int((ours_ar != theirs_ar).sum()),
+            "tau_ours": _our_tau(ours_eagle),
+            "tau_theirs": theirs_tau,
+        }
+        rows.append(row)
+        print(
+            f"greedy prompt {index} ({row['prompt']!r}): AR equal {row['ar_equal']}, EAGLE-2 equal "
+            f"{row['eagle2_equal']} (tau ours {row['tau_ours']:.2f}, theirs {row['tau_theirs']:.2f})",
+            flush=True,
+        )
+    return rows
+
+
+def sides_row(plan: Plan, mode: str) -> dict:
+    return next(row for row in plan.rows if row["mode"] == mode)
+
+
+def time_modes(sides: Sides, plan: Plan) -> list[dict]:
+    """The interleaved timing of every mode, both sides (see the module docstring)."""
+    for row in plan.rows:  # warm-up: caches, neighbour tables, allocator, per mode and side
+        sides.ours(row, 0)()
+        sides.theirs(row, 0)()
+    times = {(row["mode"], side): [[] for _ in range(plan.images)] for row in plan.rows for side in ("ours", "theirs")}
+    taus = {key: [None] * plan.images for key in times}
+    for _ in range(plan.runs):
+        for index in range(plan.images):
+            for row in plan.rows:
+                for side in ("ours", "theirs"):
+                    call = sides.ours(row, index) if side == "ours" else sides.theirs(row, index)
+                    seconds, result = _seconds(call)
+                    times[(row["mode"], side)][index].append(seconds)
+                    if side == "ours":
+                        taus[(row["mode"], side)][index] = _our_tau(result) if row["theirs"] else 1.0
+                    else:
+                        taus[(row["mode"], side)][index] = result[1] if row["theirs"] else 1.0
+    records = []
+    for row in plan.rows:
+        ours_t, theirs_t = times[(row["mode"], "ours")], times[(row["mode"], "theirs")]
+        ours_latency = statistics.mean(statistics.median(t) for t in ours_t)
+        theirs_latency = statistics.mean(statistics.median(t) for t in theirs_t)
+        per_run = [
+            statistics.mean(t[j] for t in ours_t) / statistics.mean(t[j] for t in theirs_t) for j in range(plan.runs)
+        ]
+        record = {
+            "mode": row["mode"],
+            "ours_overrides": _overrides(row["ours"]),
+            "theirs_generate": row["theirs"] or {"generate": "LlamaForCausalLM.generate"},
+            "ours_s_per_image": ours_latency,
+            "theirs_s_per_image": theirs_latency,
+            "ratio": ours_latency / theirs_latency,
+            "ratio_runs": per_run,
+            "tau_ours": statistics.mean(taus[(row["mode"], "ours")]),
+            "tau_theirs": statistics.mean(taus[(row["mode"], "theirs")]),
+            "times_s": {"ours": ours_t, "theirs": theirs_t},  # (image, run)
+            "compile": "none (eager) on both sides",
+            "dtype": "float32",
+            "threads": plan.threads,
+        }
+        tokens = sides.bundle.gpt.config.num_image_tokens
+        for side in ("ours", "theirs"):  # one target step's share of the latency: N / tau steps per image
+            record[f"{side}_ms_per_step"] = 1000 * record[f"{side}_s_per_image"] * record[f"tau_{side}"] / tokens
+        records.append(record)
+        print(
+            f"{row['mode']:44s} ours {ours_latency:6.3f} s/image  theirs {theirs_latency:6.3f}  ours/theirs "
+            f"{record['ratio']:.3f} ({min(per_run):.3f}-{max(per_run):.3f})  tau {record['tau_ours']:.2f} / "
+            f"{record['tau_theirs']:.2f}",
+            flush=True,
+        )
+    return records
+
+
+def run(plan: Plan) -> dict | None:
+    """Locate and import their code (None, after one line, when it cannot be used), build both sides,
+    check the conversion and greedy equality, time the modes; write ``out``.md/.json when given."""
+    try:
+        folder = theirs.reference_folder(plan.reference)
+        modules = theirs.import_reference(folder)
+    except theirs.ReferenceUnavailable as exc:
+        print(f"skipped: {exc}")
+        return None
+    if plan.out:
+        check_writable(Path(plan.out).with_suffix(".json"))
+    torch.set_num_threads(plan.threads)
+    sides = Sides(plan, modules)
+    logits = theirs.check_logits(sides.bundle, sides.drafter, sides.reference, sides.conditions[0], plan.seed)
+    print("conversion check: " + ", ".join(f"{k} {v:.2e}" for k, v in logits.items()), flush=True)
+    worst = max(logits["target_logits_max_abs_diff"], logits["drafter_logits_max_abs_diff"])
+    if worst > LOGITS_TOLERANCE:
+        raise ConfigError(
+            f"the converted models disagree with ours (logits differ by {worst:.3g} > {LOGITS_TOLERANCE})"
+        )
+    greedy = greedy_check(sides, plan)
+    records = time_modes(sides, plan)
+    report = {
+        "args": {k: v for k, v in asdict(plan).items() if k != "rows"},
+        "reference": {
+            "folder": str(folder),
+            "commit": _snapshot_commit(folder),
+            "transformers": theirs.check_transformers(),
+        },
+        "environment": environment(torch.device("cpu")) | {"machine": platform.machine()},
+        "sampling": sides.sampling,
+        "tree": sides.tree,
+        "conversion_check": logits,
+        "greedy": greedy,
+        "records": records,
+    }
+    if plan.out:
+        write_results(plan, report)
+    return report
+
+
+def _snapshot_commit(folder: Path) -> str | None:
+    """The commit their snapshot came from, when the folder says (a ``COMMIT`` file or a git checkout)."""
+    marker = folder / "COMMIT"
+    if marker.is_file():
+        return marker.read_text(encoding="utf-8").strip() or None
+    return None
+
+
+def write_results(plan: Plan, report: dict) -> Path:
+    out = Path(plan.out)
+    write_json_atomic(out.with_suffix(".json"), report)
+    write_text_atomic(out.with_suffix(".md"), markdown(report))
+    return out.with_suffix(".md")
+
+
+def markdown(report: dict) -> str:
+    env, args, s = report["environment"], report["args"], report["sampling"]
+    greedy = report["greedy"]
+    ar_ok = sum(r["ar_equal"] for r in greedy)
+    eagle_ok = sum(r["eagle2_equal"] for r in greedy)
+    ref = report["reference"]
+    lines = [
+        "# Our decoders against the authors' LANTERN code, identical weights",
+        "",
+        f"`python scripts/bench_against_reference.py {' '.join(args['argv'])}` (under the side environment of "
+        f"docs/against_reference.md) at commit {env['commit'][:7]}{' (dirty)' if env['dirty'] else ''} on "
+        f"{env['device_name']}, {args['threads']} threads, torch {env['versions']['torch']}, their code from "
+        f"{ref['folder']}{' at ' + ref['commit'][:7] if ref['commit'] else ''} under transformers {ref['transformers']}.",
+        "",
+        f"World `{MODEL}`, batch 1, fp32, eager on both sides (no torch.compile), sampling CFG {s['cfg']:g}, "
+        f"temperature {s['temperature']:g}, top-k {s['top_k']} (off), top-p {s['top_p']:g}. {args['images']} prompts, "
+        f"median of {args['runs']} interleaved runs per image after one untimed warm-up per mode and side; "
+        "ours/theirs is the ratio of the mean per-image medians, the range that of the single runs.",
+        "",
+        f"Conversion check (same teacher-forced inputs, fp32): target logits differ by at most "
+        f"{report['conversion_check']['target_logits_max_abs_diff']:.1e}, drafter logits by "
+        f"{report['conversion_check']['drafter_logits_max_abs_diff']:.1e}.",
+        "",
+        f"Greedy equality (temperature 0, {len(greedy)} prompts): AR codes equal on {ar_ok}/{len(greedy)}, "
+        f"EAGLE-2 codes equal on {eagle_ok}/{len(greedy)}.",
+        "",
+        "| mode | ours (our overrides) | compile, dtype, threads | ours s/image | theirs s/image | ours/theirs | "
+        "runs' range | tau ours / theirs | ms per target step ours / theirs |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in report["records"]:
+        ours = " ".join(o for o in r["ours_overrides"] if not o.startswith(("model=", "compile=", "dtype=", "device=")))
+        lines.append(
+            f"| {r['mode']} | `{ours or 'decoding=ar'}` | eager, {r['dtype']}, {r['threads']} | "
+            f"{r['ours_s_per_image']:.3f} | {r['theirs_s_per_image']:.3f} | {r['ratio']:.3f} | "
+            f"{min(r['ratio_runs']):.3f}-{max(r['ratio_runs']):.3f} | {r['tau_ours']:.2f} / {r['tau_theirs']:.2f} | "
+            f"{r['ours_ms_per_step']:.1f} / {r['theirs_ms_per_step']:.1f} |"
+        )
+    tree = report["tree"]
+    lines += [
+        "",
+        f"Tree on both sides: EAGLE-2 dynamic tree, top-k {tree['top_k']}, {tree['nodes']} drafted nodes + root, "
+        f"{tree['depth']} levels (theirs: `total_token={tree['nodes'] + 1}, depth={tree['depth'] - 1}, "
+        f"top_k={tree['top_k']}`, the `EaModel.from_pretrained` defaults; ours: `draft=dynamic_tree "
+        "draft.candidates=deterministic`). LANTERN rows: their `lantern=True, lantern_k, lantern_delta` against our "
+        "`decoding=lantern decoding.acceptance.semantics=reference`, the same raw-row neighbour table.",
+        "",
+        "Differences by construction: their `generate()` has 120 condition slots (the world 16: 104 masked slots "
+        "lead, logits unchanged, more attention work on their side); their drafter reads code 0 at 119 unmasked "
+        "condition entries, ours the condition embeddings at 15 masked ones, so drafts and tau may differ; tau "
+        "theirs is the mean accepted length their `generate()` returns (its last steps overshoot the image), "
+        "ours tokens per target step. 'ms per target step' is s/image x tau / N: the cost of one step with its "
+        "drafting, verification and acceptance, which does not depend on how well the drafter guesses.",
+    ]
+    return "\n".join(lines) + "\n"
