@@ -142,8 +142,8 @@ def test_prefix_mask_hides_padded_caption_columns_and_keeps_diagonal():
 def test_kv_cache_move_compacts_per_row():
     model = _tiny("c2i")
     cache = model.new_cache(2, 8)
-    cache.k.normal_()
-    cache.v.normal_()
+    for buffer in cache.tensors():  # one (B, H, L, hd) tensor per layer and kind
+        buffer.normal_()
     src = torch.tensor([[4, 6], [3, 7]])  # row 1 overlaps: slot 3 is read before it is written
     dst = torch.tensor([[2, 3], [2, 3]])
     before = {"k": cache.k.clone(), "v": cache.v.clone()}  # (layers, B, H, L, hd) each

@@ -144,7 +144,7 @@ class ARDecoder:
             cache = model.new_cache(rows, length)
             mask = torch.zeros(rows, 1, length, length, dtype=torch.bool, device=device)
             if self.compile != "none":
-                mark_static(cache.k, cache.v, mask)
+                mark_static(*cache.tensors(), mask)
             self._contexts[shape] = ARContext(model, self.sampling, cache, mask, rows // batch)
         return self._contexts[shape]
 

@@ -11,13 +11,21 @@ import torch
 
 
 class KVCache:
-    """Keys and values for every layer: ``k``, ``v`` of shape (n_layer, B, H, max_len, head_dim)."""
+    """Keys and values for every layer: one (B, H, max_len, head_dim) tensor per layer and kind.
 
-    def __init__(self, k: torch.Tensor, v: torch.Tensor):
-        if k.shape != v.shape or k.dim() != 5:
-            raise ValueError(f"k and v must share a 5-d shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-        self.k = k
-        self.v = v
+    Each layer's keys and values are tensors of their own (not views of one stacked buffer): a compiled
+    step mutates them in place at fixed addresses, whereas writes into views of one buffer become copies
+    of the whole buffer under ``torch.compile`` (functionalised view mutation). ``k`` and ``v`` give the
+    stacked (n_layer, B, H, max_len, head_dim) contents, a copy for inspection.
+    """
+
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor]):
+        keys, values = list(keys), list(values)
+        shapes = {tuple(t.shape) for t in keys + values}
+        if not keys or len(keys) != len(values) or len(shapes) != 1 or keys[0].dim() != 4:
+            raise ValueError(f"keys and values must be equal lists of 4-d tensors of one shape, got {sorted(shapes)}")
+        self.keys = keys
+        self.values = values
 
     @classmethod
     def allocate(
@@ -31,20 +39,39 @@ class KVCache:
         device: torch.device | str,
     ) -> KVCache:
         """Zero-filled cache for ``batch`` rows and ``max_len`` slots."""
-        shape = (n_layer, batch, n_head, max_len, head_dim)
-        return cls(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+        shape = (batch, n_head, max_len, head_dim)
+        zeros = lambda: [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]  # noqa: E731
+        return cls(zeros(), zeros())
+
+    @property
+    def k(self) -> torch.Tensor:
+        """All keys stacked (n_layer, B, H, max_len, hd): a copy."""
+        return torch.stack(self.keys)
+
+    @property
+    def v(self) -> torch.Tensor:
+        """All values stacked (n_layer, B, H, max_len, hd): a copy."""
+        return torch.stack(self.values)
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every buffer (keys then values, by layer): what a compiled step may treat as static addresses."""
+        return self.keys + self.values
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.keys[0].dtype
 
     @property
     def batch(self) -> int:
-        return self.k.shape[1]
+        return self.keys[0].shape[0]
 
     @property
     def max_len(self) -> int:
-        return self.k.shape[3]
+        return self.keys[0].shape[2]
 
     def layer(self, index: int) -> LayerCache:
-        """View of one layer's slots, handed to that layer's attention."""
-        return LayerCache(self.k[index], self.v[index])
+        """One layer's slots, handed to that layer's attention."""
+        return LayerCache(self.keys[index], self.values[index])
 
     def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy slots ``src`` to ``dst`` in every layer, per row: ``src``, ``dst`` are (B, n) long.
@@ -52,11 +79,11 @@ class KVCache:
         Used after a speculative step to move the accepted path's entries into contiguous positions.
         ``src`` and ``dst`` may overlap when ``dst <= src`` elementwise (values are gathered first).
         """
-        n_layer, batch, n_head, _, head_dim = self.k.shape
-        index = src[None, :, None, :, None].expand(n_layer, batch, n_head, src.shape[1], head_dim)
-        target = dst[None, :, None, :, None].expand_as(index)
-        for cache in (self.k, self.v):
-            cache.scatter_(3, target, cache.gather(3, index))
+        batch, n_head, _, head_dim = self.keys[0].shape
+        index = src[:, None, :, None].expand(batch, n_head, src.shape[1], head_dim)  # (B, H, n, hd)
+        target = dst[:, None, :, None].expand_as(index)
+        for cache in self.tensors():
+            cache.scatter_(2, target, cache.gather(2, index))
 
 
 class LayerCache:
@@ -73,9 +100,19 @@ class LayerCache:
 
         Rows may write different slots (speculative rows accept different numbers of tokens).
         """
-        index = slots[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])  # (B, H, S, hd)
-        self.k.scatter_(2, index, k)
-        self.v.scatter_(2, index, v)
+        if not torch.compiler.is_compiling():  # eager: a scatter_ costs a third of an index_put_
+            index = slots[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])  # (B, H, S, hd)
+            self.k.scatter_(2, index, k)
+            self.v.scatter_(2, index, v)
+            return self.k[:, :, :length], self.v[:, :, :length]
+        # Compiled: an index_put_, which Inductor writes into the cache in place, whereas a scatter_ into a
+        # step's input is computed into a copy of the whole cache and copied back.
+        batch, heads = k.shape[:2]
+        rows = torch.arange(batch, device=slots.device)[:, None, None]  # (B, 1, 1)
+        head = torch.arange(heads, device=slots.device)[None, :, None]  # (1, H, 1)
+        index = (rows, head, slots[:, None, :])  # broadcasts to (B, H, S)
+        self.k.index_put_(index, k)
+        self.v.index_put_(index, v)
         return self.k[:, :, :length], self.v[:, :, :length]
 
 

@@ -134,7 +134,7 @@ class JacobiDecoder:
         if shape not in self._contexts:
             cache = model.new_cache(rows, capacity)
             if self.compile != "none":
-                mark_static(cache.k, cache.v)
+                mark_static(*cache.tensors())
             close = self.grouping.close_table(model.input_embeddings()) if self.grouping is not None else None
             self._contexts[shape] = JacobiContext(
                 model=model,

@@ -161,7 +161,7 @@ class SpeculativeDecoder:
         if shape not in self._contexts:
             target_cache, drafter_cache = model.new_cache(rows, capacity), self.drafter.new_cache(rows, capacity)
             if self.compile != "none":
-                mark_static(target_cache.k, target_cache.v, drafter_cache.k, drafter_cache.v)
+                mark_static(*target_cache.tensors(), *drafter_cache.tensors())
             self._contexts[shape] = StepContext(
                 model=model,
                 drafter=self.drafter,
