@@ -17,7 +17,8 @@ import torch
 
 from lantern.models.drafter import Drafter, DrafterConfig, from_reference_keys
 from lantern.models.llamagen.gpt import Transformer, gpt_config
-from lantern.reference import convert, theirs
+from lantern.models.reference import reference_code as theirs
+from lantern.models.reference import reference_layout as convert
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "bench_against_reference.py"

@@ -1,7 +1,7 @@
 """Our decoders against the authors' LANTERN code (jadohu/LANTERN) on identical weights, in one process.
 
-The embedded world is converted to their HF layout (:mod:`lantern.reference.convert`) and their
-``LlamaForCausalLM`` and ``EaModel`` are built on it (:mod:`lantern.reference.theirs`). Then:
+The embedded world is converted to their HF layout (:mod:`lantern.models.llamagen.reference_layout`) and their
+``LlamaForCausalLM`` and ``EaModel`` are built on it (:mod:`lantern.models.llamagen.reference_code`). Then:
 
 1. **Conversion check**: our and their target logits, and our and their drafter logits, on the same
    teacher-forced inputs (largest absolute difference; it must stay below ``LOGITS_TOLERANCE``).
@@ -42,7 +42,8 @@ from hydra.utils import instantiate
 from lantern import checks
 from lantern.errors import ConfigError
 from lantern.files import write_json_atomic, write_text_atomic
-from lantern.reference import convert, theirs
+from lantern.models.reference import reference_code as theirs
+from lantern.models.reference import reference_layout as convert
 from lantern.results.provenance import environment
 from lantern.rng import keys_tensor, sample_key
 from lantern.run.bench import check_writable, compose_config

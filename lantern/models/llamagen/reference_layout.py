@@ -9,7 +9,7 @@ tokens is given 120 slots, the ``120 - T`` extra ones leading and always masked 
 left-padded on both sides, so the valid tokens stay last). A masked column gets an additive
 ``finfo.min`` there and exactly zero weight after the softmax, and condition positions carry no RoPE
 (cos = sin = 0), so image positions see the same keys and values as ours: logits agree to float
-rounding (checked by :func:`lantern.reference.theirs.check_logits`).
+rounding (checked by :func:`lantern.models.llamagen.reference_code.check_logits`).
 """
 
 from __future__ import annotations

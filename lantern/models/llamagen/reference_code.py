@@ -8,7 +8,7 @@ theirs are worked around from outside, none of their lines is changed:
   ``models`` package is registered without running it, so only the LlamaGen modules are imported.
 - ``LlamaForCausalLM.__init__`` builds FLAN-T5 on CUDA (``T5Embedder``); a stand-in is put in its
   place whose ``get_text_embeddings(prompt)`` returns the prompt itself: the world's MiniLM caption,
-  already laid out as T5's output by :func:`lantern.reference.convert.caption_inputs`.
+  already laid out as T5's output by :func:`lantern.models.llamagen.reference_layout.caption_inputs`.
 - Their drafter (``cnets_llamagen.Model``) hard-codes a 16 x 16 grid for t2i; its RoPE table is
   rebuilt with their own ``precompute_freqs_cis_2d`` for the world's grid (same 119 condition
   entries). ``EaModel.__init__`` reads the neighbour table from ``ckpts/llamagen/vq_distances/
@@ -34,7 +34,7 @@ import torch
 from lantern import REPO_ROOT, checks
 from lantern.errors import ConfigError
 from lantern.models.kv_cache import NoCache
-from lantern.reference import convert
+from lantern.models.llamagen import reference_layout as convert
 
 ENV_VAR = "LANTERN_REFERENCE"
 DEFAULT_FOLDER = REPO_ROOT.parent / "ref" / "LANTERN"
@@ -116,7 +116,7 @@ def import_reference(folder: Path) -> Modules:
 
 class CaptionStandIn:
     """In place of their ``T5Embedder``: ``get_text_embeddings(prompt)`` returns ``prompt``, a pair
-    (states (B, 120, C), mask (B, 120)) from :func:`lantern.reference.convert.caption_inputs`."""
+    (states (B, 120, C), mask (B, 120)) from :func:`lantern.models.llamagen.reference_layout.caption_inputs`."""
 
     def __init__(self, *args, **kwargs):
         pass
