@@ -75,3 +75,18 @@ def test_every_candidate_kind_is_asked_for_explicitly():
     assert rows["eagle chain"] == ["decoding=eagle", "draft=chain", "draft.candidates=deterministic"]
     assert rows["eagle chain sampled"] == ["decoding=eagle", "draft=chain", "draft.candidates=sampled"]
     assert rows["lantern d=0.4 chain"][-1] == "draft.candidates=deterministic"
+
+
+def test_target_forward_alone_runs_at_every_draft_size():
+    """The compiled rows' reference point: a target forward over a step's tokens at its shapes, also for a tree
+    with more tokens than the position table has rows past the middle of the image."""
+    from hydra.utils import instantiate
+
+    from lantern.models.sampling import SamplingConfig
+    from lantern.run.bench import compose_config, target_forward_ms
+
+    bundle = instantiate(compose_config(["model=tiny_random_c2i"]).model.bundle)
+    count = bundle.gpt.config.max_seq_len  # more tokens than positions left after the middle of the image
+    for sampling in (SamplingConfig(temperature=1.0, cfg_scale=2.0), SamplingConfig(temperature=1.0, cfg_scale=1.0)):
+        for tokens in (1, 4, count):
+            assert target_forward_ms(bundle, sampling, tokens, "none", repeats=2) > 0

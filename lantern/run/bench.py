@@ -90,6 +90,42 @@ def timed(decoder, bundle, condition, keys) -> tuple[float, object]:
     return time.perf_counter() - start, result
 
 
+def target_forward_ms(bundle, sampling: SamplingConfig, count: int, compile_mode: str, repeats: int = 30) -> float:
+    """Median ms of one target forward over ``count`` tokens per row at a speculative step's shapes (the CFG
+    rows, a cache and mask over the step's capacity), run as ``compile_mode`` runs steps. A compiled step is
+    timed whole; this is its target forward alone, so step time minus this is what lies outside it."""
+    from lantern.decoding.compile import compiled, mark_static
+
+    model, cfg = bundle.gpt, bundle.gpt.config
+    rows = 2 if sampling.uses_cfg else 1
+    capacity = cfg.cls_token_num + cfg.num_image_tokens + 2 * count + 2
+    cache = model.new_cache(rows, capacity)
+    if compile_mode != "none":
+        mark_static(*cache.tensors())
+    base = cfg.cls_token_num + cfg.num_image_tokens // 2  # mid-image: half the cache is attended
+    tokens = torch.zeros(rows, count, dtype=torch.long, device=bundle.device)
+    slots = base + torch.arange(count, device=bundle.device).expand(rows, -1)  # (rows, count)
+    positions = slots.clamp_max(cfg.max_seq_len - 1)  # a tree's positions are base + depth, within the table
+    mask = torch.arange(capacity, device=bundle.device) < base + count  # (capacity,)
+    mask = mask.expand(rows, 1, count, capacity).contiguous()  # (rows, 1, count, W)
+
+    def forward(tokens, positions, slots, mask):
+        return model.forward_tokens(tokens, positions, slots, mask, cache)
+
+    step = compiled(forward, compile_mode)
+    with torch.inference_mode():
+        for _ in range(3):  # compiles once; warms the allocator
+            step(tokens, positions, slots, mask)
+        times = []
+        for _ in range(repeats):
+            synchronize(bundle.device)
+            start = time.perf_counter()
+            step(tokens, positions, slots, mask)
+            synchronize(bundle.device)
+            times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
+
+
 def bench_setting(name: str, base: list[str], rows, args) -> list[dict]:
     """All modes for one sampling setting; returns one record per mode (AR first)."""
     cfg = compose_config(base)
@@ -117,6 +153,7 @@ def bench_setting(name: str, base: list[str], rows, args) -> list[dict]:
     ar_latency = statistics.mean(statistics.median(t) for t in times["ar"])
     ar_runs = [statistics.mean(t[j] for t in times["ar"]) for j in range(args.runs)]  # run j's mean latency
     ar_token_ms = 1000 * ar_latency / int(results["ar"][0].codes.shape[1])  # one AR step (prefill included)
+    forward_cache = {}  # nodes + 1 -> ms of a target forward alone (compiled rows)
     for label, decoder in decoders:
         latency = statistics.mean(statistics.median(t) for t in times[label])
         steps = sum(int(r.per_sample["steps"].sum()) for r in results[label])
@@ -145,6 +182,17 @@ def bench_setting(name: str, base: list[str], rows, args) -> list[dict]:
                 record["phase_ms_per_step"] = {k: 1000 * v / steps for k, v in phases.items() if k != "prefill"}
                 outside = sum(v for k, v in record["phase_ms_per_step"].items() if k != "target")
                 record["outside_target_ar_steps"] = outside / ar_token_ms  # drafter + walk + advance per step
+            elif hasattr(decoder, "draft"):  # a compiled tree step: its target forward timed alone, at its shape
+                nodes = decoder.draft.nodes + 1
+                forward_ms = forward_cache.get(nodes)
+                if forward_ms is None:
+                    forward_ms = forward_cache[nodes] = target_forward_ms(
+                        bundle, decoder.sampling, nodes, decoder.settings.compile
+                    )
+                step_ms = 1000 * latency / (steps / len(items))  # prefill included, as in ar_step_ms
+                record["target_forward_ms"] = forward_ms
+                record["step_ms"] = step_ms
+                record["outside_target_ar_steps"] = (step_ms - forward_ms) / ar_token_ms
             measured = sum(int(r.per_sample["tv_measured"].sum()) for r in results[label])
             record["tv_measured_tokens"] = measured
             if measured:
@@ -178,8 +226,10 @@ def markdown(records: list[dict], env: dict, args) -> str:
         f"median of {args.runs} interleaved runs per image after a warm-up; speed-up against AR in the same run.",
         "",
         f"Every row, AR included, ran with `compile={args.compile}` (a compiled step is built in the untimed warm-up and "
-        "timed whole; eager rows are also timed per phase). 'Outside the target forward' is drafter + walk + advance "
-        "per speculative step in units of one AR step of the same run (eager rows only).",
+        "timed whole; eager rows are also timed per phase). 'Outside the target forward' is the time of a speculative "
+        "step less its target forward, in units of one AR step of the same run: eager rows sum the drafter, walk and "
+        "advance phases; compiled rows subtract a target forward over the step's tokens, compiled alike and timed "
+        "alone at the step's shapes (shown after the step time, ms).",
         "",
         "| setting | mode | compile, dtype, threads | tau | latency ms/image | speed-up | runs' range | speed-up / tau | "
         "outside the target forward, AR steps | drafter share of time (phases per step) | realised TV mean / max |",
@@ -192,6 +242,8 @@ def markdown(records: list[dict], env: dict, args) -> str:
         tv = f"{r['tv_realised_mean']:.3f} / {r['tv_realised_max']:.3f}" if "tv_realised_mean" in r else ""
         tv = "not audited" if r.get("tv_measured_tokens") == 0 else tv
         outside = f"{r['outside_target_ar_steps']:.2f}" if "outside_target_ar_steps" in r else ""
+        if "target_forward_ms" in r:
+            outside += f" (step {r['step_ms']:.2f}, target forward {r['target_forward_ms']:.2f} ms)"
         ran = f"{r.get('compile', 'none')}, {r.get('dtype', '')}, {r.get('threads', '')}"
         lines.append(
             f"| {r['setting']} | {r['mode']} | {ran} | {r['tau']:.2f} | {r['latency_s'] * 1000:.1f} | {r['speedup']:.2f}x | "
