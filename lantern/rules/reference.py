@@ -16,9 +16,19 @@ where it happens:
   drafter distribution without the earlier siblings; on rejection the neighbour slice is zeroed in
   ``q'`` (not renormalised) before ``p <- norm(max(0, p - q'))``;
 * greedy: every root-to-leaf path is tested on the unmodified ``p`` (``x`` passes iff it is the argmax
-  of the row with ``p(x)`` replaced by ``p~(x)``, first index on ties); the longest accepted path wins
-  (ties: the first in node order); then the argmax of the unmodified ``p`` is emitted. The reference
-  takes that softmax unfiltered; here it is after top-k/top-p (the same when both are off).
+  of the row with ``p(x)`` replaced by ``p~(x)``, first index on ties); the path with the longest
+  passing prefix wins, and when several tie (frequent: the relaxed test lets several siblings pass)
+  the first one in the reference's ``retrieve_indices`` order, i.e. ``torch.argmax`` over the paths'
+  accept lengths: for its EAGLE-2 trees at temperature 0 paths come leaf by leaf in increasing node
+  index (unsorted), for its static trees sorted by node-index sequence (``leaf_order``); the step
+  accepts that path up to its deepest passing node; then the argmax of the unmodified ``p`` there is
+  emitted. The reference takes that softmax unfiltered; here it is after top-k/top-p (the same when
+  both are off);
+* draft nodes past the last image position (the final steps' overshoot) read zero RoPE rows, as the
+  reference pads its tables with zeros (``past_grid="zero_rope"``; bounded semantics clamp to the last
+  row). Their tokens are never emitted, but their pass or fail lengthens paths and so decides greedy
+  ties on the last image tokens, and in the drafter their features decide which nodes a dynamic tree
+  keeps.
 
 None of these laws is bounded by ``delta``. Their realised TV per emitted token is computed exactly:
 in closed form for deterministic and greedy candidates (greedy: the mass merged onto an accepted
@@ -33,11 +43,15 @@ import math
 
 import torch
 
+from lantern import checks
 from lantern.errors import ConfigError
 from lantern.models.sampling import SamplingConfig, race
 from lantern.rules.api import NodeOutcome, PathChoice, check_candidates
 from lantern.rules.exact import first, without
 from lantern.rules.relaxation import NeighbourTable, as_table
+
+LEAF_ORDERS = ("index", "sorted")  # see LanternReference.tie_keys
+PAST_GRID = ("clamp", "zero_rope")  # see lantern.decoding.tree.step.grid_positions
 
 
 def _renormalised(weights: torch.Tensor) -> torch.Tensor:
@@ -49,7 +63,13 @@ def _renormalised(weights: torch.Tensor) -> torch.Tensor:
 
 class LanternReference:
     """The authors' LANTERN (``delta``) or LANTERN++ (``lam``) rule for candidates of one kind; see the
-    module docstring. Greedy candidates choose among whole paths (:attr:`walk`)."""
+    module docstring. Greedy candidates choose among whole paths (:attr:`walk`).
+
+    ``leaf_order``: how the reference lists paths, which decides greedy ties (:meth:`tie_keys`):
+    ``index`` (its EAGLE-2 dynamic trees) or ``sorted`` (its static trees). ``past_grid``: the RoPE rows
+    of draft nodes past the last image position, read by the decoding step: ``zero_rope`` (the
+    reference's zero-padded rows) or ``clamp`` (the last image position's row, as bounded semantics).
+    """
 
     def __init__(
         self,
@@ -58,7 +78,15 @@ class LanternReference:
         delta: float | None = None,
         lam: float | None = None,
         candidates: str = "deterministic",
+        leaf_order: str = "index",
+        past_grid: str = "zero_rope",
     ):
+        self.leaf_order = checks.choice(
+            "leaf_order", leaf_order, LEAF_ORDERS, note="the reference's path order for greedy ties"
+        )
+        self.past_grid = checks.choice(
+            "past_grid", past_grid, PAST_GRID, note="positions of draft nodes past the image grid"
+        )
         self.table = as_table(neighbours, k)
         if k + 1 > self.table.k_max:
             raise ConfigError(
@@ -185,8 +213,9 @@ class LanternReference:
     # ------------------------------------------------------------------ greedy: the longest accepted path
 
     def select_path(self, draft, p: torch.Tensor) -> PathChoice:
-        """The greedy walk: each node passes on its parent's unmodified row; the deepest node whose whole
-        path passes wins (first in node order on ties); then the unmodified argmax there is next.
+        """The greedy walk: each node passes on its parent's unmodified row; among the root-to-leaf paths
+        with the longest fully passing prefix the first one in the reference's path order wins (see
+        :meth:`tie_keys`), accepted up to its deepest passing node; then the unmodified argmax there is next.
 
         Returns ``(path (B, D), next_token (B,), tv (B, D+1), merged (B, D))``.
         """
@@ -200,8 +229,13 @@ class LanternReference:
         passes = (relaxed_row.argmax(dim=1) == x).view(batch, count)
         passes[:, 0] = True  # the root is the pending token
         whole = ~(draft.ancestors & ~passes[:, None, :]).any(dim=2)  # (B, N+1) every node on the path passes
-        score = torch.where(whole, draft.depth, -1)
-        best = score.argmax(dim=1)  # (B,) first deepest
+        longest = torch.where(whole, draft.depth, -1).amax(dim=1, keepdim=True)  # (B, 1) the longest prefix
+        # The tied candidates are the whole nodes at that depth: every leaf below one of them has that
+        # accept length and no other leaf has. The first path in the reference's order runs through the
+        # candidate with the smallest key.
+        tied = whole & (draft.depth == longest)  # (B, N+1)
+        keys = self.tie_keys(draft)
+        best = torch.where(tied, keys, count + 1).argmin(dim=1)  # (B,)
         on_path = draft.ancestors[torch.arange(batch, device=p.device), best] & (draft.depth > 0)  # (B, N+1)
         levels = torch.where(on_path, draft.depth - 1, depth_max)  # (B, N+1) slot by depth
         path = torch.full((batch, depth_max + 1), -1, dtype=torch.long, device=p.device)
@@ -212,3 +246,36 @@ class LanternReference:
         tv = torch.cat([merged, torch.zeros(batch, 1, dtype=p.dtype, device=p.device)], dim=1)
         next_token = p[torch.arange(batch, device=p.device), best].argmax(dim=1)
         return PathChoice(path[:, :depth_max], next_token, tv, merged)
+
+    def tie_keys(self, draft) -> torch.Tensor:
+        """(B, N+1) long: for each node, where the first root-to-leaf path through it comes in the
+        reference's ``retrieve_indices`` order, on which ``torch.argmax`` over accept lengths breaks ties.
+
+        ``leaf_order="index"`` (EAGLE-2 trees at temperature 0, ``cnets_llamagen.topK_genrate``: paths are
+        listed leaf by leaf in increasing node index, unsorted): the smallest leaf index below the node.
+        ``leaf_order="sorted"`` (static trees, ``utils.generate_tree_buffers``: paths sorted by their
+        node-index sequences): the node's rank in that lexicographic order. Distinct nodes of one depth
+        get distinct keys (their subtrees, resp. their paths, differ).
+        """
+        batch, count = draft.tokens.shape
+        device = draft.tokens.device
+        index = torch.arange(count, device=device)
+        if self.leaf_order == "index":
+            has_child = torch.zeros(batch, count + 1, dtype=torch.bool, device=device)
+            has_child.scatter_(1, torch.where(draft.parents >= 0, draft.parents, count), True)
+            leaf = ~has_child[:, :count]  # (B, N+1)
+            # ancestors[b, i, j]: node j is on node i's path, so the leaves below j are the i with it set.
+            below = draft.ancestors & leaf[:, :, None]  # (B, i, j)
+            return torch.where(below, index[None, :, None], count).amin(dim=1)  # (B, N+1) first leaf below j
+        # Each node's path as node indices by depth, padded past its depth with ``count`` (the
+        # reference pads with -1 and sorts those after every index).
+        levels = torch.arange(draft.max_depth + 1, device=device)
+        at = draft.ancestors[:, :, :, None] & (draft.depth[:, None, :, None] == levels)  # (B, i, j, D+1)
+        seq = torch.where(at.any(dim=2), at.to(torch.long).argmax(dim=2), count)  # (B, N+1, D+1)
+        a, b = seq[:, :, None, :], seq[:, None, :, :]  # (B, N+1, 1, D+1), (B, 1, N+1, D+1)
+        differ = a != b  # (B, i, j, D+1)
+        first = differ.to(torch.long).argmax(dim=3, keepdim=True)  # (B, i, j, 1) the first differing depth
+        before = differ.any(dim=3) & (
+            a.expand_as(differ).gather(3, first)[..., 0] < b.expand_as(differ).gather(3, first)[..., 0]
+        )  # (B, i, j): node i's path sorts before node j's
+        return before.sum(dim=1)  # (B, N+1) how many paths sort before each node's

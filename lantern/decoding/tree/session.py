@@ -82,6 +82,11 @@ class DraftSession:
     the previous step's tokens were consumed, and whose drafter key sits at slot ``L - 1``); entry
     ``e >= 1`` is written at drafter cache slot ``L + e - 1`` and attends to the valid prefix and to
     its ancestor entries. ``max_entries`` bounds the entries of one draft (a host constant).
+
+    ``past_grid`` (see :func:`lantern.decoding.tree.step.grid_positions`): entries past the drafter's
+    RoPE table (nodes past the last image token) are clamped into it by the drafter (``clamp``), or, for
+    ``zero_rope``, sent to entry 0, whose row is a condition position's zero row when there are at least
+    two condition slots (with one, the drafter's table has no zero row and they stay clamped).
     """
 
     def __init__(
@@ -95,9 +100,11 @@ class DraftSession:
         decided: torch.Tensor,
         valid: torch.Tensor,
         max_entries: int,
+        past_grid: str = "clamp",
     ):
         self.model, self.drafter, self.cache, self.sampling = model, drafter, cache, sampling
         self.base, self.decided = base, decided
+        self.zero_past_grid = past_grid == "zero_rope" and model.config.cls_token_num >= 2
         batch, rows = base.shape[0], root_feature.shape[0]
         self.groups = rows // batch
         self.valid = valid[:batch]  # (B, W) rows of one CFG half share the condition mask
@@ -125,6 +132,8 @@ class DraftSession:
         mask = tree_attention_mask(self.valid, self.base, self.ancestors[:, start:stop], offset=1)  # (B, 1, n, W)
         slots = self.base[:, None] + torch.arange(start - 1, stop - 1, device=tokens.device)  # (B, n)
         positions = self.base[:, None] - 1 + depth  # drafter entry index of each node
+        if self.zero_past_grid:  # entry 0 reads RoPE row 1, a condition row: zero
+            positions = torch.where(positions < self.drafter.max_entries, positions, torch.zeros_like(positions))
         parent_features = self.features.gather(
             1, repeat_rows(parents, self.groups)[:, :, None].expand(-1, -1, self.features.shape[-1])
         )

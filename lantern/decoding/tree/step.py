@@ -72,6 +72,25 @@ class StepContext:
     warm: bool = False  # whether a step has run eagerly with this context (see SpeculativeDecoder.generate)
 
 
+def past_grid(rule: Rule) -> str:
+    """How positions past the last image slot are handled for ``rule``: its ``past_grid`` attribute
+    (the authors' reference rule: ``zero_rope``), else ``clamp``."""
+    return getattr(rule, "past_grid", "clamp")
+
+
+def grid_positions(positions: torch.Tensor, limit: int, mode: str) -> torch.Tensor:
+    """Positions (any shape) into a RoPE table of ``limit`` rows whose row 0 is a condition row.
+
+    Only draft nodes past the last image token (a final step's overshoot) fall outside the table.
+    ``clamp``: they take the last row. ``zero_rope``: they take row 0, a condition position whose RoPE
+    row is zero (cos = sin = 0, LlamaGen's layout), which is what the authors' code gives them: its
+    tables are padded with zero rows past the grid. Static shapes either way (one elementwise op).
+    """
+    if mode == "zero_rope":
+        return torch.where(positions < limit, positions, torch.zeros_like(positions))
+    return positions.clamp_max(limit - 1)
+
+
 def draft_phase(ctx: StepContext, state: SpecState) -> tuple[Draft, torch.Tensor]:
     """Grow the draft below each row's pending token; returns the draft and the root tokens (B,)."""
     root = state.codes.gather(1, (state.decided - 1)[:, None])[:, 0]
@@ -85,6 +104,7 @@ def draft_phase(ctx: StepContext, state: SpecState) -> tuple[Draft, torch.Tensor
         state.decided,
         state.drafter_valid,
         ctx.draft.nodes + 1,
+        past_grid(ctx.rule),
     )
     return ctx.draft.grow(session, root, state.keys, state.decided, ctx.mode), root
 
@@ -97,7 +117,7 @@ def verify_phase(ctx: StepContext, state: SpecState, draft: Draft) -> tuple[torc
         state.target_valid[: state.length.shape[0]], state.length, draft.ancestors
     )  # (B, 1, N+1, W)
     slots = state.length[:, None] + torch.arange(count, device=state.length.device)  # (B, N+1)
-    positions = (state.length[:, None] + draft.depth).clamp_max(model.config.max_seq_len - 1)
+    positions = grid_positions(state.length[:, None] + draft.depth, model.config.max_seq_len, past_grid(ctx.rule))
     logits, hidden = model.forward_tokens(
         repeat_rows(draft.tokens, groups),
         repeat_rows(positions, groups),
