@@ -5,9 +5,13 @@ The embedded world is converted to their HF layout (:mod:`lantern.models.llamage
 
 1. **Conversion check**: our and their target logits, and our and their drafter logits, on the same
    teacher-forced inputs (largest absolute difference; it must stay below ``LOGITS_TOLERANCE``).
-2. **Greedy equality** (temperature 0, ``check_images`` prompts): our AR codes == their AR codes, and
-   our EAGLE-2 codes == their EAGLE-2 codes (both equal AR when lossless).
-3. **Timing** in the world's recommended sampling setting (CFG 3, temperature 1, no top-k/top-p), batch 1,
+2. **Greedy equality** (temperature 0, ``check_images`` prompts): our AR codes == their AR codes, our
+   EAGLE-2 codes == their EAGLE-2 codes (both equal AR when lossless), and, per delta, our LANTERN decoder
+   under reference semantics == the same decoder whose walk asks their ``evaluate_posterior`` (their
+   function as released, on our trees and target rows: :func:`reference_code.their_greedy_walk`). Their
+   whole ``generate()`` is not the yardstick there: its drafter reads other condition entries (below),
+   so its trees, and hence relaxed greedy images, differ from ours from the first steps.
+3. **Timing** (skipped with ``runs=0``: the conversion and greedy checks only) in the world's recommended sampling setting (CFG 3, temperature 1, no top-k/top-p), batch 1,
    eager on both sides (neither is compiled), for each mode in :data:`MODES`: after one untimed warm-up
    per mode and side, image by image, interleaved (ours AR, theirs AR, ours EAGLE-2, theirs EAGLE-2, ...),
    ``runs`` times. A side's latency is the mean over images of the per-image median; ours/theirs is the
@@ -92,7 +96,8 @@ class Plan:
 
 def plan_from(images, runs, check_images, seed, threads, deltas, reference, out, argv=()) -> Plan:
     """A checked :class:`Plan`; every value is checked before anything is built (ConfigError: bad input)."""
-    images, runs = checks.integer("--images", images, 1), checks.integer("--runs", runs, 1)
+    images = checks.integer("--images", images, 1)
+    runs = checks.integer("--runs", runs, 0, note="0 = no timing: the conversion and greedy checks only")
     check_images = checks.integer("--check-images", check_images, 0)
     seed, threads = checks.integer("--seed", seed, 0), checks.integer("--threads", threads, 1)
     values = []
@@ -141,8 +146,10 @@ class Sides:
         cfg = compose_config(_overrides([]))
         self.cfg = cfg
         self.bundle = instantiate(cfg.model.bundle)
-        prompts = instantiate(cfg.prompts)
-        self.items = [prompts.items[i % len(prompts.items)] for i in range(max(plan.images, plan.check_images))]
+        wanted = max(plan.images, plan.check_images)
+        # As many distinct prompts as are used (the world's default set has 20; greedy repeats would add nothing).
+        prompts = instantiate(cfg.prompts, **({"count": wanted} if "count" in cfg.prompts else {}))
+        self.items = [prompts.items[i % len(prompts.items)] for i in range(wanted)]
         self.conditions = [self.bundle.conditioner.encode([item]) for item in self.items]
         self.captions = [convert.caption_inputs(c.values, c.mask) for c in self.conditions]
         self.seed = plan.seed
@@ -159,6 +166,7 @@ class Sides:
         if not torch.equal(full[:, : ours_table.shape[1]].to(ours_table.device), ours_table.long()):
             raise RuntimeError("the full neighbour table disagrees with the one our reference rule reads")
         self.reference = theirs.build_reference(modules, self.bundle, self.drafter, full, **self.tree)
+        self.modules, self.full_table = modules, full
         self.sampling = {
             "cfg": float(cfg.cfg_scale),
             "temperature": float(cfg.temperature),
@@ -172,6 +180,20 @@ class Sides:
         if key not in self._ours:
             self._ours[key] = instantiate(compose_config(_overrides(row["ours"], greedy)).decoding)
         return self._ours[key]
+
+    def with_their_rule(self, row: dict):
+        """Our greedy decoder for a LANTERN ``row`` whose walk asks their ``evaluate_posterior`` (their
+        function, our drafts and target rows): what their rule makes of our trees."""
+        key = (row["mode"], "their rule")
+        if key not in self._ours:
+            decoder = instantiate(compose_config(_overrides(row["ours"], greedy=True)).decoding)
+            spec = row["theirs"]
+            decoder.rule.walk = theirs.their_greedy_walk(self.modules, self.full_table, spec["k"], spec["delta"])
+            self._ours[key] = decoder
+        decoder = self._ours[key]
+        return lambda index: decoder.generate(
+            self.bundle.gpt, self.conditions[index], keys_tensor(self.seed, [index], self.bundle.device)
+        )
 
     def ours(self, row: dict, index: int, greedy: bool = False):
         decoder = self.our_decoder(row, greedy)
@@ -193,8 +215,14 @@ def _our_tau(result) -> float:
     return tokens / max(1, steps)
 
 
+def lantern_rows(plan: Plan) -> list[dict]:
+    """The LANTERN modes (reference semantics, one per delta)."""
+    return [row for row in plan.rows if row["theirs"] and row["theirs"]["lantern"]]
+
+
 def greedy_check(sides: Sides, plan: Plan) -> list[dict]:
-    """Temperature 0: our codes against theirs, per prompt, for AR and EAGLE-2."""
+    """Temperature 0, per prompt: our AR and EAGLE-2 codes against their ``generate()``'s; our LANTERN
+    (reference semantics) codes against our decoder walking with their ``evaluate_posterior``."""
     rows = []
     for index in range(plan.check_images):
         ours_ar = sides.ours(sides_row(plan, "ar"), index, greedy=True)().codes.cpu()
@@ -210,14 +238,36 @@ def greedy_check(sides: Sides, plan: Plan) -> list[dict]:
             "ar_tokens_differing": int((ours_ar != theirs_ar).sum()),
             "tau_ours": _our_tau(ours_eagle),
             "tau_theirs": theirs_tau,
+            "lantern": {},
         }
+        for mode in lantern_rows(plan):
+            ours_codes = sides.ours(mode, index, greedy=True)().codes.cpu()
+            their_rule = sides.with_their_rule(mode)(index).codes.cpu()
+            differing = (ours_codes != their_rule).nonzero()[:, -1]  # token indices (batch 1)
+            row["lantern"][str(mode["theirs"]["delta"])] = {
+                "equal": bool(torch.equal(ours_codes, their_rule)),
+                "tokens_differing": int(differing.numel()),
+                "first_differing": int(differing.min()) if differing.numel() else None,
+            }
         rows.append(row)
+        relaxed = ", ".join(
+            f"LANTERN d{delta} equal {r['equal']}" + ("" if r["equal"] else f" (from token {r['first_differing']})")
+            for delta, r in row["lantern"].items()
+        )
         print(
             f"greedy prompt {index} ({row['prompt']!r}): AR equal {row['ar_equal']}, EAGLE-2 equal "
-            f"{row['eagle2_equal']} (tau ours {row['tau_ours']:.2f}, theirs {row['tau_theirs']:.2f})",
+            f"{row['eagle2_equal']} (tau ours {row['tau_ours']:.2f}, theirs {row['tau_theirs']:.2f}), {relaxed}",
             flush=True,
         )
     return rows
+
+
+def greedy_counts(greedy: list[dict]) -> dict[str, int]:
+    """How many prompts are equal, per mode: ``ar``, ``eagle2``, ``lantern d=...``."""
+    counts = {"ar": sum(r["ar_equal"] for r in greedy), "eagle2": sum(r["eagle2_equal"] for r in greedy)}
+    for delta in greedy[0]["lantern"] if greedy else ():
+        counts[f"lantern d={delta}"] = sum(r["lantern"][delta]["equal"] for r in greedy)
+    return counts
 
 
 def sides_row(plan: Plan, mode: str) -> dict:
@@ -299,7 +349,9 @@ def run(plan: Plan) -> dict | None:
             f"the converted models disagree with ours (logits differ by {worst:.3g} > {LOGITS_TOLERANCE})"
         )
     greedy = greedy_check(sides, plan)
-    records = time_modes(sides, plan)
+    counts = greedy_counts(greedy)
+    print("greedy equality: " + ", ".join(f"{k} equal on {v}/{len(greedy)}" for k, v in counts.items()), flush=True)
+    records = time_modes(sides, plan) if plan.runs else []
     report = {
         "args": {k: v for k, v in asdict(plan).items() if k != "rows"},
         "reference": {
@@ -312,6 +364,7 @@ def run(plan: Plan) -> dict | None:
         "tree": sides.tree,
         "conversion_check": logits,
         "greedy": greedy,
+        "greedy_counts": counts,
         "records": records,
     }
     if plan.out:
@@ -337,9 +390,15 @@ def write_results(plan: Plan, report: dict) -> Path:
 def markdown(report: dict) -> str:
     env, args, s = report["environment"], report["args"], report["sampling"]
     greedy = report["greedy"]
-    ar_ok = sum(r["ar_equal"] for r in greedy)
-    eagle_ok = sum(r["eagle2_equal"] for r in greedy)
+    counts = greedy_counts(greedy)
+    relaxed = "".join(
+        f", LANTERN (reference semantics, k={K}, delta {key.split('=')[1]}) equal to the same decoder walking "
+        f"with their `evaluate_posterior` on {value}/{len(greedy)}"
+        for key, value in counts.items()
+        if key.startswith("lantern")
+    )
     ref = report["reference"]
+    timed = bool(report["records"])
     lines = [
         "# Our decoders against the authors' LANTERN code, identical weights",
         "",
@@ -349,21 +408,29 @@ def markdown(report: dict) -> str:
         f"{ref['folder']}{' at ' + ref['commit'][:7] if ref['commit'] else ''} under transformers {ref['transformers']}.",
         "",
         f"World `{MODEL}`, batch 1, fp32, eager on both sides (no torch.compile), sampling CFG {s['cfg']:g}, "
-        f"temperature {s['temperature']:g}, top-k {s['top_k']} (off), top-p {s['top_p']:g}. {args['images']} prompts, "
-        f"median of {args['runs']} interleaved runs per image after one untimed warm-up per mode and side; "
-        "ours/theirs is the ratio of the mean per-image medians, the range that of the single runs.",
+        f"temperature {s['temperature']:g}, top-k {s['top_k']} (off), top-p {s['top_p']:g}. "
+        + (
+            f"{args['images']} prompts, median of {args['runs']} interleaved runs per image after one untimed "
+            "warm-up per mode and side; ours/theirs is the ratio of the mean per-image medians, the range that of "
+            "the single runs."
+            if timed
+            else "No timing (`--runs 0`): the conversion and greedy checks only."
+        ),
         "",
         f"Conversion check (same teacher-forced inputs, fp32): target logits differ by at most "
         f"{report['conversion_check']['target_logits_max_abs_diff']:.1e}, drafter logits by "
         f"{report['conversion_check']['drafter_logits_max_abs_diff']:.1e}.",
         "",
-        f"Greedy equality (temperature 0, {len(greedy)} prompts): AR codes equal on {ar_ok}/{len(greedy)}, "
-        f"EAGLE-2 codes equal on {eagle_ok}/{len(greedy)}.",
+        f"Greedy equality (temperature 0, {len(greedy)} prompts, codes token for token): AR equal on "
+        f"{counts['ar']}/{len(greedy)}, EAGLE-2 equal on {counts['eagle2']}/{len(greedy)}{relaxed}.",
         "",
-        "| mode | ours (our overrides) | compile, dtype, threads | ours s/image | theirs s/image | ours/theirs | "
-        "runs' range | tau ours / theirs | ms per target step ours / theirs |",
-        "|---|---|---|---|---|---|---|---|---|",
     ]
+    if timed:
+        lines += [
+            "| mode | ours (our overrides) | compile, dtype, threads | ours s/image | theirs s/image | ours/theirs | "
+            "runs' range | tau ours / theirs | ms per target step ours / theirs |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
     for r in report["records"]:
         ours = " ".join(o for o in r["ours_overrides"] if not o.startswith(("model=", "compile=", "dtype=", "device=")))
         lines.append(

@@ -27,6 +27,7 @@ import tempfile
 import types
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -258,3 +259,53 @@ def check_logits(bundle, drafter, reference: Reference, condition, seed: int = 0
         "drafter_logits_max_abs_diff": float((ours_draft - theirs_draft).abs().max()),
         "drafter_logits_scale": float(ours_draft.abs().max()),
     }
+
+
+def retrieve_paths(parents: list[int], depth: list[int]) -> torch.Tensor:
+    """Their EAGLE-2 ``retrieve_indices`` at temperature 0 for one tree given by ``parents`` (-1 at the
+    root) and ``depth``: one row per leaf, leaves in increasing node index (their ``topK_genrate`` lists
+    them so and sorts only when sampling), each the node indices from the root, padded with -1."""
+    count = len(parents)
+    inner = set(parents[1:])
+    width = max(depth) + 1
+    rows = []
+    for leaf in (i for i in range(count) if i not in inner):
+        path, node = [], leaf
+        while node >= 0:
+            path.append(node)
+            node = parents[node]
+        rows.append(path[::-1] + [-1] * (width - len(path)))
+    return torch.tensor(rows, dtype=torch.long)
+
+
+def their_greedy_walk(modules: Modules, nearest: torch.Tensor, k: int, delta: float):
+    """A walk hook (``rule.walk``) that asks THEIR greedy LANTERN (``EaModel.evaluate_posterior``, their
+    function run as released) which path of our draft to accept, on our target's rows ``p``.
+
+    Their function softmaxes logits itself, so it gets ``log p`` (softmax(log p) = p). ``nearest`` (V, >= k)
+    int64 is their neighbour table. The records' ``tv``/``merged`` are zeros (only the path and the next
+    token are compared). Eager only (host loops over rows).
+    """
+    from lantern.rules.api import PathChoice
+
+    host = SimpleNamespace(nearest_latents=nearest)
+
+    def walk(draft, p: torch.Tensor) -> PathChoice:
+        batch, _, _ = p.shape
+        depth_max = draft.max_depth
+        path = torch.full((batch, depth_max), -1, dtype=torch.long, device=p.device)
+        next_token = torch.zeros(batch, dtype=torch.long, device=p.device)
+        for row in range(batch):
+            retrieve = retrieve_paths(draft.parents[row].tolist(), draft.depth[row].tolist()).to(p.device)
+            tokens = torch.cat([draft.tokens[row], torch.full((1,), -1, dtype=torch.long, device=p.device)])
+            logits = torch.log(p[row].clamp_min(1e-38))[retrieve]  # (paths, D+1, V); -1 rows are masked
+            best, length, chosen = modules.ea.EaModel.evaluate_posterior(
+                host, logits, tokens[retrieve], None, lantern=True, lantern_k=k, lantern_delta=delta
+            )
+            length = int(length)
+            path[row, :length] = retrieve[int(best), 1 : length + 1]
+            next_token[row] = chosen.argmax()
+        zeros = torch.zeros(batch, depth_max, dtype=p.dtype, device=p.device)
+        return PathChoice(path, next_token, torch.cat([zeros, zeros[:, :1]], dim=1), zeros)
+
+    return walk
