@@ -185,3 +185,17 @@ def test_reference_greedy_dynamic_tree_compiles_as_one_graph_and_matches_eager()
         for _ in range(2):
             assert torch.equal(compiled.generate(model, cond, keys).codes, expected.codes)
         assert backend.graphs == 1
+
+
+def test_the_rule_takes_the_authors_path_order_of_its_draft_structure():
+    """Static trees (and chains) list paths sorted, as the authors' generate_tree_buffers; EAGLE-2 trees by leaf index."""
+    from lantern.decoding.tree.draft import StaticTree, chain
+    from lantern.rules.factory import lantern
+
+    table = (torch.arange(16)[:, None] + torch.arange(1, 5)[None, :]) % 16  # (V, 4) other codes
+    spec = lantern(k=3, delta=0.1, neighbours=table, semantics="reference")
+    static = StaticTree([[0], [1], [0, 0], [1, 0]])
+    assert spec.build("greedy", static).leaf_order == "sorted"
+    assert spec.build("greedy", chain(3)).leaf_order == "sorted"
+    assert spec.build("greedy", DynamicTree(depth=2, top_k=2, nodes=4)).leaf_order == "index"
+    assert spec.build("greedy").leaf_order == "index"

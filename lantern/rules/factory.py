@@ -92,9 +92,13 @@ class NeighbourSpec:
                 "authors' code samples candidates only on static trees; use draft=static_tree or draft=chain, "
                 "draft.candidates=deterministic, or decoding.acceptance.semantics=bounded"
             )
-        if kind not in self._rules:
+        # The authors list a static tree's paths sorted by node-index sequence and an EAGLE-2 tree's leaves by
+        # node index; the order decides greedy ties (LanternReference.leaf_order). A chain has one path.
+        order = "sorted" if getattr(draft, "name", "") in ("static_tree", "chain") else "index"
+        key = (kind, order) if self.semantics == "reference" else kind
+        if key not in self._rules:
             if self.semantics == "reference":
-                self._rules[kind] = LanternReference(self.k, self.table, self.delta, self.lam, kind)
+                self._rules[key] = LanternReference(self.k, self.table, self.delta, self.lam, kind, leaf_order=order)
             else:
                 relaxation = NeighbourRelaxation(
                     self.k,
@@ -105,8 +109,8 @@ class NeighbourSpec:
                     receivers=self.receivers,
                     rounds=self.rounds,
                 )
-                self._rules[kind] = Composed(relaxation, EXACT[kind]())
-        return self._rules[kind]
+                self._rules[key] = Composed(relaxation, EXACT[kind]())
+        return self._rules[key]
 
     def settings(self, kind: str) -> RuleSettings:
         bound = f"d={self.delta}" if self.family == "lantern" else f"l={self.lam}"
