@@ -215,7 +215,7 @@ CASES = [
     (
         "unknown-draft",
         ["draft=nope"],
-        "draft=nope is not an option; choose one of chain, dynamic_tree, static_paths, static_tree",
+        "draft=nope is not an option; choose one of chain, dynamic_tree, mc_sim_7b_63, naive_extend_57, static_paths, static_tree",
     ),
     ("unknown-model", ["model=gpt5"], "model=gpt5 is not an option; choose one of "),
     ("unknown-prompts", ["prompts=nope"], "prompts=nope is not an option"),

@@ -286,11 +286,9 @@ def their_greedy_walk(modules: Modules, nearest: torch.Tensor, k: int, delta: fl
     int64 is their neighbour table. The records' ``tv``/``merged`` are zeros (only the path and the next
     token are compared). Eager only (host loops over rows).
     """
-    from lantern.rules.api import PathChoice
-
     host = SimpleNamespace(nearest_latents=nearest)
 
-    def walk(draft, p: torch.Tensor) -> PathChoice:
+    def walk(draft, p: torch.Tensor) -> tuple:  # the fields of lantern.rules.api.PathChoice, in order
         batch, _, _ = p.shape
         depth_max = draft.max_depth
         path = torch.full((batch, depth_max), -1, dtype=torch.long, device=p.device)
@@ -306,6 +304,6 @@ def their_greedy_walk(modules: Modules, nearest: torch.Tensor, k: int, delta: fl
             path[row, :length] = retrieve[int(best), 1 : length + 1]
             next_token[row] = chosen.argmax()
         zeros = torch.zeros(batch, depth_max, dtype=p.dtype, device=p.device)
-        return PathChoice(path, next_token, torch.cat([zeros, zeros[:, :1]], dim=1), zeros)
+        return path, next_token, torch.cat([zeros, zeros[:, :1]], dim=1), zeros  # (B, D), (B,), (B, D+1), (B, D)
 
     return walk
