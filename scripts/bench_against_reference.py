@@ -30,7 +30,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from lantern.cli.main import ArgumentParser, run_or_exit
+from lantern.cli.main import ArgumentParser, flag_number, run_or_exit
 from lantern.run.against_reference import plan_from, run
 
 
@@ -47,11 +47,11 @@ def main() -> None:
     args = parser.parse()
     plan = run_or_exit(
         lambda: plan_from(
-            _number(args.images),
-            _number(args.runs),
-            _number(args.check_images),
-            _number(args.seed),
-            _number(args.threads),
+            flag_number(args.images),
+            flag_number(args.runs),
+            flag_number(args.check_images),
+            flag_number(args.seed),
+            flag_number(args.threads),
             args.deltas,
             args.reference,
             args.out,
@@ -62,16 +62,6 @@ def main() -> None:
     if report is not None and plan.out:
         stem = Path(plan.out)
         print(f"wrote {stem.with_suffix('.md')} and {stem.with_suffix('.json')}")
-
-
-def _number(text: str):
-    """A flag's text as a number where it is one (the checks then say what is allowed), else the text."""
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except (TypeError, ValueError):
-            continue
-    return text
 
 
 if __name__ == "__main__":

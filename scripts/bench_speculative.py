@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import sys
 
-from lantern.cli.main import ArgumentParser, run_or_exit
+from lantern.cli.main import ArgumentParser, flag_number, run_or_exit
 from lantern.run.bench import plan_from, run_bench, write_results
 
 
@@ -71,10 +71,10 @@ def main() -> None:
     args = parser.parse()
     plan = run_or_exit(
         lambda: plan_from(
-            _number(args.images),
-            _number(args.runs),
-            _number(args.seed),
-            _number(args.threads),
+            flag_number(args.images),
+            flag_number(args.runs),
+            flag_number(args.seed),
+            flag_number(args.threads),
             args.model,
             args.structures,
             args.lantern_structures,
@@ -94,16 +94,6 @@ def main() -> None:
         print(f"wrote {write_results(plan, records)} and its .json")
     else:
         print(json.dumps(records, indent=1, default=str)[:2000])
-
-
-def _number(text: str):
-    """A flag's text as a number where it is one (the checks then say what is allowed), else the text."""
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except (TypeError, ValueError):
-            continue
-    return text
 
 
 if __name__ == "__main__":

@@ -107,6 +107,16 @@ def _raised_in(exc: BaseException, code) -> bool:
     return False
 
 
+def flag_number(text: str):
+    """A flag's text as a number where it is one (the checks then say what is allowed), else the text."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except (TypeError, ValueError):
+            continue
+    return text
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse for the scripts that take files and flags (make_tables, the benchmarks, ...): a bad flag is one
     :class:`ConfigError` (``error: ...`` and exit 2 through :func:`run_or_exit`), not argparse's usage lines.

@@ -58,10 +58,6 @@ class KVCache:
         return self.keys + self.values
 
     @property
-    def dtype(self) -> torch.dtype:
-        return self.keys[0].dtype
-
-    @property
     def batch(self) -> int:
         return self.keys[0].shape[0]
 
