@@ -91,6 +91,51 @@ def copy_atomic(source: str | os.PathLike, target: str | os.PathLike) -> Path:
     return write_atomic(target, lambda tmp: shutil.copyfile(source, tmp))
 
 
+def write_folder_atomic(folder: str | os.PathLike, write: Callable[[Path], None]) -> Path:
+    """Call ``write(staging)`` on an empty folder beside ``folder``, then rename it to ``folder``.
+
+    A model folder is read as a whole (a config and the weights it describes), so it is replaced as a
+    whole: readers see the old folder, none, or the complete new one, never a new config beside old
+    weights. The staging folder (``.<name>.<host>.<pid>.<thread>.partial``) is flushed file by file
+    before the rename; on any failure (a full disk, Ctrl-C) it is removed and ``folder`` is left as it
+    was. An existing ``folder`` is first renamed aside and removed once the new one is in place (a kill
+    between those two renames leaves no ``folder`` and the old one under a dot-name, never half a folder).
+    """
+    import shutil
+
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = temp_name(folder).with_suffix(".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    aside = None
+    try:
+        write(staging)
+        for file in sorted(staging.rglob("*")):
+            if file.is_file():
+                with open(file, "rb+") as handle:
+                    os.fsync(handle.fileno())
+                os.chmod(file, 0o644)
+        os.chmod(staging, 0o755)
+        if folder.exists() or folder.is_symlink():
+            aside = temp_name(folder).with_suffix(".old")
+            os.replace(folder, aside)
+        os.replace(staging, folder)
+    except BaseException as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        if aside is not None and not folder.exists():
+            os.replace(aside, folder)  # the new folder did not go in: the old one comes back
+        if isinstance(exc, OSError) and exc.errno is not None and exc.filename is None:
+            exc.filename = str(folder)
+        raise
+    if aside is not None:
+        if aside.is_dir() and not aside.is_symlink():
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            aside.unlink(missing_ok=True)
+    return folder
+
+
 def remove_stale_temps(folder: str | os.PathLike) -> int:
     """Remove the temporary files killed writers left directly in ``folder``; return how many.
 

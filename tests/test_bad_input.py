@@ -206,7 +206,7 @@ CASES = [
     ("unknown-key-added", ["+foo=1"], "unknown key 'foo' (added with +foo=...)"),
     ("delta-added-again", ["+delta=0.2"], "delta"),
     ("unknown-sampling-key", ["sampling.foo=1"], "unknown key 'sampling.foo'; the keys of sampling are: "),
-    ("unknown-model-key", ["model.gpt_ckpt=x"], "unknown key 'model.gpt_ckpt'; the keys of model are: "),
+    ("unknown-model-key", ["model.ckpt=x"], "unknown key 'model.ckpt'; the keys of model are: "),
     ("unknown-nested-key", ["model.bundle.gpt.nope=3"], "unknown key 'model.bundle.gpt.nope'"),
     ("unknown-job-key", ["job.foo=1"], "unknown key 'job.foo'"),
     ("unknown-wandb-key", ["wandb.key=1"], "unknown key 'wandb.key'"),
@@ -275,7 +275,7 @@ CASES = [
     (
         "ckpt-folder",
         [*C2I, f"model.gpt_ckpt={F('empty_dir')}", f"model.vq_ckpt={F('text.pt')}"],
-        "checkpoint file not found",
+        "is a folder without config.json: expected a checkpoint file or an HF-layout folder",
     ),
     ("gpt-preset", ["model.bundle.gpt.preset=GPT-Q"], "GPT preset='GPT-Q': expected one of GPT-B"),
     ("gpt-model-type", ["model.bundle.gpt.model_type=x2i"], "model_type"),

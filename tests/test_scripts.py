@@ -27,6 +27,10 @@ from script_helpers import run_hydra_script
         ("train_classifier", ["lr=inf"], "lr=inf: expected a finite number > 0"),
         ("train_clip", ["batch_size=0"], "batch_size=0: expected an integer >= 1"),
         ("train_clip", ["lr=nan"], "lr=nan: expected a finite number > 0"),
+        ("export_hf", ["parts=[vq]"], "parts='vq': expected one of target, drafter"),
+        ("export_hf", ["parts=[]"], "parts=[]: expected a non-empty list of target, drafter"),
+        ("export_hf", ["weights_dtype=int8"], "weights_dtype='int8': expected one of float32, bfloat16, float16"),
+        ("export_hf", ["model.gpt_ckpt=/nonexistent/gpt"], "checkpoint file not found: '/nonexistent/gpt'"),
     ],
 )
 def test_bad_training_values_are_one_line_at_once_and_leave_no_folder(tmp_path, capsys, script, overrides, message):
@@ -47,7 +51,7 @@ ARGPARSE_SCRIPTS = [
     "make_tables",
     "ship_world",
 ]
-HYDRA_SCRIPTS = ["train_classifier", "train_clip", "train_drafter", "train_gpt", "train_vq"]
+HYDRA_SCRIPTS = ["export_hf", "train_classifier", "train_clip", "train_drafter", "train_gpt", "train_vq"]
 
 
 def _main(name: str, argv: list[str], monkeypatch) -> None:

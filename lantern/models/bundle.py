@@ -8,12 +8,14 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from lantern.errors import CheckpointError, ConfigError
 from lantern.models.checkpoint import load_weights
 from lantern.models.devices import resolve_device, resolve_dtype
+from lantern.models.llamagen import hf_layout
 from lantern.models.llamagen.gpt import Transformer, gpt_config
 from lantern.models.llamagen.vq import VQModel, to_uint8, vq_config
 
@@ -58,10 +60,27 @@ def _finish(name, gpt_model, vq_model, conditioner, device, dtype) -> ModelBundl
     return ModelBundle(name, gpt_model, vq_model, conditioner, device)
 
 
-def _require_file(key: str, path) -> str:
+def _require_file(key: str, path, folders: bool = False) -> str:
+    """``path`` as a string; CheckpointError unless it is a file (or, with ``folders``, an HF-layout folder)."""
+    if folders and path is not None and os.path.isdir(os.fspath(path)):
+        return os.fspath(hf_layout.check_folder(path))
     if path is None or not os.path.isfile(os.fspath(path)):
         raise CheckpointError(f"{key}: checkpoint file not found: {path!r}")
     return os.fspath(path)
+
+
+def load_target(model: Transformer, path: str | os.PathLike, expected: str) -> Transformer:
+    """Load the target's weights strictly from a file in LlamaGen's formats or from an HF-layout folder in
+    the LANTERN release's names (:func:`lantern.models.llamagen.hf_layout.load_target_folder`)."""
+    if os.path.isdir(path):
+        return hf_layout.load_target_folder(model, path, expected)
+    return load_weights(model, path, expected=expected, role="target")
+
+
+def save_target_folder(model: Transformer, folder: str | os.PathLike, dtype: torch.dtype = torch.float32) -> Path:
+    """Write the target as an HF-layout folder in the LANTERN release's names, which ``model.gpt_ckpt`` reads
+    back (:func:`lantern.models.llamagen.hf_layout.save_target_folder`; the run wing reaches the family here)."""
+    return hf_layout.save_target_folder(model, folder, dtype)
 
 
 def load_bundle(
@@ -76,15 +95,17 @@ def load_bundle(
 ) -> ModelBundle:
     """Build the configured architectures and load their weights strictly from ``gpt_ckpt`` / ``vq_ckpt``.
 
-    ``gpt`` holds ``preset``, ``model_type``, ``image_size`` (and optional ``overrides``); ``vq`` holds
-    ``preset``; ``conditioner`` is called with ``device=`` and returns the prompt conditioner.
+    ``gpt_ckpt`` is a file (``{"model": sd}``, a raw dict, safetensors) or an HF-layout folder in the LANTERN
+    release's names. ``gpt`` holds ``preset``, ``model_type``, ``image_size`` (and optional ``overrides``);
+    ``vq`` holds ``preset``; ``conditioner`` is called with ``device=`` and returns the prompt conditioner.
     """
     device, dtype = resolve_device(device), resolve_dtype(dtype)
-    gpt_path, vq_path = _require_file("model.gpt_ckpt", gpt_ckpt), _require_file("model.vq_ckpt", vq_ckpt)
+    gpt_path = _require_file("model.gpt_ckpt", gpt_ckpt, folders=True)
+    vq_path = _require_file("model.vq_ckpt", vq_ckpt)
     gpt_model, vq_model, label = _build(gpt, vq)
     conditioner = conditioner(device=device)  # before the large loads: a missing text encoder fails fast
     load_weights(vq_model, vq_path, expected=vq["preset"], role="tokenizer")
-    load_weights(gpt_model, gpt_path, expected=label, role="target")
+    load_target(gpt_model, gpt_path, label)
     return _finish(name, gpt_model, vq_model, conditioner, device, dtype)
 
 
@@ -96,13 +117,21 @@ def random_bundle(
     init_seed: int = 0,
     device: str = "cpu",
     dtype: str = "float32",
+    gpt_ckpt: str | None = None,
 ) -> ModelBundle:
-    """A bundle with randomly initialised weights (seeded): for tests, smoke runs and speed benchmarks."""
+    """A bundle with randomly initialised weights (seeded): for tests, smoke runs and speed benchmarks.
+
+    ``gpt_ckpt`` (a file or an HF-layout folder), when given, replaces the random GPT's weights; the
+    tokenizer stays the seeded random one.
+    """
     device, dtype = resolve_device(device), resolve_dtype(dtype)
+    gpt_path = None if gpt_ckpt is None else _require_file("model.gpt_ckpt", gpt_ckpt, folders=True)
     torch.manual_seed(init_seed)
-    gpt_model, _, _ = _build(gpt, vq)
+    gpt_model, _, label = _build(gpt, vq)
     vq_model = random_vq(vq, init_seed)
     conditioner = conditioner(device=device)
+    if gpt_path is not None:
+        load_target(gpt_model, gpt_path, label)
     return _finish(name, gpt_model, vq_model, conditioner, device, dtype)
 
 

@@ -41,13 +41,9 @@ def unreadable_reason(exc: BaseException) -> str:
     return one_line(text.strip().splitlines()[0] if text.strip() else type(exc).__name__, 200)
 
 
-def read_state_dict(path: str | os.PathLike, role: str = "weights") -> dict[str, torch.Tensor]:
-    """Read a state dict from ``path`` (``.pt``/``.pth``/``.bin`` via torch, ``.safetensors``).
-
-    Accepts ``{"model": sd}``, ``{"state_dict": sd}`` or a raw ``{name: tensor}`` dict.
-    Raises :class:`CheckpointError` when the file is missing or is not a checkpoint. The file is noted as
-    an input of the current job under ``role`` (:func:`lantern.files.note_input`).
-    """
+def read_tensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The state dict in ``path`` (see :func:`read_state_dict`), without noting the file as an input: for
+    callers that note a whole folder instead (the shards of an HF-layout folder)."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint file not found: {path!r}")
@@ -76,8 +72,19 @@ def read_state_dict(path: str | os.PathLike, role: str = "weights") -> dict[str,
             f"{path!r} is not a state dict: expected a mapping of names to tensors, "
             f'optionally wrapped as {{"model": state_dict}}'
         )
-    note_input(path, role)
     return dict(obj)
+
+
+def read_state_dict(path: str | os.PathLike, role: str = "weights") -> dict[str, torch.Tensor]:
+    """Read a state dict from ``path`` (``.pt``/``.pth``/``.bin`` via torch, ``.safetensors``).
+
+    Accepts ``{"model": sd}``, ``{"state_dict": sd}`` or a raw ``{name: tensor}`` dict.
+    Raises :class:`CheckpointError` when the file is missing or is not a checkpoint. The file is noted as
+    an input of the current job under ``role`` (:func:`lantern.files.note_input`).
+    """
+    state_dict = read_tensors(path)
+    note_input(path, role)
+    return state_dict
 
 
 def _listing(names: list[str]) -> str:
@@ -86,19 +93,21 @@ def _listing(names: list[str]) -> str:
     return shown + (f" (+{more} more)" if more > 0 else "")
 
 
-def check_state_dict(module: nn.Module, state_dict: Mapping[str, torch.Tensor], expected: str, source: str) -> None:
-    """Raise :class:`CheckpointError` unless ``state_dict`` matches ``module`` name for name and shape.
+def check_shapes(
+    own: Mapping[str, tuple[int, ...]], state_dict: Mapping[str, torch.Tensor], expected: str, source: str
+) -> None:
+    """Raise :class:`CheckpointError` unless ``state_dict`` has exactly the names of ``own`` (name -> shape),
+    each with that shape; the message names the missing, unexpected and wrongly shaped keys.
 
     ``expected`` names the architecture (e.g. ``"GPT-B c2i"``) and ``source`` the file, for the message.
     """
-    own = module.state_dict()
     given = {k: v for k, v in state_dict.items() if k not in IGNORED_KEYS}
     missing = sorted(k for k in own if k not in given)
     unexpected = sorted(k for k in given if k not in own)
     wrong = [
-        f"{k} {tuple(given[k].shape)} != {tuple(own[k].shape)}"
+        f"{k} {tuple(given[k].shape)} != {tuple(own[k])}"
         for k in own
-        if k in given and tuple(given[k].shape) != tuple(own[k].shape)
+        if k in given and tuple(given[k].shape) != tuple(own[k])
     ]
     problems = []
     if missing:
@@ -109,6 +118,12 @@ def check_state_dict(module: nn.Module, state_dict: Mapping[str, torch.Tensor], 
         problems.append(f"wrong shape {len(wrong)}: {_listing(wrong)}")
     if problems:
         raise CheckpointError(f"{source!r} does not match {expected}: " + "; ".join(problems))
+
+
+def check_state_dict(module: nn.Module, state_dict: Mapping[str, torch.Tensor], expected: str, source: str) -> None:
+    """Raise :class:`CheckpointError` unless ``state_dict`` matches ``module`` name for name and shape
+    (:func:`check_shapes`)."""
+    check_shapes({k: tuple(v.shape) for k, v in module.state_dict().items()}, state_dict, expected, source)
 
 
 def load_weights(module: nn.Module, path: str | os.PathLike, expected: str, role: str = "weights") -> nn.Module:

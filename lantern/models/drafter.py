@@ -20,15 +20,17 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from lantern import checks
-from lantern.errors import CheckpointError, ConfigError
-from lantern.models.checkpoint import check_state_dict, read_state_dict
+from lantern.errors import ConfigError
+from lantern.models.checkpoint import check_shapes, check_state_dict, read_state_dict
 from lantern.models.devices import resolve_device, resolve_dtype
 from lantern.models.kv_cache import KVCache
+from lantern.models.llamagen import hf_layout
 from lantern.models.llamagen.gpt import GPTConfig, TransformerBlock, gpt_config
 from lantern.models.llamagen.rope import rope_table_2d
 from lantern.models.llamagen.vq import vq_config
@@ -138,44 +140,11 @@ class Drafter(nn.Module):
             )
 
 
-# Key names of EAGLE/LANTERN drafter checkpoints (HF Llama naming) -> this module's names.
-_HF_LAYER_NAMES = {
-    "self_attn.o_proj.weight": "attention.wo.weight",
-    "mlp.gate_proj.weight": "feed_forward.w1.weight",
-    "mlp.up_proj.weight": "feed_forward.w3.weight",
-    "mlp.down_proj.weight": "feed_forward.w2.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "input_layernorm.weight": "attention_norm.weight",
-}
-
-
 def from_reference_keys(state_dict: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
-    """Rename a LANTERN/EAGLE drafter state dict (``layers.0.self_attn.q_proj.weight``...) to ours.
-
-    Separate q/k/v projections are concatenated into ``wqkv``. Returns the renamed dict and the
-    checkpoint's frozen ``embed_tokens.weight`` (or ``None``), which is only used for checking.
-    """
-    renamed, qkv = {}, {}
-    embed = None
-    for key, value in state_dict.items():
-        if key == "embed_tokens.weight":
-            embed = value
-            continue
-        if not key.startswith("layers."):
-            renamed[key] = value
-            continue
-        _, index, rest = key.split(".", 2)
-        if rest in ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"):
-            qkv.setdefault(index, {})[rest[10]] = value
-        elif rest in _HF_LAYER_NAMES:
-            renamed[f"layers.{index}.{_HF_LAYER_NAMES[rest]}"] = value
-        else:
-            renamed[key] = value
-    for index, parts in qkv.items():
-        if set(parts) != {"q", "k", "v"}:
-            raise CheckpointError(f"drafter layer {index} has only {sorted(parts)} of the q/k/v projections")
-        renamed[f"layers.{index}.attention.wqkv.weight"] = torch.cat([parts["q"], parts["k"], parts["v"]])
-    return renamed, embed
+    """Rename a LANTERN/EAGLE drafter state dict (``layers.0.self_attn.q_proj.weight``...) to ours
+    (:func:`lantern.models.llamagen.hf_layout.drafter_from_hf`): the renamed dict and the file's frozen
+    ``embed_tokens.weight`` (or ``None``), which is only used for checking."""
+    return hf_layout.drafter_from_hf(state_dict)
 
 
 def _target_config(gpt: Mapping, vq: Mapping) -> GPTConfig:
@@ -201,16 +170,20 @@ def load_drafter(
 ) -> Drafter:
     """Build the drafter for the target described by ``gpt``/``vq`` (model-config nodes) and load ``path``.
 
-    Accepts this project's files and the LANTERN/EAGLE release format (HF Llama key names). A file
-    for another hidden size or vocabulary is refused with one message naming both.
+    ``path`` is a file (this project's, or the LANTERN/EAGLE release format with HF Llama key names) or an
+    HF-layout folder (:func:`load_drafter_folder`). A file for another hidden size or vocabulary is
+    refused with one message naming both.
     """
     if path is None:
         raise ConfigError(
             "no drafter checkpoint given: pass model.drafter_ckpt=PATH (a drafter trained with "
-            "scripts/train_drafter.py, or the LANTERN release's drafter for LlamaGen-XL t2i)"
+            "scripts/train_drafter.py, an HF-layout folder, or the LANTERN release's drafter for LlamaGen-XL t2i)"
         )
     device, torch_dtype = resolve_device(device), resolve_dtype(dtype)
     target = _target_config(gpt, vq)
+    if os.path.isdir(path):
+        drafter = load_drafter_folder(path, target, f"a drafter for {gpt['preset']}", norm_eps, condition_input)
+        return drafter.to(device=device, dtype=torch_dtype).eval()
     state_dict, embed = from_reference_keys(read_state_dict(path, "drafter"))
     fc = state_dict.get("fc.weight")
     if fc is not None and tuple(fc.shape) != (target.dim, 2 * target.dim):
@@ -233,10 +206,67 @@ def load_drafter(
     return drafter.to(device=device, dtype=torch_dtype).eval()
 
 
-def random_drafter(
-    gpt: Mapping, vq: Mapping, init_seed: int = 0, n_layer: int = 1, device: str = "cpu", dtype: str = "float32"
+def load_drafter_folder(
+    folder: str | os.PathLike,
+    target: GPTConfig,
+    what: str = "a drafter",
+    norm_eps: float = 1e-6,
+    condition_input: str = "embedding",
 ) -> Drafter:
-    """A seeded, randomly initialised drafter for the described target (smoke runs and tests)."""
+    """A drafter for ``target`` from an HF-layout folder (LANTERN's release or :func:`save_drafter_folder`), fp32 on CPU.
+
+    Strict, in the folder's own names: ``config.json`` must fit the target
+    (:func:`lantern.models.llamagen.hf_layout.check_drafter_config`), then every tensor must be there with its
+    shape and nothing else (``embed_tokens.weight`` included: their loader requires it too). What the drafter
+    reads at condition entries is ``condition_input`` (the preset's) unless the folder's ``config.json``
+    carries :data:`~lantern.models.llamagen.hf_layout.CONDITION_KEY`, which was written with the drafter and wins.
+    """
+    config, given = hf_layout.read_folder(folder, "drafter")
+    source = f"HF folder {os.fspath(folder)!r}"
+    hf_layout.check_drafter_config(config, target, norm_eps, source, what)
+    n_layer = config.get(
+        "num_hidden_layers", _layer_count({k: v for k, v in given.items() if k != "embed_tokens.weight"})
+    )
+    n_layer = checks.integer(f"{source}: config.json num_hidden_layers", n_layer, 1)
+    if hf_layout.CONDITION_KEY in config:
+        key = f"{source}: config.json {hf_layout.CONDITION_KEY}"
+        condition_input = checks.choice(key, config[hf_layout.CONDITION_KEY], CONDITION_INPUTS)
+    drafter = Drafter(DrafterConfig(target, n_layer, norm_eps, condition_input))
+    table = torch.empty(target.vocab_size, target.dim, device="meta")  # (V, D): only its shape is compared
+    own = hf_layout.drafter_to_hf(drafter.state_dict(), table)
+    check_shapes({k: tuple(v.shape) for k, v in own.items()}, given, what, os.fspath(folder))
+    state_dict, _ = hf_layout.drafter_from_hf(given, source)
+    drafter.load_state_dict(state_dict, strict=True)
+    return drafter
+
+
+def save_drafter_folder(
+    drafter: Drafter, embeddings: torch.Tensor, folder: str | os.PathLike, dtype: torch.dtype = torch.float16
+) -> Path:
+    """Write ``drafter`` as an HF-layout folder (``config.json`` + ``model.safetensors``) that
+    :func:`load_drafter` reads and the authors' ``EaModel`` loads; ``embeddings`` (V, D) is the target's
+    token table (their drafter keeps a copy). The config carries the target's ``cls_token_num`` and
+    ``block_size`` and the drafter's ``condition_input``. Written atomically: an interrupted export leaves
+    no folder that loads. Returns ``folder``."""
+    config = drafter.config
+    layout = hf_layout.drafter_config(config.target, config.n_layer, config.norm_eps, config.condition_input)
+    state = hf_layout.drafter_to_hf(drafter.state_dict(), embeddings)
+    return hf_layout.write_folder(folder, layout, state, dtype)
+
+
+def random_drafter(
+    gpt: Mapping,
+    vq: Mapping,
+    init_seed: int = 0,
+    n_layer: int = 1,
+    device: str = "cpu",
+    dtype: str = "float32",
+    path: str | os.PathLike | None = None,
+) -> Drafter:
+    """A seeded, randomly initialised drafter for the described target (smoke runs and tests), or, when
+    ``path`` is given, the drafter loaded from it (:func:`load_drafter`)."""
+    if path is not None:
+        return load_drafter(path, gpt, vq, device, dtype)
     torch.manual_seed(init_seed)
     drafter = Drafter(DrafterConfig(_target_config(gpt, vq), n_layer=n_layer))
     return drafter.to(device=resolve_device(device), dtype=resolve_dtype(dtype)).eval()

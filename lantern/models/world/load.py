@@ -106,8 +106,11 @@ def verify_world(folder: str | Path, loads: tuple[str, ...] = ()) -> dict:
     return manifest
 
 
-def world_file(folder: str | None, name: str) -> str:
-    """Path of file ``name`` in a world folder (``None``: the shipped world), checked against its manifest entry."""
+def world_file(folder: str | None, name: str, replacement: str | None = None) -> str:
+    """Path of file ``name`` in a world folder (``None``: the shipped world), checked against its manifest entry;
+    or ``replacement`` as given when it is not None (a file or folder of the user's, which its loader checks)."""
+    if replacement is not None:
+        return str(replacement)
     root = Path(folder) if folder else DEFAULT_WORLD
     return str(_verify_member(root, read_manifest(root), name))
 
@@ -122,8 +125,14 @@ def load_world(
     vq_file: str = "vq.safetensors",
     device: str = "cpu",
     dtype: str = "float32",
+    gpt_ckpt: str | None = None,
 ) -> ModelBundle:
-    """Verify a shipped world's manifest, then load its GPT and VQ strictly (see :func:`load_bundle`)."""
+    """Verify a shipped world's manifest, then load its GPT and VQ strictly (see :func:`load_bundle`).
+
+    ``gpt_ckpt`` (a GPT file or an HF-layout folder), when given, is loaded instead of the world's GPT; the
+    tokenizer and the conditioner stay the world's, and the manifest is checked all the same.
+    """
     folder = Path(folder) if folder else DEFAULT_WORLD
-    verify_world(folder, loads=(gpt_file, vq_file))
-    return load_bundle(name, gpt, vq, str(folder / gpt_file), str(folder / vq_file), conditioner, device, dtype)
+    verify_world(folder, loads=(vq_file,) if gpt_ckpt is not None else (gpt_file, vq_file))
+    gpt_path = str(folder / gpt_file) if gpt_ckpt is None else gpt_ckpt
+    return load_bundle(name, gpt, vq, gpt_path, str(folder / vq_file), conditioner, device, dtype)
