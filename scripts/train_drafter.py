@@ -1,48 +1,51 @@
-"""Train an EAGLE-style drafter for the embedded Fashion-MNIST world's GPT in one command.
+"""The drafter factory: train an EAGLE-style drafter for any target in one command.
 
-    python scripts/train_drafter.py                                  # self-distillation on the shipped world
-    python scripts/train_drafter.py data=images out_dir=outputs/train/drafter_images
-    python scripts/train_drafter.py steps=20 num_samples=256 out_dir=outputs/train/drafter_try
+    python scripts/train_drafter.py                                        # the world's target
+    python scripts/train_drafter.py model=tiny_random_c2i num_samples=64 steps=40 out_dir=DIR
+    python scripts/train_drafter.py model=llamagen_c2i_b_256 model.gpt_ckpt=... model.vq_ckpt=... data=images data_root=IMAGENET/train
+    python scripts/train_drafter.py stage=features out_dir=DIR             # one stage
+    torchrun --nproc_per_node=2 scripts/train_drafter.py stage=train out_dir=DIR
 
-The target (the world's GPT) is frozen; only the drafter (``fc`` and one decoder layer) trains, with
-the EAGLE loss of :mod:`lantern.training.drafter`. Data, chosen by ``data``:
-
-* ``self`` (default): ``num_samples`` token sequences the target samples itself at the world's
-  recommended settings (CFG 3.0, temperature 1.0), sample ``i`` for class ``i % 10`` with caption
-  template ``(i // 10) % 7``, seeded per sample; cached in ``out_dir/codes_self.pt`` (keyed by the
-  GPT file's sha256 and the settings) and resumed if interrupted;
-* ``images``: the 60k train split tokenised by the world's VQ (cached in ``out_dir/codes_train.pt``),
-  each image drawing one of its class's 7 captions per step.
-
-The objective and the drafter are generic over the target's condition (caption states or class
-ids); this script is specific to the Fashion-MNIST world where data is concerned (its captions,
-its train and test splits). Rerunning the same command resumes from ``out_dir/checkpoint.pt``. At
-the end ``out_dir`` holds ``drafter.safetensors`` (fp16, with the metadata ``load_drafter`` checks),
-``drafter_report.json`` (held-out top-1 agreement with the target on test images tokenised by the
-VQ, the last training logs, wall times), ``config.yaml`` and ``log.jsonl``.
+Stages ``data`` (self-distilled or tokenised sequences), ``features`` (the target's states, in shards),
+``train`` (resumable; DDP under torchrun) and ``export`` (``out_dir/drafter``: ``config.json`` +
+``model.safetensors``, then ``out_dir/report.json`` with held-out agreement); see
+:mod:`lantern.training.jobs.drafter` and ``conf/train_drafter.yaml``. Rerunning the same command resumes.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
 from lantern import REPO_ROOT
 from lantern.cli.main import run_hydra, run_or_exit
-from lantern.training.jobs.drafter import REPORT_NAME, train
+from lantern.run.distributed import rank_device, world_from_env
+from lantern.run.lock import FolderLock
+from lantern.training.jobs.drafter import REPORT_NAME, run
+
+BARRIER_TIMEOUT_S = 7 * 24 * 3600.0  # under torchrun the other ranks wait while rank 0 makes data and features
 
 
 @hydra.main(version_base="1.3", config_path=str(REPO_ROOT / "conf"), config_name="train_drafter")
 def main(cfg: DictConfig) -> None:
-    """Entry point: train, report, print a one-line summary; user errors exit 2 with one line."""
-    report = run_or_exit(lambda: train(cfg), cfg.out_dir)
-    held_out = report["held_out"]
-    print(
-        f"{report['weights']}: held-out top-1 agreement {held_out['top1']:.4f} (loss {held_out['loss']:.4f}) on "
-        f"{held_out['images']} test images; report in {Path(cfg.out_dir) / REPORT_NAME}"
-    )
+    """Entry point: run the stages, print a one-line summary; user errors exit 2 with one line."""
+    world = run_or_exit(lambda: world_from_env(cfg.device, BARRIER_TIMEOUT_S), cfg.out_dir)
+    cfg.device = rank_device(cfg.device, world)  # cuda -> cuda:LOCAL_RANK under torchrun
+    hold = (lambda folder: FolderLock(folder, what="drafter factory folder")) if world.is_main else None
+    try:
+        report = run_or_exit(lambda: run(cfg, world, hold), cfg.out_dir)
+    finally:
+        world.close()
+    if not world.is_main:
+        return
+    if "held_out" in report:
+        held = report["held_out"]
+        print(
+            f"{report['drafter']}: held-out top-1 agreement {held['top1']:.4f}, top-{cfg.top_k} "
+            f"{held[f'top{cfg.top_k}']:.4f} on {held['rows']} sequences; report in {cfg.out_dir}/{REPORT_NAME}"
+        )
+    else:
+        print(f"stages {', '.join(report['stages'])} done in {report['out_dir']}")
 
 
 if __name__ == "__main__":

@@ -1,21 +1,18 @@
-import json
-import os
-import subprocess
-import sys
+"""The drafter factory's pieces: shards, features, the EAGLE objective on them (the script: test_drafter_factory.py)."""
 
 import pytest
 import torch
-from conftest import REPO
-from omegaconf import OmegaConf
 from safetensors.torch import save_file
 
-from lantern.errors import ConfigError
+from lantern.errors import CheckpointError, ConfigError
+from lantern.models.condition import Condition
 from lantern.models.drafter import VOCAB_KEY, Drafter, DrafterConfig, drafter_metadata, load_drafter
 from lantern.models.kv_cache import NoCache
 from lantern.models.llamagen.gpt import Transformer, gpt_config, prefix_causal_mask
-from lantern.models.sampling import SamplingConfig
-from lantern.training.drafter import DrafterObjective, evaluate_drafter, generate_codes
-from lantern.training.loop import EpochBatches, Trainer
+from lantern.training.drafter import FeatureObjective, evaluate_features
+from lantern.training.drafter_data import module_digest
+from lantern.training.drafter_features import null_rows, teacher_features
+from lantern.training.shards import ShardStore
 
 T, N, VOCAB, CAPTION_DIM = 4, 64, 64, 16
 TINY_GPT = {
@@ -30,17 +27,48 @@ VQ = {"preset": "VQ-fashion"}  # downsample 4: 32x32 -> 8x8 tokens
 def tiny_target(seed=0, **overrides):
     torch.manual_seed(seed)
     kwargs = {**TINY_GPT["overrides"], **overrides}
-    return Transformer(gpt_config("GPT-nano", "t2i", 32, 4, **kwargs)).eval()
+    return Transformer(gpt_config("GPT-nano", "t2i", 32, 4, **kwargs)).eval().requires_grad_(False)
 
 
-def toy_data(samples=4):
+class TableConditioner:
+    """Prompts are indices into a fixed table of caption states and masks (stands in for a text encoder)."""
+
+    kind = "text"
+
+    def __init__(self, states, masks):
+        self.states, self.masks = states, masks
+
+    def encode(self, prompts):
+        index = torch.tensor(prompts)
+        return Condition(self.states[index], self.masks[index])
+
+
+def toy_conditioner():
     torch.manual_seed(1)
-    codes = torch.randint(0, VOCAB, (samples, N))
-    codes[:, 1::2] = codes[:, ::2]  # structure the drafter can pick up
     states = torch.randn(3, T, CAPTION_DIM)
     masks = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1], [0, 0, 1, 1]], dtype=torch.bool)
-    caption_ids = torch.tensor([[0, 1], [2, 0], [1, 2], [0, 2]])[:samples]
-    return codes, caption_ids, states, masks
+    return TableConditioner(states, masks)
+
+
+def toy_data(folder, rows=6, shard=4):
+    """A data store of structured codes under prompts 0, 1, 2, 0, ..."""
+    torch.manual_seed(1)
+    codes = torch.randint(0, VOCAB, (rows, N))
+    codes[:, 1::2] = codes[:, ::2]  # structure the drafter can pick up
+    prompt = torch.arange(rows) % 3
+    store = ShardStore(folder, {"what": "toy"}, "toy data")
+    for start in range(0, rows, shard):
+        store.append({"codes": codes[start : start + shard].int(), "prompt": prompt[start : start + shard]})
+    return store, codes, prompt
+
+
+def toy_features(tmp_path, target, rows=6, cond_dropout=0.0, batch_size=4, name="features", seed=0):
+    data, codes, prompt = toy_data(tmp_path / "data", rows)
+    store = ShardStore(tmp_path / name, {"what": name}, "toy features")
+    teacher_features(
+        store, data, target, toy_conditioner(), [0, 1, 2], seed, cond_dropout, torch.float32, batch_size, False
+    )
+    return store, codes, prompt
 
 
 def drafter_outputs(drafter, target, seed=3, batch=2):
@@ -56,24 +84,59 @@ def drafter_outputs(drafter, target, seed=3, batch=2):
         return drafter(embeds, features, entries, entries.expand(batch, length), mask, NoCache())
 
 
-def test_objective_learns():
+# -- shards --------------------------------------------------------------------------------------------
+
+
+def test_shards_read_rows_in_any_order_across_shards(tmp_path):
+    store, codes, prompt = toy_data(tmp_path / "data", rows=10, shard=4)
+    assert store.rows == 10 and len(store.shards) == 3
+    rows = torch.tensor([9, 0, 5, 4, 3, 9])
+    got = store.read(rows)
+    assert torch.equal(got["codes"].long(), codes[rows]) and torch.equal(got["prompt"], prompt[rows])
+    again = ShardStore(tmp_path / "data", {"what": "toy"}, "toy data")  # reopened: resumes after the last shard
+    assert again.rows == 10 and torch.equal(again.read(torch.tensor([7]))["codes"].long(), codes[7:8])
+
+
+def test_shards_refuse_another_key_and_a_cut_shard(tmp_path):
+    toy_data(tmp_path / "data", rows=8, shard=4)
+    with pytest.raises(ConfigError, match=r"made for other inputs \(what: 'toy' \(stored\) vs 'other'"):
+        ShardStore(tmp_path / "data", {"what": "other"}, "toy data")
+    shard = tmp_path / "data" / "shard_00001.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-10])
+    with pytest.raises(CheckpointError, match=r"shard_00001.safetensors' has \d+ bytes, the index says"):
+        ShardStore(tmp_path / "data", {"what": "toy"}, "toy data")
+
+
+def test_a_temporary_shard_left_by_a_kill_is_ignored(tmp_path):
+    store, _, _ = toy_data(tmp_path / "data", rows=4, shard=4)
+    (tmp_path / "data" / ".shard_00001.safetensors.host.1.1.tmp").write_bytes(b"half")
+    again = ShardStore(tmp_path / "data", {"what": "toy"}, "toy data")
+    assert again.rows == 4
+    again.append({"codes": torch.zeros(2, N, dtype=torch.int32), "prompt": torch.zeros(2, dtype=torch.long)})
+    assert ShardStore(tmp_path / "data", {"what": "toy"}, "toy data").rows == 6
+
+
+# -- features ------------------------------------------------------------------------------------------
+
+
+def test_features_are_the_targets_states_and_independent_of_batching(tmp_path):
     target = tiny_target()
-    torch.manual_seed(2)
-    drafter = Drafter(DrafterConfig(target.config))
-    codes, caption_ids, states, masks = toy_data()
-    objective = DrafterObjective(target, drafter, codes, caption_ids, states, masks)
-    before = evaluate_drafter(target, drafter, codes, caption_ids[:, 0], states, masks)
-    optimizer = torch.optim.AdamW(drafter.parameters(), lr=3e-3)
-    for _ in range(30):
-        optimizer.zero_grad()
-        loss, logs = objective(torch.arange(4))
-        loss.backward()
-        optimizer.step()
-    after = evaluate_drafter(target, drafter, codes, caption_ids[:, 0], states, masks)
-    assert set(logs) == {"loss", "smooth_l1", "ce", "top1"}
-    assert after["loss"] < 0.7 * before["loss"]
-    assert after["top1"] > before["top1"]
-    assert not any(p.requires_grad for p in target.parameters())
+    store, codes, prompt = toy_features(tmp_path, target, rows=6, cond_dropout=0.5, batch_size=4)
+    other, _, _ = toy_features(tmp_path, target, rows=6, cond_dropout=0.5, batch_size=5, name="other")
+    null = null_rows(0, range(6), 0.5)
+    assert 0 < int(null.sum()) < 6  # both streams occur at this share
+    rows = store.read(torch.arange(6))
+    assert torch.equal(rows["null"], null) and torch.equal(rows["row"], torch.arange(6))
+    for name, tensor in other.read(torch.arange(6)).items():
+        assert torch.equal(tensor, rows[name]), name
+    conditioner = toy_conditioner()
+    condition = conditioner.encode(prompt.tolist())
+    values = torch.where(null.view(-1, 1, 1), target.null_condition(6), condition.values)
+    cond_emb = target.embed_condition(values)
+    torch.testing.assert_close(rows["cond"], cond_emb)
+    torch.testing.assert_close(rows["hidden"], target.teacher_hidden(cond_emb, codes, condition.mask))
+    assert torch.equal(rows["mask"], condition.mask)
+    assert torch.equal(null_rows(0, range(3, 6), 0.5), null[3:])  # a row's draw does not depend on the others
 
 
 class OracleDrafter(torch.nn.Module):
@@ -84,9 +147,6 @@ class OracleDrafter(torch.nn.Module):
         self.answer = answer
         self.calls = []
 
-    def check_target(self, config):
-        pass
-
     def condition_inputs(self, target, cond_emb):
         return cond_emb[:, 1:]
 
@@ -95,15 +155,13 @@ class OracleDrafter(torch.nn.Module):
         return self.answer
 
 
-def test_alignment_inputs_and_targets():
+def test_alignment_inputs_and_targets(tmp_path):
     target = tiny_target()
-    codes, caption_ids, states, masks = toy_data()
-    caption = caption_ids[:, 0]
-    with torch.no_grad():
-        cond_emb = target.embed_condition(states[caption])  # (B, T, D)
-        f = target.teacher_hidden(cond_emb, codes, masks[caption])  # (B, T+N-1, D)
+    store, codes, prompt = toy_features(tmp_path, target, rows=4)
+    rows = store.read(torch.arange(4))
+    cond_emb, f, mask4 = rows["cond"], rows["hidden"], rows["mask"]
     oracle = OracleDrafter(f[:, 1:])  # the exact next states: a perfect drafter
-    objective = DrafterObjective(target, oracle, codes, caption, states, masks, cond_dropout=0.0, noise=0.0)
+    objective = FeatureObjective(target, oracle, store, torch.arange(4), noise=0.0)
     loss, logs = objective(torch.arange(4))
     embeds, features, entries, slots, mask = oracle.calls[0]
     length = T + N - 2
@@ -112,24 +170,22 @@ def test_alignment_inputs_and_targets():
     torch.testing.assert_close(features, f[:, :length])
     assert torch.equal(entries, torch.arange(length))
     assert torch.equal(slots, torch.arange(length).expand(4, length))
-    assert torch.equal(mask, prefix_causal_mask(masks[caption][:, 1:], length))
-    assert logs["smooth_l1"].item() == 0.0
-    assert logs["top1"].item() == 1.0
+    assert torch.equal(mask, prefix_causal_mask(mask4[:, 1:], length))
+    assert logs["smooth_l1"].item() == 0.0 and logs["top1"].item() == 1.0 and logs["top5"].item() == 1.0
     probs = target.head(f[:, T:]).softmax(-1)
     entropy = -(probs * probs.log()).sum(-1).mean()
     torch.testing.assert_close(logs["ce"], entropy)
 
     # Shifted by one entry, the same states no longer match their targets.
     shifted = OracleDrafter(f[:, :-1])
-    objective = DrafterObjective(target, shifted, codes, caption, states, masks, cond_dropout=0.0, noise=0.0)
-    _, logs = objective(torch.arange(4))
+    _, logs = FeatureObjective(target, shifted, store, torch.arange(4), noise=0.0)(torch.arange(4))
     assert logs["smooth_l1"].item() > 0 and logs["top1"].item() < 1.0
 
 
-def test_only_image_predicting_entries_are_scored():
+def test_only_image_predicting_entries_are_scored(tmp_path):
     target = tiny_target()
+    store, _, _ = toy_features(tmp_path, target, rows=4)
     drafter = Drafter(DrafterConfig(target.config))
-    codes, caption_ids, states, masks = toy_data()
     outputs = []
 
     def keep(module, args, out):
@@ -137,8 +193,7 @@ def test_only_image_predicting_entries_are_scored():
         outputs.append(out)
 
     handle = drafter.register_forward_hook(keep)
-    objective = DrafterObjective(target, drafter, codes, caption_ids, states, masks)
-    loss, _ = objective(torch.arange(4))
+    loss, _ = FeatureObjective(target, drafter, store, torch.arange(4))(torch.arange(4))
     loss.backward()
     handle.remove()
     grad = outputs[0].grad  # (B, T+N-2, D)
@@ -147,65 +202,76 @@ def test_only_image_predicting_entries_are_scored():
     assert torch.all(grad[:, T - 1 :].abs().sum(-1) > 0)  # entries predicting image tokens 1..N-1
 
 
-def test_condition_dropout_uses_the_null_condition():
+def test_objective_learns_on_feature_shards(tmp_path):
     target = tiny_target()
-    codes, caption_ids, states, masks = toy_data()
-    objective = DrafterObjective(
-        target, Drafter(DrafterConfig(target.config)), codes, caption_ids, states, masks, cond_dropout=1.0
-    )
-    seen = []
-    handle = target.cls_embedding.cap_proj.register_forward_hook(lambda m, args, out: seen.append(args[0]))
-    objective(torch.arange(4))
-    handle.remove()
-    torch.testing.assert_close(seen[0], target.null_condition(4))
-
-
-def test_objective_is_generic_over_class_conditions():
-    torch.manual_seed(0)
-    target = Transformer(gpt_config("GPT-nano", "c2i", 32, 4, vocab_size=VOCAB, num_classes=5)).eval()
-    drafter = Drafter(DrafterConfig(target.config))
-    codes = torch.randint(0, VOCAB, (4, N))
-    labels, label_masks = torch.arange(5), torch.ones(5, 1, dtype=torch.bool)
-    objective = DrafterObjective(
-        target, drafter, codes, torch.tensor([0, 1, 2, 3]), labels, label_masks, cond_dropout=1.0
-    )
-    seen = []
-    handle = target.cls_embedding.embedding_table.register_forward_hook(lambda m, args, out: seen.append(args[0]))
-    loss, logs = objective(torch.arange(4))
-    handle.remove()
-    assert torch.equal(seen[0], torch.full((4,), 5))
-    assert torch.isfinite(loss)
-    held_out = evaluate_drafter(target, drafter, codes, torch.tensor([0, 1, 2, 3]), labels, label_masks, batch_size=3)
-    assert held_out["num_samples"] == 4 and 0.0 <= held_out["top1"] <= 1.0
-
-
-def test_export_loads_with_load_drafter(tmp_path):
-    target = tiny_target()
+    store, _, _ = toy_features(tmp_path, target, rows=6, cond_dropout=0.3)
     torch.manual_seed(2)
     drafter = Drafter(DrafterConfig(target.config))
-    codes, caption_ids, states, masks = toy_data()
-    objective = DrafterObjective(target, drafter, codes, caption_ids, states, masks)
-    trainer = Trainer(
-        drafter,
-        torch.optim.AdamW(drafter.parameters(), lr=1e-3),
-        objective,
-        EpochBatches(4, 2, 0, lambda idx: idx),
-        max_steps=2,
-        out_dir=tmp_path,
-        progress=False,
-        export_name="drafter.safetensors",
-        export_dtype=torch.float16,
-        export_metadata=drafter_metadata(drafter),
-    )
-    trainer.fit()
-    loaded = load_drafter(tmp_path / "drafter.safetensors", gpt=TINY_GPT, vq=VQ)
-    rounded = Drafter(DrafterConfig(target.config))
-    rounded.load_state_dict({k: v.half().float() for k, v in drafter.state_dict().items()})
-    assert torch.equal(drafter_outputs(loaded, target), drafter_outputs(rounded, target))
+    rows = torch.arange(4)
+    before = evaluate_features(target, drafter, store, rows, batch_size=3)
+    objective = FeatureObjective(target, drafter, store, rows)
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=3e-3)
+    for _ in range(30):
+        optimizer.zero_grad()
+        loss, logs = objective(torch.arange(4))
+        loss.backward()
+        optimizer.step()
+    after = evaluate_features(target, drafter, store, rows, batch_size=3)
+    assert set(logs) == {"loss", "smooth_l1", "ce", "top1", "top5"}
+    assert after["loss"] < 0.7 * before["loss"] and after["top1"] > before["top1"] and after["rows"] == 4
+    assert not any(p.requires_grad for p in target.parameters())
 
-    wider = {**TINY_GPT, "overrides": {**TINY_GPT["overrides"], "vocab_size": 128}}
-    with pytest.raises(ConfigError, match=r"vocabulary of 64 codes.*has 128"):
-        load_drafter(tmp_path / "drafter.safetensors", gpt=wider, vq=VQ)
+
+def test_ranks_split_the_batch_and_draw_the_same_noise(tmp_path):
+    """Two ranks' halves average to the single-process loss and gradient: what DDP relies on."""
+    target = tiny_target()
+    store, _, _ = toy_features(tmp_path, target, rows=6, cond_dropout=0.5)
+    torch.manual_seed(2)
+    drafter = Drafter(DrafterConfig(target.config))
+    batch = torch.tensor([3, 0, 5, 1])
+
+    def loss_and_grad(rank, ranks):
+        torch.manual_seed(11)
+        drafter.zero_grad()
+        loss, _ = FeatureObjective(target, drafter, store, torch.arange(6), rank=rank, ranks=ranks)(batch)
+        loss.backward()
+        return loss.detach(), torch.cat([p.grad.flatten() for p in drafter.parameters()])
+
+    whole = loss_and_grad(0, 1)
+    halves = [loss_and_grad(rank, 2) for rank in (0, 1)]
+    torch.testing.assert_close((halves[0][0] + halves[1][0]) / 2, whole[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close((halves[0][1] + halves[1][1]) / 2, whole[1], rtol=1e-4, atol=1e-6)
+
+
+def test_features_are_generic_over_class_conditions(tmp_path):
+    torch.manual_seed(0)
+    target = Transformer(gpt_config("GPT-nano", "c2i", 32, 4, vocab_size=VOCAB, num_classes=5)).eval()
+    data, _, prompt = toy_data(tmp_path / "data", rows=4)
+
+    class Classes:
+        kind = "class"
+
+        def encode(self, prompts):
+            return Condition(torch.tensor(prompts), torch.ones(len(prompts), 1, dtype=torch.bool))
+
+    store = ShardStore(tmp_path / "features", {"what": "c2i"}, "features")
+    seen = []
+    handle = target.cls_embedding.embedding_table.register_forward_hook(lambda m, args, out: seen.append(args[0]))
+    teacher_features(store, data, target, Classes(), [0, 1, 2], 0, 1.0, torch.float16, 4, False)
+    handle.remove()
+    assert torch.equal(seen[0], torch.full((4,), 5))  # every row under the null class at cond_dropout=1
+    rows = store.read(torch.arange(4))
+    assert rows["hidden"].dtype == torch.float16 and rows["cond"].shape == (4, 1, target.config.dim)
+    held = evaluate_features(target, Drafter(DrafterConfig(target.config)), store, torch.arange(4), batch_size=3)
+    assert held["rows"] == 4 and 0.0 <= held["top1"] <= held["top5"] <= 1.0
+
+
+def test_module_digest_follows_the_weights():
+    first, same, other = tiny_target(0), tiny_target(0), tiny_target(1)
+    assert module_digest(first) == module_digest(same) != module_digest(other)
+
+
+# -- the drafter file format -----------------------------------------------------------------------------
 
 
 def reference_state_dict(drafter: Drafter) -> dict:
@@ -258,109 +324,3 @@ def test_hidden_size_mismatch_names_both_sizes(tmp_path):
     with pytest.raises(ConfigError, match=r"hidden size 64.*hidden size 128"):
         load_drafter(path, gpt=wide, vq=VQ)
     assert drafter_metadata(drafter)[VOCAB_KEY] == "64"
-
-
-def test_generated_codes_are_cached_and_independent_of_batching(tmp_path):
-    target = tiny_target()
-    _, _, states, masks = toy_data()
-    ids = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
-    sampling = SamplingConfig(cfg_scale=3.0, temperature=1.0)
-    key = {"what": "test"}
-    cache = tmp_path / "codes.pt"
-    first = generate_codes(target, states, masks, ids[:5], sampling, 7, cache, key, batch_size=2, progress=False)
-    assert first.shape == (5, N) and first.dtype == torch.long
-    more = generate_codes(target, states, masks, ids, sampling, 7, cache, key, batch_size=3, progress=False)
-    assert torch.equal(more[:5], first)
-    whole = generate_codes(
-        target, states, masks, ids, sampling, 7, tmp_path / "other.pt", key, batch_size=8, progress=False
-    )
-    assert torch.equal(whole, more)
-    assert torch.load(cache, weights_only=True)["codes"].shape[0] == 8
-    other_seed = generate_codes(target, states, masks, ids, sampling, 8, cache, {"what": "seed 8"}, progress=False)
-    assert not torch.equal(other_seed, more)
-
-
-def test_config_target_matches_the_world_model_config():
-    train = OmegaConf.load(REPO / "conf" / "train_drafter.yaml")
-    model = OmegaConf.load(REPO / "conf" / "model" / "fashion_t2i.yaml")
-    assert OmegaConf.to_container(train.gpt) == OmegaConf.to_container(model.bundle.gpt)
-    assert OmegaConf.to_container(train.vq) == OmegaConf.to_container(model.bundle.vq)
-
-
-def run_script(*overrides, timeout=120):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "train_drafter.py"), *overrides],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def test_script_rejects_a_bad_data_kind(tmp_path):
-    result = run_script("data=pictures", f"out_dir={tmp_path / 'run'}")
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1] == "error: data='pictures': expected one of self, images"
-    assert not (tmp_path / "run").exists()
-
-
-def test_script_self_distillation_smoke(tmp_path):
-    out = tmp_path / "run"
-    result = run_script(
-        "data=self",
-        "num_samples=8",
-        "generation.batch_size=4",
-        "batch_size=4",
-        "steps=3",
-        "warmup_steps=1",
-        "eval_images=20",
-        "num_threads=1",
-        "progress=false",
-        f"out_dir={out}",
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    report = json.loads((out / "drafter_report.json").read_text())
-    assert report["training"]["steps"] == 3 and report["data"]["sequences"] == 8
-    assert report["held_out"]["images"] == 20 and 0.0 <= report["held_out"]["top1"] <= 1.0
-    model = OmegaConf.load(REPO / "conf" / "model" / "fashion_t2i.yaml")
-    drafter = load_drafter(
-        out / "drafter.safetensors",
-        gpt=OmegaConf.to_container(model.bundle.gpt),
-        vq=OmegaConf.to_container(model.bundle.vq),
-    )
-    assert drafter.config.dim == 128 and drafter.config.vocab_size == 2048  # the world target GPT-deep: 24 x 128
-    assert torch.load(out / "codes_self.pt", weights_only=True)["codes"].shape == (8, 64)
-
-
-@pytest.mark.parametrize("cond_dropout", [0.0, 0.5, 1.0])
-def test_cached_target_states_give_the_same_loss(cond_dropout):
-    """States computed once (conditional and null) give the loss and gradients of a target forward per step."""
-    target = tiny_target()
-    codes, _, states, masks = toy_data()
-    caption = torch.tensor([[1], [0], [2], [1]])  # one condition per sequence, as data=self
-    torch.manual_seed(3)
-    drafter = Drafter(DrafterConfig(target.config))
-    losses, grads = [], []
-    for cache in (False, True):
-        objective = DrafterObjective(
-            target, drafter, codes, caption, states, masks, cond_dropout=cond_dropout, noise=0.2, cache_states=cache
-        )
-        torch.manual_seed(7)
-        drafter.zero_grad()
-        loss, _ = objective(torch.tensor([3, 0, 2, 1, 3]))
-        loss.backward()
-        losses.append(loss.detach())
-        grads.append(torch.cat([p.grad.flatten() for p in drafter.parameters()]))
-    torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-6)
-
-
-def test_cached_states_need_one_condition_per_sequence():
-    target = tiny_target()
-    codes, caption_ids, states, masks = toy_data()
-    with pytest.raises(ConfigError, match="cache_states"):
-        DrafterObjective(
-            target, Drafter(DrafterConfig(target.config)), codes, caption_ids, states, masks, cache_states=True
-        )  # two conditions per sequence

@@ -213,6 +213,9 @@ class Trainer:
         export_dtype: cast floating-point tensors to this dtype on export (None keeps them).
         export_metadata: extra string entries for the exported file's safetensors metadata (e.g.
             what a loader checks); ``step`` and ``config`` are always written.
+        world: the torchrun ranks (:class:`lantern.run.distributed.World`) when ``step_fn`` runs a
+            DistributedDataParallel model: every rank steps and resumes from the same checkpoint, rank 0
+            alone writes (checkpoint, config, log, export) and logged values are averaged over ranks.
     """
 
     def __init__(
@@ -234,6 +237,7 @@ class Trainer:
         export_name: str = "model.safetensors",
         export_dtype: torch.dtype | None = None,
         export_metadata: Mapping[str, str] | None = None,
+        world=None,
     ) -> None:
         """Store the pieces; nothing is read or written until :meth:`fit`."""
         max_steps = checks.integer("steps", max_steps, 1)
@@ -257,6 +261,7 @@ class Trainer:
         self.export_name = export_name
         self.export_dtype = export_dtype
         self.export_metadata = {str(k): str(v) for k, v in (export_metadata or {}).items()}
+        self.world = world
         self.base_lrs = [group["lr"] for group in optimizer.param_groups]
         self.step = 0
         self.epoch = 0
@@ -275,6 +280,11 @@ class Trainer:
     def export_path(self) -> Path:
         """Where :meth:`export` writes the weights."""
         return self.out_dir / self.export_name
+
+    @property
+    def is_main(self) -> bool:
+        """Whether this process writes (rank 0, or the only process)."""
+        return self.world is None or self.world.is_main
 
     def _stateful_step_fn(self) -> bool:
         return hasattr(self.step_fn, "state_dict") and hasattr(self.step_fn, "load_state_dict")
@@ -295,7 +305,8 @@ class Trainer:
         }
         if self._stateful_step_fn():
             state["step_fn"] = self.step_fn.state_dict()
-        save_torch_atomic(self.checkpoint_path, state)
+        if self.is_main:
+            save_torch_atomic(self.checkpoint_path, state)
         return self.checkpoint_path
 
     def load_checkpoint(self) -> bool:
@@ -335,7 +346,7 @@ class Trainer:
     def _truncate_log(self, step: int) -> None:
         """Drop the log lines of steps after ``step``: the killed run logged them, this run logs them again."""
         log = self.out_dir / LOG_NAME
-        if not log.is_file():
+        if not self.is_main or not log.is_file():
             return
         kept = []
         for line in log.read_text(encoding="utf-8").splitlines():
@@ -380,7 +391,7 @@ class Trainer:
                 )
 
     def _write_config(self) -> None:
-        if self.config is None:
+        if self.config is None or not self.is_main:
             return
         from omegaconf import OmegaConf
 
@@ -401,6 +412,8 @@ class Trainer:
         metadata["step"] = str(self.step)
         if self.config is not None:
             metadata["config"] = json.dumps(self.config, default=str)
+        if not self.is_main:
+            return self.export_path
         write_atomic(self.export_path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
         return self.export_path
 
@@ -421,9 +434,15 @@ class Trainer:
     ) -> dict[str, float]:
         record = {"step": self.step, "epoch": self.epoch}
         record.update({k: float(v) / counts[k] for k, v in sums.items()})
+        if self.world is not None and self.world.distributed:  # every rank's share of the batch, averaged
+            values = torch.tensor([record[k] for k in sums], dtype=torch.float64)
+            torch.distributed.all_reduce(values)
+            record.update(zip(sums, (values / self.world.size).tolist(), strict=True))
         record["lr"] = self.optimizer.param_groups[0]["lr"]
         elapsed = time.perf_counter() - started
         record["steps_per_s"] = (self.step - first_step) / elapsed if elapsed > 0 else 0.0
+        if not self.is_main:
+            return record
         with open(self.out_dir / LOG_NAME, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
         bar.set_postfix(loss=f"{record.get('loss', float('nan')):.4f}")
@@ -453,7 +472,7 @@ class Trainer:
         with tqdm(
             total=self.max_steps,
             initial=self.step,
-            disable=not self.progress,
+            disable=not (self.progress and self.is_main),
             desc="train",
             dynamic_ncols=True,
             mininterval=1.0,

@@ -1,216 +1,379 @@
-"""Training an EAGLE-style drafter for the world's GPT: the job ``scripts/train_drafter.py`` runs (see its docstring for the data and files)."""
+"""The drafter factory: ``scripts/train_drafter.py`` turns any target into a trained EAGLE-style drafter.
+
+Stages (``stage=all`` runs them in order; each resumes and can run alone once the earlier ones are done):
+
+1. ``data``: token sequences in ``out_dir/data`` (:mod:`lantern.training.drafter_data`);
+2. ``features``: the target's teacher-forced states in ``out_dir/features`` (:mod:`lantern.training.drafter_features`);
+3. ``train``: the drafter on the feature shards in ``out_dir/train`` (checkpoints, resume, ``log.jsonl``;
+   under ``torchrun --nproc_per_node=N`` DistributedDataParallel over N processes, the global batch split);
+4. ``export``: ``out_dir/drafter`` (``config.json`` + ``model.safetensors``, loaded by ``model.drafter_ckpt=``),
+   then the held-out report ``out_dir/report.json`` (agreement of the exported weights with the target on
+   the last ``held_out`` share of the rows, which training never reads).
+"""
 
 from __future__ import annotations
 
-import functools
+import contextlib
+import hashlib
+import json
+import math
 import time
 from pathlib import Path
 
 import torch
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from lantern import checks
-from lantern.files import sha256_file, write_json_atomic
-from lantern.models.condition import load_minilm_conditioner
-from lantern.models.drafter import Drafter, DrafterConfig, drafter_metadata, load_drafter
+from lantern.errors import ConfigError
+from lantern.files import write_json_atomic
+from lantern.models.drafter import Drafter, DrafterConfig, drafter_metadata, load_drafter, save_drafter_folder
 from lantern.models.sampling import SamplingConfig
-from lantern.models.world.fashion_mnist import NUM_CLASSES, FashionMNISTImages
-from lantern.models.world.load import DEFAULT_WORLD, load_world
 from lantern.results.provenance import environment
-from lantern.training.drafter import DrafterObjective, evaluate_drafter, generate_codes
-from lantern.training.fashion import caption_table, tokenize
-from lantern.training.loop import (
-    DEFAULT_RESUME_IGNORE,
-    EpochBatches,
-    Trainer,
-    check_trainer_knobs,
-    training_summary,
-    warmup_cosine,
+from lantern.training import drafter_data
+from lantern.training.drafter import FeatureObjective, evaluate_features
+from lantern.training.drafter_features import FEATURE_DTYPES, check_target, teacher_features
+from lantern.training.loop import DEFAULT_RESUME_IGNORE, EpochBatches, Trainer, check_trainer_knobs, warmup_cosine
+from lantern.training.shards import ShardStore
+
+STAGES = ("data", "features", "train", "export", "all")
+DATA_KINDS = ("self", "images")
+REPORT_NAME = "report.json"
+DRAFTER_FOLDER = "drafter"
+# Settings that change nothing the drafter learns, so a resumed training may change them.
+RESUME_IGNORE = (
+    *DEFAULT_RESUME_IGNORE,
+    "stage",
+    "generation.batch_size",
+    "features.batch_size",
+    "eval_batch_size",
+    "compare_with",
 )
 
-WEIGHTS_NAME = "drafter.safetensors"
-REPORT_NAME = "drafter_report.json"
-DATA_KINDS = ("self", "images")
-# Settings that change nothing the drafter sees, so a resumed run may change them.
-RESUME_IGNORE = (*DEFAULT_RESUME_IGNORE, "generation.batch_size", "eval_images", "eval_batch_size", "test_root")
 
-
-def _subset(dataset: FashionMNISTImages, count: int | None) -> FashionMNISTImages:
-    if not count:
-        return dataset
-    count = min(int(count), len(dataset))
-    return FashionMNISTImages(dataset.images[:count].numpy(), dataset.labels[:count].numpy(), dataset.resolution)
-
-
-def self_distillation_data(cfg: DictConfig, bundle, gpt_path: Path, states, masks, class_captions, out_dir: Path):
-    """Codes (M, N) sampled by the target and their caption ids (M, 1); see the module docstring."""
-    gen = cfg.generation
-    sampling = SamplingConfig(temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p, cfg_scale=gen.cfg_scale)
-    index = torch.arange(int(cfg.num_samples))
-    per_class = class_captions.shape[1]
-    caption_ids = class_captions[index % NUM_CLASSES, (index // NUM_CLASSES) % per_class]  # (M,)
-    key = {
-        "gpt_sha256": sha256_file(gpt_path),
-        "seed": int(gen.seed),
-        "cfg_scale": float(gen.cfg_scale),
-        "temperature": float(gen.temperature),
-        "top_k": int(gen.top_k),
-        "top_p": float(gen.top_p),
-        "text_max_length": int(cfg.text_max_length),
-        "conditions": "fashion captions: class i % 10, template (i // 10) % 7",
-    }
-    codes = generate_codes(
-        bundle.gpt,
-        states,
-        masks,
-        caption_ids,
-        sampling,
-        int(gen.seed),
-        out_dir / "codes_self.pt",
-        key,
-        batch_size=int(gen.batch_size),
-        progress=cfg.progress,
-    )
-    return codes, caption_ids[:, None]
-
-
-def image_data(cfg: DictConfig, bundle, train: FashionMNISTImages, vq_hash: str, class_captions, out_dir: Path):
-    """Codes (M, N) of the VQ-tokenised train split and each image's class captions (M, K)."""
-    codes = tokenize(bundle.vq, train, out_dir / "codes_train.pt", vq_hash, progress=cfg.progress)
-    return codes, class_captions[train.labels]
-
-
-def train(cfg: DictConfig) -> dict:
-    """Build the data, train (or resume) the drafter, export it, evaluate the export and write the report."""
+def check_config(cfg: DictConfig) -> None:
+    """Every knob of the factory, before anything is loaded or written (one ConfigError naming the value)."""
     check_trainer_knobs(cfg)
-    started = time.perf_counter()
+    checks.choice("stage", cfg.stage, STAGES)
     checks.choice("data", cfg.data, DATA_KINDS)
-    if int(cfg.eval_images) < 1:
-        raise checks.refuse("eval_images", cfg.eval_images, "an integer >= 1")
-    if cfg.data == "self" and int(cfg.num_samples) < int(cfg.batch_size):
-        raise checks.refuse("num_samples", cfg.num_samples, f"an integer >= batch_size={cfg.batch_size}")
-    config = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
-    torch.set_num_threads(int(cfg.num_threads))
-    out_dir = Path(cfg.out_dir)
-    folder = Path(cfg.world) if cfg.world else DEFAULT_WORLD
-    bundle = load_world(
-        "drafter-target",
-        config["gpt"],
-        config["vq"],
-        functools.partial(load_minilm_conditioner, max_length=int(cfg.text_max_length)),
-        folder=str(folder),
-        device=cfg.device,
-    )
-    target, device = bundle.gpt, bundle.device
-    states, masks, class_captions = caption_table(int(cfg.text_max_length), bundle.conditioner.encoder)
-    states, masks = states.cpu(), masks.cpu()
-    vq_hash = sha256_file(folder / "vq.safetensors")
+    if cfg.data == "self" or cfg.num_samples is not None:
+        checks.integer("num_samples", cfg.num_samples, 2)
+    checks.integer("generation.batch_size", cfg.generation.batch_size, 1)
+    checks.integer("generation.seed", cfg.generation.seed, 0)
+    checks.integer("features.batch_size", cfg.features.batch_size, 1)
+    checks.choice("features.dtype", cfg.features.dtype, tuple(FEATURE_DTYPES))
+    checks.probability("features.cond_dropout", cfg.features.cond_dropout)
+    checks.real("held_out", cfg.held_out, 0, 1, low_open=True, high_open=True)
+    checks.integer("n_layer", cfg.n_layer, 1)
+    checks.real("noise", cfg.noise, 0)
+    checks.real("ce_weight", cfg.ce_weight, 0)
+    checks.integer("eval_batch_size", cfg.eval_batch_size, 1)
+    checks.integer("top_k", cfg.top_k, 1)
+    if len(cfg.betas) != 2:
+        raise checks.refuse("betas", list(cfg.betas), "two numbers in [0, 1)")
+    for beta in cfg.betas:
+        checks.real("betas", beta, 0, 1, high_open=True)
 
-    # Read both splits before any long computation, so missing files fail fast.
-    resolution = int(cfg.gpt.image_size)
-    test = _subset(FashionMNISTImages.from_folder(cfg.test_root, "test", resolution), cfg.eval_images)
-    train = None
-    if cfg.data == "images":
-        train = _subset(FashionMNISTImages.from_folder(cfg.data_root, "train", resolution), cfg.max_train_images)
-    test_codes = tokenize(bundle.vq, test, out_dir / "codes_test.pt", vq_hash, progress=cfg.progress)
-    test_ids = class_captions[test.labels, torch.arange(len(test)) % class_captions.shape[1]]  # (E,)
 
-    data_started = time.perf_counter()
-    if cfg.data == "self":
-        codes, caption_ids = self_distillation_data(
-            cfg, bundle, folder / "gpt.safetensors", states, masks, class_captions, out_dir
-        )
-    else:
-        codes, caption_ids = image_data(cfg, bundle, train, vq_hash, class_captions, out_dir)
-    data_wall_s = time.perf_counter() - data_started
+def _digest(payload) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
-    torch.manual_seed(cfg.seed)
-    drafter = Drafter(DrafterConfig(target.config, n_layer=int(cfg.n_layer))).to(device)
-    optimizer = torch.optim.AdamW(
-        drafter.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
-    )
-    objective = DrafterObjective(
-        target,
-        drafter,
-        codes,
-        caption_ids,
-        states,
-        masks,
-        cond_dropout=cfg.cond_dropout,
-        noise=cfg.noise,
-        ce_weight=cfg.ce_weight,
-        cache_states=bool(cfg.cache_states) and caption_ids.shape[1] == 1,
-        progress=cfg.progress,
-    )
-    trainer = Trainer(
-        drafter,
-        optimizer,
-        objective,
-        EpochBatches(codes.shape[0], cfg.batch_size, cfg.seed, lambda idx: idx),
-        max_steps=cfg.steps,
-        out_dir=out_dir,
-        ckpt_every=cfg.ckpt_every,
-        log_every=cfg.log_every,
-        progress=cfg.progress,
-        grad_clip=cfg.grad_clip,
-        lr_schedule=warmup_cosine(cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio),
-        config=config,
-        resume_ignore=RESUME_IGNORE,
-        export_name=WEIGHTS_NAME,
-        export_dtype=torch.float16,
-        export_metadata=drafter_metadata(drafter),
-    )
-    params = sum(p.numel() for p in drafter.parameters()) / 1e6
-    print(
-        f"training a {cfg.n_layer}-layer drafter ({params:.2f}M parameters) for {cfg.gpt.preset} on "
-        f"{codes.shape[0]} {'self-distilled' if cfg.data == 'self' else 'train-split'} sequences for "
-        f"{cfg.steps} steps of {cfg.batch_size} into {out_dir}",
-        flush=True,
-    )
-    summary = trainer.fit()
 
-    # Evaluate exactly what ships: the fp16 file loaded by the decoders' loader into fp32.
-    shipped = load_drafter(out_dir / WEIGHTS_NAME, gpt=config["gpt"], vq=config["vq"], device=str(device))
-    held_out = evaluate_drafter(
-        target,
-        shipped,
-        test_codes,
-        test_ids,
-        states,
-        masks,
-        batch_size=int(cfg.eval_batch_size),
-        ce_weight=cfg.ce_weight,
-    )
-    train_steps = summary["steps"] - (summary["resumed_from"] or 0)
-    report = {
-        "weights": str(out_dir / WEIGHTS_NAME),
-        "weights_dtype": "float16",
-        "target": {
-            "world": str(folder),
-            "gpt": config["gpt"],
-            "vq": config["vq"],
-            "gpt_sha256": sha256_file(folder / "gpt.safetensors"),
-        },
-        "drafter": {"n_layer": int(cfg.n_layer), "parameters": sum(p.numel() for p in drafter.parameters())},
-        "data": {
+class Factory:
+    """The stages over one resolved config, one target bundle and one ``out_dir``."""
+
+    def __init__(self, cfg: DictConfig, world):
+        self.cfg = cfg
+        self.world = world
+        self.out_dir = Path(cfg.out_dir)
+        self.bundle = instantiate(cfg.model.bundle)
+        self.target = self.bundle.gpt.eval().requires_grad_(False)
+        check_target(self.target, f"model={cfg.model.name}")
+        self.target_digest = drafter_data.module_digest(self.target)
+        self.kind, self.prompts, self.paths, self.prompt_of = self._sources()
+        train_rows, _ = self.split()  # before any work: the batch must fit the training rows
+        if cfg.stage in ("train", "all") and int(cfg.batch_size) > train_rows.numel():
+            raise checks.refuse(
+                "batch_size",
+                cfg.batch_size,
+                f"an integer <= {train_rows.numel()}, the training rows of {self.total_rows}",
+            )
+        self.data = ShardStore(self.out_dir / "data", self._data_key(), "drafter training sequences")
+        self.features = ShardStore(self.out_dir / "features", self._feature_key(), "drafter features")
+
+    # -- sources and keys ------------------------------------------------------------------------------
+
+    def _sources(self):
+        """Prompt kind, prompt table, and (data=images) image paths with their prompt indices."""
+        cfg, conditioner = self.cfg, self.bundle.conditioner
+        kind = conditioner.kind
+        if cfg.data == "images":
+            if cfg.data_root is None:
+                raise checks.refuse("data_root", None, "a folder of images (data=images)")
+            if kind == "class":
+                paths, prompt_of, table = drafter_data.class_folder_items(cfg.data_root, conditioner.num_classes)
+            else:
+                paths, prompt_of, table = drafter_data.caption_file_items(cfg.data_root, cfg.captions)
+            if cfg.num_samples is not None:
+                paths, prompt_of = paths[: int(cfg.num_samples)], prompt_of[: int(cfg.num_samples)]
+            return kind, table, paths, prompt_of
+        if cfg.prompts is not None:
+            prompts = instantiate(cfg.prompts)
+        elif kind == "class":
+            prompts = list(range(conditioner.num_classes))  # every class, in turn
+        else:
+            prompts = instantiate(cfg.model.default_prompts)
+        items = list(prompts)
+        conditioner.check_all(items)
+        return kind, items, None, None
+
+    def _sampling(self) -> SamplingConfig:
+        gen = self.cfg.generation
+        return SamplingConfig(temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p, cfg_scale=gen.cfg_scale)
+
+    def _data_key(self) -> dict:
+        cfg = self.cfg
+        key = {
             "kind": cfg.data,
-            "sequences": int(codes.shape[0]),
-            "wall_s_this_run": data_wall_s,
-            **({"generation": config["generation"]} if cfg.data == "self" else {"data_root": cfg.data_root}),
-        },
-        "held_out": {
-            "split": str(cfg.test_root) if cfg.test_root else "shipped test split (data/fashion_mnist)",
-            "images": len(test),
-            **held_out,
-        },
-        "training": training_summary(
-            summary,
-            steps_per_s_this_run=train_steps / summary["wall_s"] if summary["wall_s"] > 0 else None,
-            sequences_seen=summary["steps"] * cfg.batch_size,
-        ),
-        "wall_s_this_run": time.perf_counter() - started,
-        "config": config,
-        "environment": environment(device),
-    }
-    write_json_atomic(out_dir / REPORT_NAME, report)
-    return report
+            "prompts": drafter_data.prompts_digest(self.kind, self.prompts),
+            "num_image_tokens": self.target.config.num_image_tokens,
+        }
+        if cfg.data == "self":
+            gen = OmegaConf.to_container(cfg.generation, resolve=True)
+            key.update(target=self.target_digest, seed=int(gen["seed"]), sampling=self._sampling().__dict__)
+        else:
+            files = [(str(p), p.stat().st_size) for p in self.paths]
+            key.update(
+                vq=drafter_data.module_digest(self.bundle.vq), files=_digest(files), prompt_of=_digest(self.prompt_of)
+            )
+        return key
+
+    def _feature_key(self) -> dict:
+        cfg = self.cfg
+        return {
+            "data": _digest(self.data.key),
+            "target": self.target_digest,
+            "states": "final_norm",
+            "seed": int(cfg.seed),
+            "cond_dropout": float(cfg.features.cond_dropout),
+            "dtype": cfg.features.dtype,
+        }
+
+    @property
+    def total_rows(self) -> int:
+        return len(self.paths) if self.cfg.data == "images" else int(self.cfg.num_samples)
+
+    def split(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Training rows and held-out rows (the last ``held_out`` share, at least one row)."""
+        total = self.total_rows
+        held = max(1, math.ceil(float(self.cfg.held_out) * total))
+        if held >= total:
+            raise ConfigError(f"held_out={self.cfg.held_out} leaves no training rows of {total}")
+        return torch.arange(total - held), torch.arange(total - held, total)
+
+    # -- stages ----------------------------------------------------------------------------------------
+
+    def make_data(self) -> None:
+        cfg, gen = self.cfg, self.cfg.generation
+        drafter_data.write_prompts(self.data.folder, self.kind, self.prompts)
+        if cfg.data == "self":
+            drafter_data.self_distill(
+                self.data,
+                self.target,
+                self.bundle.conditioner,
+                self.prompts,
+                self._sampling(),
+                int(gen.seed),
+                self.total_rows,
+                int(gen.batch_size),
+                cfg.progress,
+            )
+        else:
+            drafter_data.tokenise_images(
+                self.data,
+                self.bundle.vq,
+                self.paths,
+                self.prompt_of,
+                self.target.config.grid_size * self.bundle.vq.config.downsample,
+                int(gen.batch_size),
+                cfg.progress,
+            )
+
+    def _require(self, store: ShardStore, rows: int, stage: str) -> None:
+        if store.rows < rows:
+            raise ConfigError(
+                f"{str(store.folder)!r} holds {store.rows} of {rows} rows: run stage={stage} (or stage=all) first"
+            )
+
+    def make_features(self) -> None:
+        self._require(self.data, self.total_rows, "data")
+        cfg = self.cfg
+        _, prompts = drafter_data.read_prompts(self.data.folder)
+        teacher_features(
+            self.features,
+            self.data,
+            self.target,
+            self.bundle.conditioner,
+            prompts,
+            int(cfg.seed),
+            float(cfg.features.cond_dropout),
+            FEATURE_DTYPES[cfg.features.dtype],
+            int(cfg.features.batch_size),
+            cfg.progress,
+        )
+
+    def new_drafter(self) -> Drafter:
+        torch.manual_seed(int(self.cfg.seed))
+        config = DrafterConfig(
+            self.target.config, n_layer=int(self.cfg.n_layer), condition_input=self.cfg.condition_input
+        )
+        return Drafter(config).to(self.bundle.device)
+
+    def train(self) -> dict:
+        self._require(self.features, self.total_rows, "features")
+        cfg, world = self.cfg, self.world
+        train_rows, _ = self.split()
+        if int(cfg.batch_size) % world.size:
+            raise checks.refuse("batch_size", cfg.batch_size, f"a multiple of the {world.size} torchrun processes")
+        drafter = self.new_drafter()
+        model = drafter
+        if world.distributed:
+            model = torch.nn.parallel.DistributedDataParallel(drafter)
+        optimizer = torch.optim.AdamW(
+            drafter.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
+        )
+        objective = FeatureObjective(
+            self.target, model, self.features, train_rows, cfg.noise, cfg.ce_weight, world.rank, world.size
+        )
+        trainer = Trainer(
+            drafter,
+            optimizer,
+            objective,
+            EpochBatches(train_rows.numel(), cfg.batch_size, cfg.seed, lambda positions: positions),
+            max_steps=cfg.steps,
+            out_dir=self.out_dir / "train",
+            ckpt_every=cfg.ckpt_every,
+            log_every=cfg.log_every,
+            progress=cfg.progress,
+            grad_clip=cfg.grad_clip,
+            lr_schedule=warmup_cosine(self.warmup_steps(), cfg.steps, cfg.min_lr_ratio),
+            config=self.train_config(),
+            resume_ignore=RESUME_IGNORE,
+            export_name="drafter.safetensors",  # this project's format (what a world ships), fp16 as the folder
+            export_dtype=torch.float16,
+            export_metadata=drafter_metadata(drafter),
+            world=world,
+        )
+        if world.is_main:
+            params = sum(p.numel() for p in drafter.parameters()) / 1e6
+            print(
+                f"training a {cfg.n_layer}-layer drafter ({params:.2f}M parameters) for {cfg.model.name} on "
+                f"{train_rows.numel()} sequences for {cfg.steps} steps of {cfg.batch_size}"
+                + (f" over {world.size} processes" if world.distributed else ""),
+                flush=True,
+            )
+        return trainer.fit()
+
+    def warmup_steps(self) -> int:
+        """``warmup_steps``, or 2% of ``steps`` (at least one) when null: a short run still reaches its rate."""
+        given = self.cfg.warmup_steps
+        return int(given) if given is not None else max(1, int(self.cfg.steps) // 50)
+
+    def train_config(self) -> dict:
+        """What the drafter's weights depend on (the trainer refuses to resume under another)."""
+        config = OmegaConf.to_container(self.cfg, resolve=True)
+        config.pop("model")
+        config["target_digest"] = self.target_digest
+        config["features_key"] = self.features.key
+        return config
+
+    def export(self, summary: dict | None) -> dict:
+        """Write ``out_dir/drafter`` from the trained weights, evaluate it and write the report."""
+        from safetensors.torch import load_file
+
+        weights = self.out_dir / "train" / "drafter.safetensors"
+        if not weights.is_file():
+            raise ConfigError(f"{str(weights)!r} is missing: run stage=train (or stage=all) first")
+        drafter = self.new_drafter()
+        drafter.load_state_dict({k: v.float() for k, v in load_file(str(weights)).items()}, strict=True)
+        folder = self.out_dir / DRAFTER_FOLDER
+        save_drafter_folder(drafter, self.target.input_embeddings(), folder)
+        model = self.cfg.model.bundle
+        gpt, vq = OmegaConf.to_container(model.gpt, resolve=True), OmegaConf.to_container(model.vq, resolve=True)
+        shipped = load_drafter(
+            folder, gpt=gpt, vq=vq, device=str(self.bundle.device), condition_input=self.cfg.condition_input
+        )
+        _, held_rows = self.split()
+        evaluate = lambda d: evaluate_features(  # noqa: E731
+            self.target,
+            d,
+            self.features,
+            held_rows,
+            int(self.cfg.eval_batch_size),
+            float(self.cfg.ce_weight),
+            int(self.cfg.top_k),
+        )
+        report = {
+            "drafter": str(folder),
+            "target": {"model": self.cfg.model.name, "digest": self.target_digest},
+            "held_out": evaluate(shipped),
+            "data": {"kind": self.cfg.data, "rows": self.total_rows, "disk_bytes": self.data.bytes()},
+            "features": {
+                "rows": self.features.rows,
+                "disk_bytes": self.features.bytes(),
+                "dtype": self.cfg.features.dtype,
+            },
+            "drafter_config": {"n_layer": int(self.cfg.n_layer), "condition_input": self.cfg.condition_input},
+        }
+        if self.cfg.compare_with:
+            other = load_drafter(
+                self.cfg.compare_with,
+                gpt=gpt,
+                vq=vq,
+                device=str(self.bundle.device),
+                condition_input=self.cfg.compare_condition_input,
+            )
+            report["compare_with"] = {"drafter": str(self.cfg.compare_with), "held_out": evaluate(other)}
+        if summary is not None:
+            report["training"] = {k: summary[k] for k in ("steps", "resumed_from", "train_wall_s", "logs")}
+        report["environment"] = environment(self.bundle.device)
+        write_json_atomic(self.out_dir / REPORT_NAME, report)
+        return report
+
+
+def run(cfg: DictConfig, world, hold=None) -> dict:
+    """Check, then run the configured stages; returns the report (rank 0, when export ran).
+
+    ``world`` is the torchrun world (:class:`lantern.run.distributed.World`: ``rank``, ``size``, ``is_main``,
+    ``distributed``, ``barrier()``); ``hold(folder)``, when given, returns the context manager that makes
+    this process the folder's only writer (the script passes a folder lock on rank 0), entered after every
+    check and before the first write.
+    """
+    check_config(cfg)
+    torch.set_num_threads(int(cfg.num_threads))
+    factory = Factory(cfg, world)
+    stage = cfg.stage
+    timings: dict[str, float] = {}
+    with hold(factory.out_dir) if hold is not None else contextlib.nullcontext():
+        for name, action in (("data", factory.make_data), ("features", factory.make_features)):
+            if stage in (name, "all"):
+                started = time.perf_counter()
+                if world.is_main:
+                    action()
+                world.barrier()
+                factory.data = ShardStore(factory.data.folder, factory.data.key, factory.data.what)
+                factory.features = ShardStore(factory.features.folder, factory.features.key, factory.features.what)
+                timings[name] = time.perf_counter() - started
+        summary = None
+        if stage in ("train", "all"):
+            started = time.perf_counter()
+            summary = factory.train()
+            timings["train"] = time.perf_counter() - started
+        if stage in ("export", "all") and world.is_main:
+            started = time.perf_counter()
+            report = factory.export(summary)
+            timings["export"] = time.perf_counter() - started
+            report["wall_s_this_run"] = timings
+            write_json_atomic(factory.out_dir / REPORT_NAME, report)
+            return report
+    return {"stages": timings, "out_dir": str(factory.out_dir)}
