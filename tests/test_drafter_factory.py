@@ -226,3 +226,42 @@ def test_a_second_writer_is_refused(tmp_path):
         line = error_line(factory(*SMALL, f"out_dir={out}"))
     assert "is being written by another process" in line
     assert sorted(p.name for p in out.iterdir()) == [".lock"]
+
+
+def test_images_data_reads_a_caption_file_for_a_text_target(tmp_path):
+    root = tmp_path / "images"
+    root.mkdir()
+    lines = []
+    for i, (colour, caption) in enumerate(
+        [("white", "a white shirt"), ("black", "a black boot"), ("grey", "a white shirt")]
+    ):
+        Image.new("RGB", (28, 28), colour).save(root / f"{i}.png")
+        lines.append(f"{i}.png\t{caption}")
+    captions = tmp_path / "captions.tsv"
+    captions.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "f"
+    world = ["model=fashion_t2i", "num_threads=1", "progress=false"]
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "train_drafter.py"), *world, "data=images", f"data_root={root}",
+         f"captions={captions}", "num_samples=null", "stage=data", f"out_dir={out}"],
+        cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads((out / "data" / "prompts.json").read_text()) == {
+        "kind": "text",
+        "items": ["a white shirt", "a black boot"],
+    }
+    from lantern.training.shards import ShardStore
+
+    key = json.loads((out / "data" / "index.json").read_text())["key"]
+    rows = ShardStore(out / "data", key, "data").read(torch.arange(3))
+    assert rows["prompt"].tolist() == [0, 1, 0] and rows["codes"].shape == (3, 64)
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("0.png a caption without a tab\n")
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "train_drafter.py"), *world, "data=images", f"data_root={root}",
+         f"captions={bad}", "stage=data", f"out_dir={tmp_path / 'g'}"],
+        cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert "bad.tsv:1: expected `relative/path<TAB>caption`" in error_line(proc)
+    assert not (tmp_path / "g").exists()
