@@ -143,10 +143,13 @@ class TargetAsDrafter(nn.Module):
     def __init__(self, target):
         super().__init__()
         self.target = target
-        self.config = type("Config", (), {"target": target.config})()
+        self.config = type("Config", (), {"target": target.config, "taps": ()})()  # reads the final-norm state
 
     def condition_inputs(self, target, cond_emb):
         return cond_emb[:, 1:]
+
+    def target_features(self, features):
+        return features
 
     def forward(self, embeds, features, entries, slots, mask, cache):
         positions = (entries + 1).clamp_max(self.target.config.max_seq_len - 1)  # overshoot entries are discarded

@@ -28,15 +28,19 @@ def guided_inputs(model: Target, condition: Condition, sampling: SamplingConfig)
 
 
 def prefill_condition(
-    model: Target, cond_emb: torch.Tensor, cond_mask: torch.Tensor, cache, capacity: int
-) -> torch.Tensor:
+    model: Target, cond_emb: torch.Tensor, cond_mask: torch.Tensor, cache, capacity: int, taps: tuple[int, ...] = ()
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Write the condition (rows, T, D) into cache slots ``0..T-1`` with a mask over the whole
-    ``capacity``; return the final-norm hidden states (rows, T, D) (the last predicts image token 0)."""
+    ``capacity``; return the final-norm hidden states (rows, T, D) (the last predicts image token 0).
+
+    With ``taps`` (an EAGLE-3-style drafter's), the pair ``(hidden, features)`` as
+    :meth:`~lantern.models.target.Target.forward_embeddings` returns it, features (rows, T, len(taps) * D).
+    """
     rows, cond_len = cond_emb.shape[:2]
     index = torch.arange(cond_len, device=cond_emb.device)
     mask = torch.zeros(rows, 1, cond_len, capacity, dtype=torch.bool, device=cond_emb.device)
     mask[..., :cond_len] = prefix_causal_mask(cond_mask, cond_len)
-    return model.forward_embeddings(cond_emb, index, index.expand(rows, -1), mask, cache)
+    return model.forward_embeddings(cond_emb, index, index.expand(rows, -1), mask, cache, taps)
 
 
 def tree_attention_mask(

@@ -13,6 +13,15 @@ target and are passed in or applied by the caller, so they stay frozen and share
 has no input norm (the features it reads are already normalised). ``condition_input`` says what
 the condition entries read as ``e``: the condition embeddings (this project's drafters) or the
 embedding of code 0 (the LANTERN release for LlamaGen feeds zero token ids there).
+
+EAGLE-3-style drafters (``taps``, arXiv 2503.01840) read a fusion of the target's low, middle and high
+layers instead of its final-norm state: ``f_i`` is then ``fuse`` (Linear ``len(taps) * D -> D``, no bias)
+over the residual streams entering the tapped layers at position ``i``
+(:meth:`~lantern.models.llamagen.gpt.Transformer.forward_embeddings`). Only the target's features go
+through ``fuse`` (:meth:`Drafter.target_features`); ``forward`` always reads D-wide features, fused
+target features or the drafter's own previous outputs, so drafting a tree is the same either way. The
+fused features are not normalised (EAGLE-3's own layer norms them first); the first layer stays without
+an input norm so that a drafter with and without taps differ only in ``fuse``.
 """
 
 from __future__ import annotations
@@ -26,12 +35,12 @@ import torch
 from torch import nn
 
 from lantern import checks
-from lantern.errors import ConfigError
+from lantern.errors import CheckpointError, ConfigError
 from lantern.models.checkpoint import check_shapes, check_state_dict, read_state_dict
 from lantern.models.devices import resolve_device, resolve_dtype
 from lantern.models.kv_cache import KVCache
 from lantern.models.llamagen import hf_layout
-from lantern.models.llamagen.gpt import GPTConfig, TransformerBlock, gpt_config
+from lantern.models.llamagen.gpt import GPTConfig, TransformerBlock, check_taps, gpt_config
 from lantern.models.llamagen.rope import rope_table_2d
 from lantern.models.llamagen.vq import vq_config
 
@@ -40,20 +49,30 @@ VOCAB_KEY = "lantern.vocab_size"
 # (this project), or the image-token embedding of code 0 (how the LANTERN release was trained).
 CONDITION_INPUTS = ("embedding", "token0")
 DIM_KEY = "lantern.dim"
+# The target layers an EAGLE-3-style drafter taps, comma-separated ("2,12,21"); absent or empty: none.
+TAPS_KEY = "lantern.taps"
+FUSE_KEY = "fuse.weight"
 
 
 @dataclass(frozen=True)
 class DrafterConfig:
-    """Drafter architecture: the target's width and heads, ``n_layer`` decoder layers of its own."""
+    """Drafter architecture: the target's width and heads, ``n_layer`` decoder layers of its own.
+
+    ``taps`` (layer indices of the target, see :func:`~lantern.models.llamagen.gpt.default_taps`): the
+    drafter reads the fused inputs of those layers instead of the final-norm state; empty (the default,
+    and every drafter before EAGLE-3) reads the final-norm state.
+    """
 
     target: GPTConfig
     n_layer: int = 1
     norm_eps: float = 1e-6
     condition_input: str = "embedding"
+    taps: tuple[int, ...] = ()
 
     def __post_init__(self):
         checks.integer("drafter n_layer", self.n_layer, 1)
         checks.choice("drafter condition_input", self.condition_input, CONDITION_INPUTS)
+        object.__setattr__(self, "taps", check_taps(self.taps, self.target.n_layer))  # a list from JSON -> tuple
 
     @property
     def dim(self) -> int:
@@ -69,13 +88,16 @@ class DrafterConfig:
 
 
 class Drafter(nn.Module):
-    """``fc`` (2D -> D, with bias) then ``n_layer`` LlamaGen blocks; no I/O in the constructor."""
+    """``fc`` (2D -> D, with bias) then ``n_layer`` LlamaGen blocks, and with taps ``fuse``
+    (``len(taps) * D -> D``, no bias) over the target's tapped states; no I/O in the constructor."""
 
     def __init__(self, config: DrafterConfig):
         super().__init__()
         self.config = config
         block = config.block_config()
         self.fc = nn.Linear(2 * block.dim, block.dim, bias=True)
+        if config.taps:
+            self.fuse = nn.Linear(len(config.taps) * block.dim, block.dim, bias=False)
         self.layers = nn.ModuleList(TransformerBlock(block) for _ in range(config.n_layer))
         self.layers[0].attention_norm = nn.Identity()
         self.register_buffer("rope", self._rope_table(), persistent=False)
@@ -97,6 +119,12 @@ class Drafter(nn.Module):
             return cond_emb[:, 1:]
         zeros = torch.zeros(cond_emb.shape[0], cond_emb.shape[1] - 1, dtype=torch.long, device=cond_emb.device)
         return target.embed_tokens(zeros)
+
+    def target_features(self, features: torch.Tensor) -> torch.Tensor:
+        """The target's features as :meth:`forward` reads them, (..., D): ``fuse`` over the tapped states
+        (..., len(taps) * D) that the target returns for ``config.taps``, or, without taps, its final-norm
+        states unchanged. Callers fuse only the positions they feed (a step's accepted path, not its tree)."""
+        return self.fuse(features) if self.config.taps else features
 
     @property
     def max_entries(self) -> int:
@@ -126,8 +154,8 @@ class Drafter(nn.Module):
         )
 
     def check_target(self, target_config: GPTConfig) -> None:
-        """ConfigError unless this drafter's width and vocabulary match ``target_config``."""
-        mine = self.config.target
+        """ConfigError unless this drafter's width, vocabulary, grid and taps fit ``target_config``."""
+        mine, taps = self.config.target, self.config.taps
         if mine.dim != target_config.dim or mine.vocab_size != target_config.vocab_size:
             raise ConfigError(
                 f"drafter (hidden size {mine.dim}, vocabulary {mine.vocab_size}) does not match the target "
@@ -137,6 +165,12 @@ class Drafter(nn.Module):
             raise ConfigError(
                 f"drafter was built for a {mine.grid_size}x{mine.grid_size} grid with {mine.cls_token_num} condition "
                 f"tokens, the target has {target_config.grid_size}x{target_config.grid_size} and {target_config.cls_token_num}"
+            )
+        deep = [tap for tap in taps if tap >= target_config.n_layer]
+        if deep:
+            raise ConfigError(
+                f"drafter taps the input of layer {deep[0]} (taps {list(taps)}) but the target has "
+                f"{target_config.n_layer} layers: taps must be in 1..{target_config.n_layer - 1}"
             )
 
 
@@ -172,7 +206,8 @@ def load_drafter(
 
     ``path`` is a file (this project's, or the LANTERN/EAGLE release format with HF Llama key names) or an
     HF-layout folder (:func:`load_drafter_folder`). A file for another hidden size or vocabulary is
-    refused with one message naming both.
+    refused with one message naming both. A file's taps are its :data:`TAPS_KEY` metadata; a
+    ``fuse.weight`` without them (a ``.pt`` file cannot carry them), or the reverse, is one error.
     """
     if path is None:
         raise ConfigError(
@@ -195,12 +230,16 @@ def load_drafter(
         raise ConfigError(
             f"drafter {os.fspath(path)!r} was trained for a vocabulary of {embed.shape[0]} codes but the target has {target.vocab_size}"
         )
-    vocab = _file_metadata(path).get(VOCAB_KEY)
+    metadata = _file_metadata(path)
+    vocab = metadata.get(VOCAB_KEY)
     if vocab is not None and int(vocab) != target.vocab_size:
         raise ConfigError(
             f"drafter {os.fspath(path)!r} was trained for a vocabulary of {vocab} codes but the target has {target.vocab_size}"
         )
-    drafter = Drafter(DrafterConfig(target, _layer_count(state_dict), norm_eps, condition_input))
+    source = f"drafter {os.fspath(path)!r}"
+    taps = check_taps(_parse_taps(metadata.get(TAPS_KEY), source), target.n_layer, f"{source}: {TAPS_KEY}")
+    _check_fuse(taps, FUSE_KEY in state_dict, source, f"metadata {TAPS_KEY}")
+    drafter = Drafter(DrafterConfig(target, _layer_count(state_dict), norm_eps, condition_input, taps))
     check_state_dict(drafter, state_dict, f"a 1-layer drafter for {gpt['preset']}", os.fspath(path))
     drafter.load_state_dict(state_dict, strict=True)
     return drafter.to(device=device, dtype=torch_dtype).eval()
@@ -220,6 +259,8 @@ def load_drafter_folder(
     shape and nothing else (``embed_tokens.weight`` included: their loader requires it too). What the drafter
     reads at condition entries is ``condition_input`` (the preset's) unless the folder's ``config.json``
     carries :data:`~lantern.models.llamagen.hf_layout.CONDITION_KEY`, which was written with the drafter and wins.
+    The drafter's taps are ``config.json``'s :data:`~lantern.models.llamagen.hf_layout.TAPS_KEY` (absent: none,
+    as in LANTERN's releases); ``fuse.weight`` without them, or the reverse, is one error.
     """
     config, given = hf_layout.read_folder(folder, "drafter")
     source = f"HF folder {os.fspath(folder)!r}"
@@ -231,7 +272,9 @@ def load_drafter_folder(
     if hf_layout.CONDITION_KEY in config:
         key = f"{source}: config.json {hf_layout.CONDITION_KEY}"
         condition_input = checks.choice(key, config[hf_layout.CONDITION_KEY], CONDITION_INPUTS)
-    drafter = Drafter(DrafterConfig(target, n_layer, norm_eps, condition_input))
+    taps = _folder_taps(config, target, source)
+    _check_fuse(taps, FUSE_KEY in given, source, f"config.json {hf_layout.TAPS_KEY}")
+    drafter = Drafter(DrafterConfig(target, n_layer, norm_eps, condition_input, taps))
     table = torch.empty(target.vocab_size, target.dim, device="meta")  # (V, D): only its shape is compared
     own = hf_layout.drafter_to_hf(drafter.state_dict(), table)
     check_shapes({k: tuple(v.shape) for k, v in own.items()}, given, what, os.fspath(folder))
@@ -246,10 +289,13 @@ def save_drafter_folder(
     """Write ``drafter`` as an HF-layout folder (``config.json`` + ``model.safetensors``) that
     :func:`load_drafter` reads and the authors' ``EaModel`` loads; ``embeddings`` (V, D) is the target's
     token table (their drafter keeps a copy). The config carries the target's ``cls_token_num`` and
-    ``block_size`` and the drafter's ``condition_input``. Written atomically: an interrupted export leaves
-    no folder that loads. Returns ``folder``."""
+    ``block_size``, the drafter's ``condition_input`` and, for a drafter with taps, ``lantern_taps`` (with
+    ``fuse.weight`` beside the tensors; the authors' loader knows neither). Written atomically: an
+    interrupted export leaves no folder that loads. Returns ``folder``."""
     config = drafter.config
-    layout = hf_layout.drafter_config(config.target, config.n_layer, config.norm_eps, config.condition_input)
+    layout = hf_layout.drafter_config(
+        config.target, config.n_layer, config.norm_eps, config.condition_input, config.taps
+    )
     state = hf_layout.drafter_to_hf(drafter.state_dict(), embeddings)
     return hf_layout.write_folder(folder, layout, state, dtype)
 
@@ -273,8 +319,47 @@ def random_drafter(
 
 
 def drafter_metadata(drafter: Drafter) -> dict[str, str]:
-    """Metadata stored in a drafter's safetensors file, checked on load."""
-    return {VOCAB_KEY: str(drafter.config.vocab_size), DIM_KEY: str(drafter.config.dim)}
+    """Metadata stored in a drafter's safetensors file, checked on load; :data:`TAPS_KEY` only for a drafter
+    with taps (so a drafter without them writes the same file as before taps existed)."""
+    config = drafter.config
+    metadata = {VOCAB_KEY: str(config.vocab_size), DIM_KEY: str(config.dim)}
+    if config.taps:
+        metadata[TAPS_KEY] = ",".join(str(tap) for tap in config.taps)
+    return metadata
+
+
+def _parse_taps(value: str | None, source: str) -> tuple[int, ...]:
+    """The taps a file's :data:`TAPS_KEY` metadata names ("2,12,21"; absent or empty: none)."""
+    if not value:
+        return ()
+    try:
+        return tuple(int(part) for part in value.split(","))
+    except ValueError:
+        raise CheckpointError(
+            f"{source}: metadata {TAPS_KEY}={value!r} is not a comma-separated list of layer indices"
+        ) from None
+
+
+def _folder_taps(config: Mapping, target: GPTConfig, source: str) -> tuple[int, ...]:
+    """The taps a folder's ``config.json`` states (a list of ints under ``lantern_taps``; absent: none)."""
+    key = f"{source}: config.json {hf_layout.TAPS_KEY}"
+    value = config.get(hf_layout.TAPS_KEY, [])
+    if not isinstance(value, list):
+        raise checks.refuse(key, value, "a list of layer indices")
+    return check_taps(value, target.n_layer, key)
+
+
+def _check_fuse(taps: tuple[int, ...], has_fuse: bool, source: str, where: str) -> None:
+    """One error when a drafter's tensors and its stated taps disagree: a ``fuse.weight`` is a drafter over
+    tapped layers, and which layers it read is known only from ``where``."""
+    if has_fuse and not taps:
+        raise CheckpointError(
+            f"{source} has {FUSE_KEY} (a drafter over tapped target layers) but no {where} saying which layers it reads"
+        )
+    if taps and not has_fuse:
+        raise CheckpointError(
+            f"{source} has {where}={','.join(map(str, taps))} but no {FUSE_KEY} to fuse those layers with"
+        )
 
 
 def _file_metadata(path) -> dict[str, str]:

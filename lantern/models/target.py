@@ -47,17 +47,23 @@ class Target(Protocol):
         """The (V, D) input embedding table (its dtype and device are the model's)."""
         ...
 
-    def forward_embeddings(self, x, positions, slots, mask, cache) -> torch.Tensor:
+    def forward_embeddings(
+        self, x, positions, slots, mask, cache, taps: tuple[int, ...] = ()
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Embeddings (B, S, D) at ``positions`` written to cache ``slots`` under ``mask`` (B, 1, S, L) ->
-        final-norm hidden states (B, S, D)."""
+        final-norm hidden states (B, S, D); with ``taps`` (layer indices), the pair ``(hidden, features)``
+        whose features (B, S, len(taps) * D) concatenate the residual streams entering those layers."""
         ...
 
     def prefill(self, cond_emb: torch.Tensor, mask: torch.Tensor, cache) -> tuple[torch.Tensor, torch.Tensor]:
         """The condition into cache slots ``0 .. T-1``; fp32 logits (B, V) and hidden (B, D) predicting token 0."""
         ...
 
-    def forward_tokens(self, tokens, positions, slots, mask, cache) -> tuple[torch.Tensor, torch.Tensor]:
-        """Image tokens (B, S) -> fp32 logits (B, S, V) and hidden states (B, S, D)."""
+    def forward_tokens(
+        self, tokens, positions, slots, mask, cache, taps: tuple[int, ...] = ()
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Image tokens (B, S) -> fp32 logits (B, S, V) from the final-norm state, and features: that state
+        (B, S, D) without ``taps``, else the tapped layers' inputs (B, S, len(taps) * D)."""
         ...
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -89,11 +89,11 @@ def timed_step(ctx: StepContext, state: SpecState, audit: bool, timer: PhaseTime
     t0 = timer.now()
     draft, root = draft_phase(ctx, state)
     t1 = timer.now()
-    p, hidden = verify_phase(ctx, state, draft)
+    p, features = verify_phase(ctx, state, draft)
     t2 = timer.now()
     walk = walk_phase(ctx, state, draft, p, audit)
     t3 = timer.now()
-    result = advance_phase(ctx, state, draft, root, walk, hidden)
+    result = advance_phase(ctx, state, draft, root, walk, features)
     t4 = timer.now()
     for phase, start, stop in (("drafter", t0, t1), ("target", t1, t2), ("walk", t2, t3), ("advance", t3, t4)):
         timer.add(phase, start, stop)
@@ -192,12 +192,15 @@ class SpeculativeDecoder:
         timer = PhaseTimer(device) if self.compile == "none" else None
         started = time.perf_counter() if timer else None
 
-        # Prefill (eager, once per batch): the condition into both caches, then image token 0.
-        hidden = prefill_condition(model, cond_emb, cond_mask, ctx.target_cache, capacity)  # (rows, T, D)
+        # Prefill (eager, once per batch): the condition into both caches, then image token 0. Token 0 comes
+        # from the final-norm state; the drafter reads the target's features (the same state, or its taps).
+        taps = drafter.config.taps
+        states = prefill_condition(model, cond_emb, cond_mask, ctx.target_cache, capacity, taps)
+        hidden, features = states if taps else (states, states)  # (rows, T, D), (rows, T, len(taps) * D or D)
         codes = torch.zeros(batch, num_tokens + 2 * depth + 2, dtype=torch.long, device=device)
         codes[:, 0] = next_token(guided_logits(model.head(hidden[:, -1]), sampling, 0), sampling, keys, 0)
         root_feature = drafter_prefill(
-            model, drafter, ctx.drafter_cache, cond_emb, hidden, codes[:, 0], cond_mask, capacity
+            model, drafter, ctx.drafter_cache, cond_emb, features, codes[:, 0], cond_mask, capacity
         )
         state = SpecState(
             codes=codes,

@@ -24,15 +24,17 @@ def drafter_prefill(
     drafter: Drafter,
     cache,
     cond_emb: torch.Tensor,
-    hidden: torch.Tensor,
+    features: torch.Tensor,
     first: torch.Tensor,
     cond_mask: torch.Tensor,
     capacity: int,
 ) -> torch.Tensor:
     """Feed the condition entries and image token 0; return the root feature (rows, D).
 
-    ``cond_emb`` (rows, T, D) and ``hidden`` (rows, T, D) come from the target's prefill; ``first``
-    (B,) is image token 0. Entry ``i < T`` reads ``[e_{i+1}; f_i]``, so the last entry reads token 0.
+    ``cond_emb`` (rows, T, D) and ``features`` come from the target's prefill: its final-norm states
+    (rows, T, D), or the tapped states (rows, T, len(taps) * D) of a drafter with taps, which
+    :meth:`~lantern.models.drafter.Drafter.target_features` fuses here. ``first`` (B,) is image token 0.
+    Entry ``i < T`` reads ``[e_{i+1}; f_i]``, so the last entry reads token 0.
     """
     rows, cond_len = cond_emb.shape[:2]
     groups = rows // first.shape[0]
@@ -42,9 +44,8 @@ def drafter_prefill(
     )
     mask = torch.zeros(rows, 1, cond_len, capacity, dtype=torch.bool, device=cond_emb.device)
     mask[..., :cond_len] = prefix_causal_mask(cond_mask[:, 1:], cond_len)
-    return drafter(embeds, hidden, index, index.expand(rows, -1), mask, cache)[
-        :, -1
-    ].contiguous()  # (rows, D) as a step returns it
+    fused = drafter.target_features(features)  # (rows, T, D)
+    return drafter(embeds, fused, index, index.expand(rows, -1), mask, cache)[:, -1].contiguous()  # (rows, D)
 
 
 def drafter_consume(
@@ -59,15 +60,17 @@ def drafter_consume(
 ) -> torch.Tensor:
     """Feed an accepted path to the drafter with its true target features; return its outputs (rows, S, D).
 
-    ``tokens`` (B, S) are the inputs at entries ``L .. L+S-1`` (``base`` = L), ``features`` (rows, S, D) the
-    target's hidden states before them; ``chain`` (B, S, S) the lower-triangular ancestry of a path.
+    ``tokens`` (B, S) are the inputs at entries ``L .. L+S-1`` (``base`` = L), ``features`` the target's
+    features before them (rows, S, D), or (rows, S, len(taps) * D) for a drafter with taps, fused here:
+    only the path's positions, not the whole verified tree; ``chain`` (B, S, S) the lower-triangular
+    ancestry of a path.
     """
     groups = features.shape[0] // tokens.shape[0]
     entries = base[:, None] + torch.arange(tokens.shape[1], device=tokens.device)  # (B, S)
     mask = tree_attention_mask(valid, base, chain)
     return drafter(
         model.embed_tokens(repeat_rows(tokens, groups)),
-        features,
+        drafter.target_features(features),  # (rows, S, D)
         repeat_rows(entries, groups),
         repeat_rows(entries, groups),
         repeat_rows(mask, groups),

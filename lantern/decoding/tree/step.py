@@ -110,7 +110,9 @@ def draft_phase(ctx: StepContext, state: SpecState) -> tuple[Draft, torch.Tensor
 
 
 def verify_phase(ctx: StepContext, state: SpecState, draft: Draft) -> tuple[torch.Tensor, torch.Tensor]:
-    """One target forward over ``[root, nodes]`` at slots ``L .. L+N``; returns p (B, N+1, V) and hidden (rows, N+1, D)."""
+    """One target forward over ``[root, nodes]`` at slots ``L .. L+N``; returns p (B, N+1, V), from the
+    final-norm state, and the features the drafter reads (rows, N+1, D), or (rows, N+1, len(taps) * D)
+    for a drafter with taps (the target's states entering those layers, fused once the path is known)."""
     model, groups = ctx.model, ctx.groups
     count = draft.num_nodes
     mask = tree_attention_mask(
@@ -118,17 +120,18 @@ def verify_phase(ctx: StepContext, state: SpecState, draft: Draft) -> tuple[torc
     )  # (B, 1, N+1, W)
     slots = state.length[:, None] + torch.arange(count, device=state.length.device)  # (B, N+1)
     positions = grid_positions(state.length[:, None] + draft.depth, model.config.max_seq_len, past_grid(ctx.rule))
-    logits, hidden = model.forward_tokens(
+    logits, features = model.forward_tokens(
         repeat_rows(draft.tokens, groups),
         repeat_rows(positions, groups),
         repeat_rows(slots, groups),
         repeat_rows(mask, groups),
         ctx.target_cache,
-    )  # (rows, N+1, V), (rows, N+1, D)
+        ctx.drafter.config.taps,
+    )  # (rows, N+1, V), (rows, N+1, D or len(taps) * D)
     p = verification_probabilities(
         guided_logits_at(logits, ctx.sampling, state.decided[:, None] + draft.depth), ctx.sampling
     )
-    return p, hidden
+    return p, features
 
 
 def walk_phase(ctx: StepContext, state: SpecState, draft: Draft, p: torch.Tensor, audit: bool) -> Walk:
@@ -137,9 +140,10 @@ def walk_phase(ctx: StepContext, state: SpecState, draft: Draft, p: torch.Tensor
 
 
 def advance_phase(
-    ctx: StepContext, state: SpecState, draft: Draft, root: torch.Tensor, walk: Walk, hidden: torch.Tensor
+    ctx: StepContext, state: SpecState, draft: Draft, root: torch.Tensor, walk: Walk, features: torch.Tensor
 ) -> tuple[SpecState, StepLog]:
-    """Write the accepted tokens, move their target cache entries into place, let the drafter consume them."""
+    """Write the accepted tokens, move their target cache entries into place, let the drafter consume them
+    with their target ``features`` (as :func:`verify_phase` returns them)."""
     groups, depth = ctx.groups, draft.max_depth
     decided, length = state.decided, state.length
     batch = decided.shape[0]
@@ -158,12 +162,12 @@ def advance_phase(
         repeat_rows(length[:, None] + source, groups), repeat_rows(length[:, None] + span[None, :], groups)
     )
 
-    features = hidden.gather(
-        1, repeat_rows(source, groups)[:, :, None].expand(-1, -1, hidden.shape[-1])
-    )  # (rows, D+1, D)
+    path_features = features.gather(
+        1, repeat_rows(source, groups)[:, :, None].expand(-1, -1, features.shape[-1])
+    )  # (rows, D+1, F): F = D, or len(taps) * D
     chain = torch.ones(depth + 1, depth + 1, dtype=torch.bool, device=device).tril().expand(batch, -1, -1)
     out = drafter_consume(
-        ctx.model, ctx.drafter, ctx.drafter_cache, new_tokens, features, length, state.drafter_valid[:batch], chain
+        ctx.model, ctx.drafter, ctx.drafter_cache, new_tokens, path_features, length, state.drafter_valid[:batch], chain
     )
     root_feature = out.gather(1, repeat_rows(accepted, groups)[:, None, None].expand(-1, 1, out.shape[-1]))[:, 0]
 
@@ -177,6 +181,6 @@ def advance_phase(
 def speculative_step(ctx: StepContext, state: SpecState, audit: bool = True) -> tuple[SpecState, StepLog]:
     """Draft, verify, walk, advance. ``audit``: measure the rule's costly realised TVs this step."""
     draft, root = draft_phase(ctx, state)
-    p, hidden = verify_phase(ctx, state, draft)
+    p, features = verify_phase(ctx, state, draft)
     walk = walk_phase(ctx, state, draft, p, audit)
-    return advance_phase(ctx, state, draft, root, walk, hidden)
+    return advance_phase(ctx, state, draft, root, walk, features)

@@ -88,6 +88,32 @@ GPT_PRESETS: dict[str, tuple[int, int, int]] = {
 }
 
 
+def default_taps(n_layer: int) -> tuple[int, ...]:
+    """EAGLE-3's taps for a target of ``n_layer`` layers: the states entering layers 2, ``n_layer // 2`` and
+    ``n_layer - 3`` (low, middle, high; EAGLE-3's code taps exactly these).
+
+    Each is clamped into ``1 .. n_layer - 1`` and a repeated one is dropped (as EAGLE-3's code, which tests
+    ``idx in {...}`` per layer), in ascending order: so from 7 layers on there are three, 6 layers give
+    ``(2, 3)``, 5 give ``(2,)`` and GPT-nano's 2 give ``(1,)``. A 1-layer target has no state to tap.
+    """
+    n_layer = checks.integer("n_layer", n_layer, 2, note="a target with taps needs a state between two layers")
+    return tuple(sorted({min(max(tap, 1), n_layer - 1) for tap in (2, n_layer // 2, n_layer - 3)}))
+
+
+def check_taps(taps, n_layer: int, name: str = "taps") -> tuple[int, ...]:
+    """``taps`` as a tuple of ints, each a layer index in ``1 .. n_layer - 1``, none repeated; else a
+    ConfigError naming the bad one (``name`` says where the taps come from). Tap ``i`` is the residual
+    stream entering layer ``i``: 0 would be the token embeddings and ``n_layer`` the un-normed last state."""
+    taps = tuple(taps)
+    for tap in taps:
+        note = f"{name}={checks.shown(list(taps))}: the input of one of the target's layers 1..{n_layer - 1}"
+        checks.integer("tap", tap, 1, n_layer - 1, note=note)
+    repeated = sorted({tap for tap in taps if taps.count(tap) > 1})
+    if repeated:
+        raise checks.refuse(name, list(taps), "distinct layer indices", f"tap {repeated[0]} is repeated")
+    return tuple(int(tap) for tap in taps)
+
+
 def gpt_config(preset: str, model_type: str, image_size: int, downsample: int = 16, **overrides) -> GPTConfig:
     """Build the :class:`GPTConfig` of a named preset for ``model_type`` at ``image_size`` pixels.
 
@@ -257,17 +283,31 @@ class Transformer(nn.Module):
         return self.tok_embeddings.weight
 
     # ----- core ---------------------------------------------------------------------------------
-    def forward_embeddings(self, x, positions, slots, mask, cache) -> torch.Tensor:
+    def forward_embeddings(
+        self, x, positions, slots, mask, cache, taps: tuple[int, ...] = ()
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Run the layers over embeddings ``x`` (B, S, D); return final-norm hidden states (B, S, D).
 
         ``positions`` (S,) or (B, S) index the RoPE table; ``slots`` (B, S) are the cache slots each row writes;
         ``mask`` (B, 1, S, L) bool says which of the first ``L`` cache slots each query may attend to.
         ``cache`` is a :class:`KVCache` or :class:`NoCache`.
+
+        ``taps`` (layer indices in ``1 .. n_layer - 1``, see :func:`default_taps`): when given, the pair
+        ``(hidden, features)`` is returned instead, where ``features`` (B, S, len(taps) * D) concatenates, in
+        the given order, the residual stream entering each tapped layer (before any norm): what an
+        EAGLE-3-style drafter reads in place of the final-norm state.
         """
+        taps = check_taps(taps, self.config.n_layer) if taps else ()
         rope = self.rope[positions]
+        states: dict[int, torch.Tensor] = {}
         for index, layer in enumerate(self.layers):
+            if index in taps:
+                states[index] = x  # (B, S, D) the input of layer ``index``
             x = layer(x, rope, mask, slots, cache.layer(index))
-        return self.norm(x)
+        hidden = self.norm(x)
+        if not taps:
+            return hidden
+        return hidden, torch.cat([states[tap] for tap in taps], dim=-1)  # (B, S, D), (B, S, len(taps) * D)
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Hidden states (..., D) -> fp32 logits (..., V)."""
@@ -285,14 +325,19 @@ class Transformer(nn.Module):
         hidden = self.forward_embeddings(cond_emb, index, index.expand(batch, seq), mask, cache)[:, -1]
         return self.head(hidden), hidden
 
-    def forward_tokens(self, tokens, positions, slots, mask, cache) -> tuple[torch.Tensor, torch.Tensor]:
-        """Feed image tokens (B, S) at ``positions`` and ``slots``; return logits (B, S, V) and hidden (B, S, D).
+    def forward_tokens(
+        self, tokens, positions, slots, mask, cache, taps: tuple[int, ...] = ()
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed image tokens (B, S) at ``positions`` and ``slots``; return logits (B, S, V) and features.
 
         See :meth:`forward_embeddings` for the arguments. Tree verification passes depth-based
-        positions and a tree mask; plain decoding passes one token with a causal row.
+        positions and a tree mask; plain decoding passes one token with a causal row. The logits always
+        come from the final-norm state; the features are that state (B, S, D) without ``taps``, else the
+        tapped layers' inputs (B, S, len(taps) * D), so a drafter's caller reads one tensor either way.
         """
-        hidden = self.forward_embeddings(self.embed_tokens(tokens), positions, slots, mask, cache)
-        return self.head(hidden), hidden
+        states = self.forward_embeddings(self.embed_tokens(tokens), positions, slots, mask, cache, taps)
+        hidden, features = states if taps else (states, states)
+        return self.head(hidden), features
 
     def new_cache(self, batch: int, max_len: int | None = None) -> KVCache:
         """A zeroed cache for ``batch`` rows and ``max_len`` slots (default: the full sequence)."""
@@ -303,17 +348,20 @@ class Transformer(nn.Module):
         )
 
     # ----- training -----------------------------------------------------------------------------
-    def teacher_hidden(self, cond_emb: torch.Tensor, tokens: torch.Tensor, cond_mask: torch.Tensor) -> torch.Tensor:
+    def teacher_hidden(
+        self, cond_emb: torch.Tensor, tokens: torch.Tensor, cond_mask: torch.Tensor, taps: tuple[int, ...] = ()
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Teacher-forced pass without a cache over condition (B, T, D) then tokens (B, N).
 
         Returns the final-norm hidden states of every position, (B, T + N - 1, D); the last image
-        token is not fed. Drafter training reads the condition positions too.
+        token is not fed. Drafter training reads the condition positions too. With ``taps`` it returns
+        ``(hidden, features)``, features (B, T + N - 1, len(taps) * D) as :meth:`forward_embeddings` taps them.
         """
         x = torch.cat([cond_emb, self.embed_tokens(tokens[:, :-1])], dim=1)  # (B, T + N - 1, D)
         seq = x.shape[1]
         positions = torch.arange(seq, device=x.device)
         mask = prefix_causal_mask(cond_mask, seq)
-        return self.forward_embeddings(x, positions, positions.expand(x.shape[0], seq), mask, NoCache())
+        return self.forward_embeddings(x, positions, positions.expand(x.shape[0], seq), mask, NoCache(), taps)
 
     def forward_teacher(self, cond_emb: torch.Tensor, tokens: torch.Tensor, cond_mask: torch.Tensor) -> torch.Tensor:
         """Teacher-forced hidden states (B, N, D) where row ``n`` predicts image token ``n``.

@@ -40,6 +40,9 @@ INDEX_SUFFIX = ".index.json"
 # Our own config.json key: what the drafter reads at condition entries (see DrafterConfig.condition_input).
 # Their releases do not carry it (their drafter feeds code 0 there); a folder that does overrides the preset.
 CONDITION_KEY = "lantern_condition_input"
+# Our own config.json key: the target layers an EAGLE-3-style drafter taps (a list of ints; see
+# DrafterConfig.taps); their fusion is the tensor ``fuse.weight``, under our own name. Absent: none (their releases).
+TAPS_KEY = "lantern_taps"
 # Buffers that older transformers versions saved beside the weights; they hold no weights.
 _STRAY_SUFFIXES = (".rotary_emb.inv_freq",)
 # LlamaGen's null class is trained by dropping labels at this rate; their LabelEmbedder only has the null
@@ -138,12 +141,13 @@ def target_from_hf(state_dict: Mapping[str, torch.Tensor], source: str = "HF sta
 def drafter_to_hf(state_dict: Mapping[str, torch.Tensor], embeddings: torch.Tensor) -> dict[str, torch.Tensor]:
     """Our drafter's state dict -> their drafter ``Model``'s; ``embeddings`` (V, D) is the target's frozen
     token table, of which their drafter keeps a copy (``embed_tokens.weight``). Our first layer has no input
-    norm and neither has theirs (``index == 0``)."""
+    norm and neither has theirs (``index == 0``). A drafter with taps keeps ``fuse.weight`` under our name
+    (see :data:`TAPS_KEY`)."""
     out = {"embed_tokens.weight": embeddings}
     for key, value in state_dict.items():
         if key.startswith("layers."):
             out.update(layer_to_hf(key, value, ""))
-        elif key in ("fc.weight", "fc.bias"):
+        elif key in ("fc.weight", "fc.bias", "fuse.weight"):
             out[key] = value
         else:
             raise ConfigError(f"no HF-layout name for the drafter tensor {key!r}")
@@ -207,9 +211,12 @@ def target_config(config: GPTConfig) -> dict:
     }
 
 
-def drafter_config(target: GPTConfig, n_layer: int = 1, norm_eps: float = 1e-6, condition_input: str = "") -> dict:
+def drafter_config(
+    target: GPTConfig, n_layer: int = 1, norm_eps: float = 1e-6, condition_input: str = "", taps: tuple[int, ...] = ()
+) -> dict:
     """The drafter's ``config.json``: the keys their ``EConfig`` reads (``bias``: fc has one), the target's
-    ``cls_token_num`` and ``block_size`` (checked on load) and, when given, our :data:`CONDITION_KEY`."""
+    ``cls_token_num`` and ``block_size`` (checked on load) and, when given, our :data:`CONDITION_KEY` and
+    :data:`TAPS_KEY`."""
     config = {
         "architectures": ["LlamaForCausalLM"],
         "hidden_act": "silu",
@@ -232,6 +239,8 @@ def drafter_config(target: GPTConfig, n_layer: int = 1, norm_eps: float = 1e-6, 
     }
     if condition_input:
         config[CONDITION_KEY] = condition_input
+    if taps:
+        config[TAPS_KEY] = [int(tap) for tap in taps]
     return config
 
 

@@ -70,7 +70,15 @@ def target_config(config: GPTConfig, max_positions: int = 512) -> dict:
 
 
 def drafter_config(config: DrafterConfig) -> dict:
-    """The drafter's ``config.json`` as their ``EConfig`` reads it (:func:`hf_layout.drafter_config`)."""
+    """The drafter's ``config.json`` as their ``EConfig`` reads it (:func:`hf_layout.drafter_config`).
+
+    Their drafter reads the target's final-norm state, so a drafter with taps has no counterpart there.
+    """
+    if config.taps:
+        raise ConfigError(
+            f"a drafter with taps {list(config.taps)} cannot run in the authors' code, whose drafter reads the "
+            "target's final-norm state"
+        )
     return hf_layout.drafter_config(config.target, config.n_layer, config.norm_eps)
 
 
