@@ -27,7 +27,9 @@ JACOBI_ACCEPT = 6  # the test of each window draft
 JACOBI_DRAFT = 7  # Jacobi redraws of the untested window positions
 JACOBI_RESIDUAL = 8  # the token drawn at the first rejection (or after a full window)
 JACOBI_INIT = 9  # uniform codes initialising fresh window slots
-TRAIN_COND_DROPOUT = 10  # drafter training data: whether a row takes the null condition (lantern/training/drafter_features.py)
+TRAIN_COND_DROPOUT = (
+    10  # drafter training data: whether a row takes the null condition (lantern/training/drafter_features.py)
+)
 
 
 def _signed(c: int) -> int:

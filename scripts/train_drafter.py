@@ -45,7 +45,8 @@ def main(cfg: DictConfig) -> None:
             f"{held[f'top{cfg.top_k}']:.4f} on {held['rows']} sequences; report in {cfg.out_dir}/{REPORT_NAME}"
         )
     else:
-        print(f"stages {', '.join(report['stages'])} done in {report['out_dir']}")
+        done = ", ".join(f"{name} ({seconds:.0f} s)" for name, seconds in report["stages"].items())
+        print(f"stages {done} done in {report['out_dir']}")
 
 
 if __name__ == "__main__":

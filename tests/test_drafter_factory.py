@@ -265,3 +265,21 @@ def test_images_data_reads_a_caption_file_for_a_text_target(tmp_path):
     )  # fmt: skip
     assert "bad.tsv:1: expected `relative/path<TAB>caption`" in error_line(proc)
     assert not (tmp_path / "g").exists()
+
+
+def test_an_eagle3_drafter_exports_with_its_taps_and_decodes_losslessly(tmp_path):
+    out = tmp_path / "f"
+    proc = factory(*SMALL, "drafter=eagle3", "drafter.ttt_steps=2", f"out_dir={out}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    config = json.loads((out / "drafter" / "config.json").read_text())
+    assert config["lantern_taps"] == [1]  # GPT-nano has 2 layers: the input of layer 1
+    assert (out / "features_taps-1").is_dir() and not (out / "features").exists()
+    report = json.loads((out / "report.json").read_text())
+    assert report["drafter_config"]["kind"] == "eagle3" and report["drafter_config"]["taps"] == [1]
+    ar, ar_png = run_images(tmp_path, "ar", "temperature=0")
+    _, eagle_png = run_images(
+        tmp_path, "e3", "temperature=0", "decoding=eagle", f"model.drafter_ckpt={out / 'drafter'}"
+    )
+    assert eagle_png == ar_png
+    line = error_line(factory(*SMALL, "drafter=eagle3", "drafter.taps=[5]", f"out_dir={tmp_path / 'g'}"))
+    assert "drafter.taps=[5]: expected distinct layer indices in [1, 1]" in line

@@ -324,3 +324,81 @@ def test_hidden_size_mismatch_names_both_sizes(tmp_path):
     with pytest.raises(ConfigError, match=r"hidden size 64.*hidden size 128"):
         load_drafter(path, gpt=wide, vq=VQ)
     assert drafter_metadata(drafter)[VOCAB_KEY] == "64"
+
+
+# -- EAGLE-3 style: tapped layers and the training-time test ---------------------------------------------
+
+
+def decode_time_output(drafter, target, embeds, first, cond_mask, entry, depth):
+    """The drafter's output at ``entry`` as a node at draft ``depth`` sees it while decoding: the prefix
+    ``0 .. entry - depth`` read the target's features ``first``, then a chain of ``depth`` entries each
+    reading the previous entry's output (computed step by step over a growing causal sequence)."""
+    start = entry - depth  # the last entry that reads the target's features
+    features = first[:, : start + 1]
+    for _ in range(depth):
+        length = features.shape[1]
+        index = torch.arange(length)
+        mask = prefix_causal_mask(cond_mask[:, 1:], length)
+        outputs = drafter(embeds[:, :length], features, index, index.expand(first.shape[0], length), mask, NoCache())
+        features = torch.cat([features, outputs[:, -1:]], dim=1)  # the next entry reads this estimate
+    length = features.shape[1]
+    index = torch.arange(length)
+    mask = prefix_causal_mask(cond_mask[:, 1:], length)
+    return drafter(embeds[:, :length], features, index, index.expand(first.shape[0], length), mask, NoCache())[:, -1]
+
+
+def test_the_unrolled_passes_see_what_a_drafted_node_sees(tmp_path):
+    from lantern.training.drafter import unrolled_estimates
+
+    target = tiny_target()
+    store, codes, _ = toy_features(tmp_path, target, rows=2)
+    rows = store.read(torch.arange(2))
+    torch.manual_seed(5)
+    drafter = Drafter(DrafterConfig(target.config)).eval()
+    passes = unrolled_estimates(target, drafter, rows["cond"], rows["mask"], codes, rows["hidden"], steps=3)
+    assert [p[0].shape[1] for p in passes] == [N - 1, N - 2, N - 3]  # pass k scores entries T-1+k ..
+    assert all(torch.equal(f, rows["hidden"][:, T + k :]) for k, (_, f) in enumerate(passes))
+    length = T + N - 2
+    embeds = torch.cat([rows["cond"][:, 1:], target.embed_tokens(codes[:, : N - 1])], dim=1)
+    first = rows["hidden"][:, :length]
+    with torch.no_grad():
+        for k in (1, 2):
+            for entry in (T - 1 + k, T + 10, length - 1):
+                expected = decode_time_output(drafter, target, embeds, first, rows["mask"], entry, k)
+                got = passes[k][0][:, entry - (T - 1 + k)]
+                torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        base = passes[0][0]
+        torch.testing.assert_close(base, drafter_outputs_teacher(drafter, target, rows, codes), rtol=1e-6, atol=1e-6)
+
+
+def drafter_outputs_teacher(drafter, target, rows, codes):
+    from lantern.training.drafter import drafter_estimates
+
+    return drafter_estimates(target, drafter, rows["cond"], rows["mask"], codes, rows["hidden"])[0]
+
+
+def test_a_tapped_drafter_trains_with_the_training_time_test(tmp_path):
+    target = tiny_target(n_layer=6)
+    data, codes, _ = toy_data(tmp_path / "data", rows=6)
+    store = ShardStore(tmp_path / "features", {"what": "taps"}, "features")
+    taps = (1, 3, 5)
+    teacher_features(store, data, target, toy_conditioner(), [0, 1, 2], 0, 0.3, torch.float32, 4, False, taps)
+    rows = store.read(torch.arange(6))
+    hidden, tapped = target.teacher_hidden(rows["cond"], codes, rows["mask"], taps=taps)
+    torch.testing.assert_close(rows["taps"], tapped)
+    assert rows["taps"].shape == (6, T + N - 1, 3 * target.config.dim)
+    torch.manual_seed(2)
+    drafter = Drafter(DrafterConfig(target.config, taps=taps))
+    train = torch.arange(4)
+    before = evaluate_features(target, drafter, store, train, batch_size=3, ce_weight=1.0, feature_weight=0.0)
+    objective = FeatureObjective(target, drafter, store, train, noise=0.0, ce_weight=1.0, steps=3, feature_weight=0.0)
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=3e-3)
+    for _ in range(30):
+        optimizer.zero_grad()
+        loss, logs = objective(torch.arange(4))
+        loss.backward()
+        optimizer.step()
+    assert {"top1_pass1", "top1_pass2"} <= set(logs)
+    assert drafter.fuse.weight.grad is not None and drafter.fuse.weight.grad.abs().sum() > 0
+    after = evaluate_features(target, drafter, store, train, batch_size=3, ce_weight=1.0, feature_weight=0.0)
+    assert after["ce"] < before["ce"] and after["top1"] > before["top1"]

@@ -20,6 +20,8 @@ Storage per row: ``(2T + N - 1) * D`` numbers in ``dtype`` (fp16 by default): 24
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from tqdm.auto import tqdm
 
@@ -31,12 +33,26 @@ from lantern.training.shards import ShardStore
 FEATURE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
-def check_target(target, what: str) -> None:
-    """ConfigError unless ``target`` gives the teacher-forced states an EAGLE-style drafter reads."""
-    if not callable(getattr(target, "teacher_hidden", None)):
+def check_target(target, what: str, taps: tuple[int, ...] = ()) -> None:
+    """ConfigError unless ``target`` gives the teacher-forced states the drafter reads: its final-norm states
+    (``teacher_hidden``) and, for ``taps``, the states entering those layers."""
+    teacher = getattr(target, "teacher_hidden", None)
+    if not callable(teacher):
         raise ConfigError(
             f"{what}: the target {type(target).__name__} gives no teacher-forced hidden states "
             "(teacher_hidden), which an EAGLE-style drafter is trained on"
+        )
+    if taps and "taps" not in inspect.signature(teacher).parameters:
+        raise ConfigError(
+            f"{what}: the target {type(target).__name__} gives no states of inner layers (teacher_hidden(taps=)), "
+            f"which drafter.taps={list(taps)} reads; use drafter=eagle"
+        )
+    layers = target.config.n_layer
+    bad = [t for t in taps if not 1 <= t < layers]
+    if bad or len(set(taps)) != len(taps):
+        raise ConfigError(
+            f"{what}: drafter.taps={list(taps)}: expected distinct layer indices in [1, {layers - 1}] "
+            f"(the target has {layers} layers)"
         )
 
 
@@ -60,8 +76,10 @@ def teacher_features(
     dtype: torch.dtype,
     batch_size: int,
     progress: bool = True,
+    taps: tuple[int, ...] = (),
 ) -> None:
-    """Append feature rows ``store.rows .. data.rows - 1`` (see the module docstring)."""
+    """Append feature rows ``store.rows .. data.rows - 1`` (see the module docstring); with ``taps`` the rows
+    also hold ``taps`` (S, T+N-1, len(taps) * D), the states entering those target layers."""
     device = target.input_embeddings().device
     with tqdm(
         total=data.rows,
@@ -83,9 +101,15 @@ def teacher_features(
             blank = target.null_condition(len(rows)).to(device=values.device, dtype=values.dtype)
             values = torch.where(null.to(device).view(-1, *([1] * (values.dim() - 1))), blank, values)
             cond_emb = target.embed_condition(values)  # (b, T, D)
-            hidden = target.teacher_hidden(cond_emb, codes, condition.mask)  # (b, T+N-1, D)
+            extra = {}
+            if taps:
+                hidden, tapped = target.teacher_hidden(cond_emb, codes, condition.mask, taps=taps)
+                extra["taps"] = tapped.to(dtype)  # (b, T+N-1, len(taps) * D)
+            else:
+                hidden = target.teacher_hidden(cond_emb, codes, condition.mask)  # (b, T+N-1, D)
             store.append(
                 {
+                    **extra,
                     "hidden": hidden.to(dtype),
                     "cond": cond_emb.to(dtype),
                     "mask": condition.mask.cpu(),

@@ -28,6 +28,7 @@ from lantern import checks
 from lantern.errors import ConfigError
 from lantern.files import write_json_atomic
 from lantern.models.drafter import Drafter, DrafterConfig, drafter_metadata, load_drafter, save_drafter_folder
+from lantern.models.llamagen.gpt import default_taps
 from lantern.models.sampling import SamplingConfig
 from lantern.results.provenance import environment
 from lantern.training import drafter_data
@@ -38,6 +39,7 @@ from lantern.training.shards import ShardStore
 
 STAGES = ("data", "features", "train", "export", "all")
 DATA_KINDS = ("self", "images")
+DRAFTER_KINDS = ("eagle", "eagle3")
 REPORT_NAME = "report.json"
 DRAFTER_FOLDER = "drafter"
 # Settings that change nothing the drafter learns, so a resumed training may change them.
@@ -64,9 +66,15 @@ def check_config(cfg: DictConfig) -> None:
     checks.choice("features.dtype", cfg.features.dtype, tuple(FEATURE_DTYPES))
     checks.probability("features.cond_dropout", cfg.features.cond_dropout)
     checks.real("held_out", cfg.held_out, 0, 1, low_open=True, high_open=True)
-    checks.integer("n_layer", cfg.n_layer, 1)
-    checks.real("noise", cfg.noise, 0)
-    checks.real("ce_weight", cfg.ce_weight, 0)
+    drafter = cfg.drafter
+    checks.choice("drafter.kind", drafter.kind, DRAFTER_KINDS)
+    checks.integer("drafter.n_layer", drafter.n_layer, 1)
+    checks.integer("drafter.ttt_steps", drafter.ttt_steps, 1)
+    checks.real("drafter.noise", drafter.noise, 0)
+    checks.real("drafter.feature_weight", drafter.feature_weight, 0)
+    checks.real("drafter.ce_weight", drafter.ce_weight, 0)
+    if drafter.taps is not None and not all(checks.is_number(t) and int(t) == t for t in drafter.taps):
+        raise checks.refuse("drafter.taps", list(drafter.taps), "a list of layer indices or null")
     checks.integer("eval_batch_size", cfg.eval_batch_size, 1)
     checks.integer("top_k", cfg.top_k, 1)
     if len(cfg.betas) != 2:
@@ -88,7 +96,8 @@ class Factory:
         self.out_dir = Path(cfg.out_dir)
         self.bundle = instantiate(cfg.model.bundle)
         self.target = self.bundle.gpt.eval().requires_grad_(False)
-        check_target(self.target, f"model={cfg.model.name}")
+        self.taps = self._taps()
+        check_target(self.target, f"model={cfg.model.name}", self.taps)
         self.target_digest = drafter_data.module_digest(self.target)
         self.kind, self.prompts, self.paths, self.prompt_of = self._sources()
         train_rows, _ = self.split()  # before any work: the batch must fit the training rows
@@ -99,9 +108,17 @@ class Factory:
                 f"an integer <= {train_rows.numel()}, the training rows of {self.total_rows}",
             )
         self.data = ShardStore(self.out_dir / "data", self._data_key(), "drafter training sequences")
-        self.features = ShardStore(self.out_dir / "features", self._feature_key(), "drafter features")
+        name = "features" if not self.taps else "features_taps-" + "-".join(map(str, self.taps))
+        self.features = ShardStore(self.out_dir / name, self._feature_key(), "drafter features")
 
     # -- sources and keys ------------------------------------------------------------------------------
+
+    def _taps(self) -> tuple[int, ...]:
+        """The target layers the drafter reads (EAGLE-3 style), or () for the final-norm state."""
+        taps = self.cfg.drafter.taps
+        if taps is None:
+            return default_taps(self.target.config.n_layer)
+        return tuple(int(t) for t in taps)
 
     def _sources(self):
         """Prompt kind, prompt table, and (data=images) image paths with their prompt indices."""
@@ -154,6 +171,7 @@ class Factory:
             "data": _digest(self.data.key),
             "target": self.target_digest,
             "states": "final_norm",
+            "taps": list(self.taps),
             "seed": int(cfg.seed),
             "cond_dropout": float(cfg.features.cond_dropout),
             "dtype": cfg.features.dtype,
@@ -220,12 +238,14 @@ class Factory:
             FEATURE_DTYPES[cfg.features.dtype],
             int(cfg.features.batch_size),
             cfg.progress,
+            self.taps,
         )
 
     def new_drafter(self) -> Drafter:
         torch.manual_seed(int(self.cfg.seed))
+        spec = self.cfg.drafter
         config = DrafterConfig(
-            self.target.config, n_layer=int(self.cfg.n_layer), condition_input=self.cfg.condition_input
+            self.target.config, n_layer=int(spec.n_layer), condition_input=spec.condition_input, taps=self.taps
         )
         return Drafter(config).to(self.bundle.device)
 
@@ -242,8 +262,18 @@ class Factory:
         optimizer = torch.optim.AdamW(
             drafter.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
         )
+        spec = cfg.drafter
         objective = FeatureObjective(
-            self.target, model, self.features, train_rows, cfg.noise, cfg.ce_weight, world.rank, world.size
+            self.target,
+            model,
+            self.features,
+            train_rows,
+            spec.noise,
+            spec.ce_weight,
+            world.rank,
+            world.size,
+            steps=int(spec.ttt_steps),
+            feature_weight=float(spec.feature_weight),
         )
         trainer = Trainer(
             drafter,
@@ -267,7 +297,7 @@ class Factory:
         if world.is_main:
             params = sum(p.numel() for p in drafter.parameters()) / 1e6
             print(
-                f"training a {cfg.n_layer}-layer drafter ({params:.2f}M parameters) for {cfg.model.name} on "
+                f"training a {cfg.drafter.n_layer}-layer {cfg.drafter.kind} drafter ({params:.2f}M parameters) for {cfg.model.name} on "
                 f"{train_rows.numel()} sequences for {cfg.steps} steps of {cfg.batch_size}"
                 + (f" over {world.size} processes" if world.distributed else ""),
                 flush=True,
@@ -300,8 +330,9 @@ class Factory:
         save_drafter_folder(drafter, self.target.input_embeddings(), folder)
         model = self.cfg.model.bundle
         gpt, vq = OmegaConf.to_container(model.gpt, resolve=True), OmegaConf.to_container(model.vq, resolve=True)
+        spec = self.cfg.drafter
         shipped = load_drafter(
-            folder, gpt=gpt, vq=vq, device=str(self.bundle.device), condition_input=self.cfg.condition_input
+            folder, gpt=gpt, vq=vq, device=str(self.bundle.device), condition_input=spec.condition_input
         )
         _, held_rows = self.split()
         evaluate = lambda d: evaluate_features(  # noqa: E731
@@ -310,8 +341,9 @@ class Factory:
             self.features,
             held_rows,
             int(self.cfg.eval_batch_size),
-            float(self.cfg.ce_weight),
+            float(spec.ce_weight),
             int(self.cfg.top_k),
+            float(spec.feature_weight),
         )
         report = {
             "drafter": str(folder),
@@ -323,7 +355,7 @@ class Factory:
                 "disk_bytes": self.features.bytes(),
                 "dtype": self.cfg.features.dtype,
             },
-            "drafter_config": {"n_layer": int(self.cfg.n_layer), "condition_input": self.cfg.condition_input},
+            "drafter_config": {**OmegaConf.to_container(spec, resolve=True), "taps": list(self.taps)},
         }
         if self.cfg.compare_with:
             other = load_drafter(
