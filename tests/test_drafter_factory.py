@@ -147,24 +147,31 @@ def test_an_unknown_model_is_one_line(tmp_path):
     assert "model=nope" in line and "tiny_random_c2i" in line
 
 
-def test_kill_during_data_resumes_to_the_same_rows(tmp_path):
-    args = ["num_samples=48", "generation.batch_size=4", "stage=data"]
-    whole = tmp_path / "whole"
-    assert factory(*args, f"out_dir={whole}").returncode == 0
-    out = tmp_path / "killed"
+def kill_when(path: Path, args: list[str], out: Path) -> None:
+    """Start the script, kill -9 it as soon as ``path`` exists (or it ends), and wait."""
     proc = subprocess.Popen(
         [sys.executable, str(REPO / "scripts" / "train_drafter.py"), *TINY, *args, f"out_dir={out}"],
         cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        if (out / "data" / "index.json").is_file():
-            break
+    while time.monotonic() < deadline and proc.poll() is None and not path.is_file():
         time.sleep(0.02)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert factory(*args, f"out_dir={out}").returncode == 0
-    assert snapshot(out / "data") == snapshot(whole / "data")
+
+
+@pytest.mark.parametrize("stage", ["data", "features"])
+def test_kill_during_a_stage_resumes_to_the_same_rows(tmp_path, stage):
+    args = ["num_samples=48", "generation.batch_size=4", "features.batch_size=4"]
+    whole = tmp_path / "whole"
+    for name in ("data", "features")[: 1 + (stage == "features")]:
+        assert factory(*args, f"stage={name}", f"out_dir={whole}").returncode == 0
+    out = tmp_path / "killed"
+    if stage == "features":
+        shutil.copytree(whole / "data", out / "data")
+    kill_when(out / stage / "index.json", [*args, f"stage={stage}"], out)
+    assert factory(*args, f"stage={stage}", f"out_dir={out}").returncode == 0
+    assert snapshot(out / stage) == snapshot(whole / stage)
 
 
 def test_images_data_tokenises_class_folders(tmp_path):
@@ -283,3 +290,14 @@ def test_an_eagle3_drafter_exports_with_its_taps_and_decodes_losslessly(tmp_path
     assert eagle_png == ar_png
     line = error_line(factory(*SMALL, "drafter=eagle3", "drafter.taps=[5]", f"out_dir={tmp_path / 'g'}"))
     assert "drafter.taps=[5]: expected distinct layer indices in [1, 1]" in line
+
+
+def test_a_target_without_teacher_states_is_refused():
+    from lantern.errors import ConfigError
+    from lantern.training.drafter_features import check_target
+
+    class Opaque:  # a family that gives logits only
+        config = None
+
+    with pytest.raises(ConfigError, match="gives no teacher-forced hidden states"):
+        check_target(Opaque(), "model=opaque")

@@ -48,6 +48,7 @@ from lantern.errors import ConfigError
 from lantern.files import write_json_atomic, write_text_atomic
 from lantern.models.reference import reference_code as theirs
 from lantern.models.reference import reference_layout as convert
+from lantern.models.world.load import DEFAULT_WORLD
 from lantern.results.provenance import environment
 from lantern.rng import keys_tensor, sample_key
 from lantern.run.bench import check_writable, compose_config
@@ -120,9 +121,14 @@ def plan_from(images, runs, check_images, seed, threads, deltas, reference, out,
     return plan
 
 
+EAGLE2_DRAFTER = "drafter_eagle2.safetensors"
+
+
 def _overrides(mode: list[str], greedy: bool = False) -> list[str]:
     return [
         f"model={MODEL}",
+        # their drafter is EAGLE-2's kind (no fused layers): the world's EAGLE-2-style file, not its default
+        f"model.drafter_ckpt={DEFAULT_WORLD / EAGLE2_DRAFTER}",
         "compile=none",
         "dtype=float32",
         "device=cpu",
