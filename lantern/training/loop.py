@@ -435,9 +435,10 @@ class Trainer:
         record = {"step": self.step, "epoch": self.epoch}
         record.update({k: float(v) / counts[k] for k, v in sums.items()})
         if self.world is not None and self.world.distributed:  # every rank's share of the batch, averaged
-            values = torch.tensor([record[k] for k in sums], dtype=torch.float64)
+            device = next(self.model.parameters()).device  # NCCL reduces device tensors only
+            values = torch.tensor([record[k] for k in sums], dtype=torch.float64, device=device)
             torch.distributed.all_reduce(values)
-            record.update(zip(sums, (values / self.world.size).tolist(), strict=True))
+            record.update(zip(sums, (values / self.world.size).cpu().tolist(), strict=True))
         record["lr"] = self.optimizer.param_groups[0]["lr"]
         elapsed = time.perf_counter() - started
         record["steps_per_s"] = (self.step - first_step) / elapsed if elapsed > 0 else 0.0

@@ -4,8 +4,9 @@ A store is a folder of ``shard_NNNNN.safetensors`` files and an ``index.json`` h
 ``key`` (what the rows depend on: the target's weight hash, the settings) and the list of finished
 shards with their row count and byte size. Rows are numbered in shard order. Every shard is written
 atomically (temporary file, fsync, rename) and only then entered in the index (also atomic), so a
-kill at any moment leaves either a shard the index lists whole or a temporary file that is ignored
-and overwritten: a rerun resumes after the last listed shard. A listed shard whose size no longer
+kill at any moment leaves either a shard the index lists whole, a whole shard the index does not list yet
+(overwritten under the same name), or a temporary file that is ignored (the factory removes those once it
+holds the folder's lock): a rerun resumes after the last listed shard. A listed shard whose size no longer
 matches, a store with another key, or a shard with other tensor names is refused with one message
 naming the file; nothing is deleted on the user's behalf.
 """

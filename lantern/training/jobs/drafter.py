@@ -14,6 +14,7 @@ Stages (``stage=all`` runs them in order; each resumes and can run alone once th
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import math
@@ -26,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lantern import checks
 from lantern.errors import ConfigError
-from lantern.files import write_json_atomic
+from lantern.files import remove_stale_temps, write_json_atomic
 from lantern.models.drafter import Drafter, DrafterConfig, drafter_metadata, load_drafter, save_drafter_folder
 from lantern.models.llamagen.gpt import default_taps
 from lantern.models.sampling import SamplingConfig
@@ -100,6 +101,14 @@ class Factory:
         check_target(self.target, f"model={cfg.model.name}", self.taps)
         self.target_digest = drafter_data.module_digest(self.target)
         self.kind, self.prompts, self.paths, self.prompt_of = self._sources()
+        self.condition_digest = self._condition_digest()
+        steps = int(cfg.drafter.ttt_steps)
+        if steps > self.target.config.num_image_tokens - 1:
+            raise checks.refuse(
+                "drafter.ttt_steps",
+                steps,
+                f"an integer <= {self.target.config.num_image_tokens - 1} (image tokens - 1)",
+            )
         train_rows, _ = self.split()  # before any work: the batch must fit the training rows
         if cfg.stage in ("train", "all") and int(cfg.batch_size) > train_rows.numel():
             raise checks.refuse(
@@ -144,6 +153,23 @@ class Factory:
         conditioner.check_all(items)
         return kind, items, None, None
 
+    def _condition_digest(self) -> str:
+        """sha256 of the conditions of the first prompts: rows depend on the conditioner (a text encoder's
+        weights, length, preprocessing), which no file hash covers; encoding a few prompts is cheap."""
+        condition = self.bundle.conditioner.encode(list(self.prompts[:16]))
+        digest = hashlib.sha256()
+        for tensor in (condition.values, condition.mask):
+            tensor = tensor.detach().to("cpu").contiguous()
+            digest.update(f"{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+            digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+        return digest.hexdigest()
+
+    def remove_stale_temps(self) -> None:
+        """Temporary files of killed writers (their names carry another pid): removed once this process holds the folder."""
+        for folder in (self.data.folder, self.features.folder, self.out_dir / "train"):
+            if folder.is_dir():
+                remove_stale_temps(folder)
+
     def _sampling(self) -> SamplingConfig:
         gen = self.cfg.generation
         return SamplingConfig(temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p, cfg_scale=gen.cfg_scale)
@@ -153,13 +179,19 @@ class Factory:
         key = {
             "kind": cfg.data,
             "prompts": drafter_data.prompts_digest(self.kind, self.prompts),
+            "condition": self.condition_digest,
             "num_image_tokens": self.target.config.num_image_tokens,
         }
         if cfg.data == "self":
             gen = OmegaConf.to_container(cfg.generation, resolve=True)
-            key.update(target=self.target_digest, seed=int(gen["seed"]), sampling=self._sampling().__dict__)
+            key.update(
+                target=self.target_digest,
+                target_config=_digest(dataclasses.asdict(self.target.config)),
+                seed=int(gen["seed"]),
+                sampling=self._sampling().__dict__,
+            )
         else:
-            files = [(str(p), p.stat().st_size) for p in self.paths]
+            files = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in self.paths]
             key.update(
                 vq=drafter_data.module_digest(self.bundle.vq), files=_digest(files), prompt_of=_digest(self.prompt_of)
             )
@@ -170,6 +202,8 @@ class Factory:
         return {
             "data": _digest(self.data.key),
             "target": self.target_digest,
+            "target_config": _digest(dataclasses.asdict(self.target.config)),
+            "condition": self.condition_digest,
             "states": "final_norm",
             "taps": list(self.taps),
             "seed": int(cfg.seed),
@@ -324,6 +358,15 @@ class Factory:
         weights = self.out_dir / "train" / "drafter.safetensors"
         if not weights.is_file():
             raise ConfigError(f"{str(weights)!r} is missing: run stage=train (or stage=all) first")
+        from safetensors import safe_open
+
+        with safe_open(str(weights), framework="pt") as handle:
+            step = (handle.metadata() or {}).get("step")
+        if step != str(int(self.cfg.steps)):
+            raise ConfigError(
+                f"{str(weights)!r} holds the weights of step {step}, not of steps={self.cfg.steps}: "
+                "run stage=train (or stage=all) to finish training first"
+            )
         drafter = self.new_drafter()
         drafter.load_state_dict({k: v.float() for k, v in load_file(str(weights)).items()}, strict=True)
         folder = self.out_dir / DRAFTER_FOLDER
@@ -387,6 +430,8 @@ def run(cfg: DictConfig, world, hold=None) -> dict:
     stage = cfg.stage
     timings: dict[str, float] = {}
     with hold(factory.out_dir) if hold is not None else contextlib.nullcontext():
+        if world.is_main:
+            factory.remove_stale_temps()
         for name, action in (("data", factory.make_data), ("features", factory.make_features)):
             if stage in (name, "all"):
                 started = time.perf_counter()
