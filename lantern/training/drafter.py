@@ -29,21 +29,11 @@ from lantern.training.shards import ShardStore
 FEATURE_NAMES = ["hidden", "cond", "mask", "codes"]
 
 
-def drafter_pass(target, drafter, cond_emb, cond_mask, tokens, noise: float = 0.0):
-    """Teacher-forced drafter outputs and their targets on the scored entries.
-
-    ``cond_emb`` (B, T, D) are condition embeddings, ``cond_mask`` (B, T) their mask, ``tokens``
-    (B, N) the image tokens. The target runs without gradients. Returns ``(f_hat, f)``, both
-    (B, N-1, D): the drafter's estimates at entries ``T-1 .. T+N-3`` and the target's states at
-    positions ``T .. T+N-2`` (which predict image tokens ``1 .. N-1``).
-    """
-    with torch.no_grad():
-        f = target.teacher_hidden(cond_emb, tokens, cond_mask)  # (B, T+N-1, D)
-    return drafter_estimates(target, drafter, cond_emb, cond_mask, tokens, f, noise)
-
-
 def drafter_estimates(target, drafter, cond_emb, cond_mask, tokens, f, noise: float = 0.0, draws=None, taps=None):
-    """:func:`drafter_pass` given the target's teacher-forced states ``f`` (B, T+N-1, D).
+    """Teacher-forced drafter outputs and their targets on the scored entries, given the condition embeddings
+    ``cond_emb`` (B, T, D), their mask ``cond_mask`` (B, T), the image tokens ``tokens`` (B, N) and the target's
+    teacher-forced states ``f`` (B, T+N-1, D). Returns ``(f_hat, f)``, both (B, N-1, D): the drafter's estimates
+    at entries ``T-1 .. T+N-3`` and the target's states at positions ``T .. T+N-2``.
 
     ``noise`` is the width of the uniform noise added to the target features the drafter reads; ``draws``
     (B, T+N-2, F) uniforms in [0, 1) give it (drawn here from the global generator when None). ``taps``
@@ -95,7 +85,7 @@ def unrolled_estimates(
     batch, cond_len = cond_mask.shape
     num_tokens = tokens.shape[1]
     length = cond_len + num_tokens - 2  # drafter entries 0 .. T+N-3
-    module = drafter.module if hasattr(drafter, "module") else drafter  # DistributedDataParallel wraps it
+    module = _unwrap(drafter)
     with torch.no_grad():
         embeds = torch.cat(
             [module.condition_inputs(target, cond_emb), target.embed_tokens(tokens[:, : num_tokens - 1])], dim=1
@@ -162,9 +152,13 @@ def feature_batch(store: ShardStore, rows: torch.Tensor, device, taps: bool = Fa
     }
 
 
+def _unwrap(drafter):
+    """The drafter a DistributedDataParallel wrapper holds (or the drafter itself)."""
+    return drafter.module if hasattr(drafter, "module") else drafter
+
+
 def _uses_taps(drafter) -> bool:
-    module = drafter.module if hasattr(drafter, "module") else drafter
-    return bool(getattr(getattr(module, "config", None), "taps", ()))
+    return bool(getattr(getattr(_unwrap(drafter), "config", None), "taps", ()))
 
 
 class FeatureObjective:

@@ -39,15 +39,20 @@ PROMPTS_NAME = "prompts.json"
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 
 
-def module_digest(module: torch.nn.Module) -> str:
-    """sha256 over a module's state dict (names, dtypes, shapes, bytes): the weights' identity, whether
-    they came from a file, a folder or a seeded initialisation."""
+def tensors_digest(named: list[tuple[str, torch.Tensor]]) -> str:
+    """sha256 over named tensors (names, dtypes, shapes, bytes)."""
     digest = hashlib.sha256()
-    for name, tensor in sorted(module.state_dict().items()):
+    for name, tensor in named:
         tensor = tensor.detach().to("cpu").contiguous()
         digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
         digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
+
+
+def module_digest(module: torch.nn.Module) -> str:
+    """sha256 over a module's state dict: the weights' identity, whether they came from a file, a folder
+    or a seeded initialisation."""
+    return tensors_digest(sorted(module.state_dict().items()))
 
 
 def prompts_digest(kind: str, prompts: Sequence) -> str:

@@ -157,12 +157,7 @@ class Factory:
         """sha256 of the conditions of the first prompts: rows depend on the conditioner (a text encoder's
         weights, length, preprocessing), which no file hash covers; encoding a few prompts is cheap."""
         condition = self.bundle.conditioner.encode(list(self.prompts[:16]))
-        digest = hashlib.sha256()
-        for tensor in (condition.values, condition.mask):
-            tensor = tensor.detach().to("cpu").contiguous()
-            digest.update(f"{tensor.dtype}|{tuple(tensor.shape)}|".encode())
-            digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
-        return digest.hexdigest()
+        return drafter_data.tensors_digest([("values", condition.values), ("mask", condition.mask)])
 
     def remove_stale_temps(self) -> None:
         """Temporary files of killed writers (their names carry another pid): removed once this process holds the folder."""
