@@ -1,0 +1,195 @@
+"""Chameleon bundles (target + VQGAN + prompt conditioner) and their drafters, built from a preset's nodes.
+
+``target`` nodes: for a folder, ``image_size`` and ``cls_token_num`` (nothing in a folder says them); for the
+seeded random preset also the architecture (``n_layer``, ``n_head``, ``dim``, ``ffn_hidden``, ``num_codes``,
+``words``). ``vq`` nodes are :class:`~lantern.models.chameleon.vqgan.VQGANConfig`'s fields.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import torch
+
+from lantern import checks
+from lantern.errors import CheckpointError, ConfigError
+from lantern.models.bundle import ModelBundle
+from lantern.models.chameleon import hf
+from lantern.models.chameleon.condition import ChameleonConditioner, load_tokenizer
+from lantern.models.chameleon.model import ChameleonConfig, ChameleonTarget
+from lantern.models.chameleon.vocab import TINY_WORDS, read_layout, tiny_vocabulary, word_tokenizer
+from lantern.models.chameleon.vqgan import ChameleonVQGAN, VQGANConfig
+from lantern.models.checkpoint import check_state_dict, read_state_dict
+from lantern.models.devices import resolve_device, resolve_dtype
+
+
+def vq_config(vq: Mapping) -> VQGANConfig:
+    return VQGANConfig(**dict(vq))
+
+
+def _grid(target: Mapping, vq: VQGANConfig) -> int:
+    size = checks.integer("model.image_size", target["image_size"], 1)
+    if size % vq.downsample:
+        raise ConfigError(f"image_size {size} is not a multiple of the VQGAN's {vq.downsample}x downsample")
+    if size != vq.resolution:
+        raise ConfigError(f"image_size {size} is not the VQGAN's resolution {vq.resolution} (model.vq.resolution)")
+    return size // vq.downsample
+
+
+def random_config(target: Mapping, vq: VQGANConfig) -> tuple[ChameleonConfig, dict[str, int]]:
+    """The seeded random preset's architecture and its vocabulary (``tiny_vocabulary``)."""
+    num_codes = checks.integer("model.target.num_codes", target["num_codes"], 1)
+    if num_codes != vq.num_embeddings:
+        raise ConfigError(f"{num_codes} image codes do not match the VQGAN's {vq.num_embeddings}")
+    vocab = tiny_vocabulary(num_codes, tuple(target.get("words") or TINY_WORDS))
+    layout = read_layout(vocab, "the random preset's vocabulary")
+    config = ChameleonConfig(
+        n_layer=target["n_layer"],
+        n_head=target["n_head"],
+        dim=target["dim"],
+        ffn_hidden=target["ffn_hidden"],
+        text_vocab_size=len(vocab),
+        grid_size=_grid(target, vq),
+        cls_token_num=target["cls_token_num"],
+        **vars(layout),
+    )
+    return config, vocab
+
+
+def random_target(config: ChameleonConfig, init_seed: int = 0) -> ChameleonTarget:
+    """A seeded random target (std 0.02 weights as transformers' init; LayerNorm/RMSNorm weights perturbed so
+    the norms matter in tests)."""
+    generator = torch.Generator().manual_seed(init_seed)
+    model = ChameleonTarget(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+                param.copy_(1 + 0.1 * torch.randn(param.shape, generator=generator))
+            elif name.endswith("norm.bias"):
+                param.copy_(0.1 * torch.randn(param.shape, generator=generator))
+            else:
+                param.copy_(0.02 * torch.randn(param.shape, generator=generator))
+        model.model.embed_tokens.weight[config.pad_id].zero_()  # as transformers' padding_idx row
+    return model
+
+
+def random_vqgan(vq: VQGANConfig, init_seed: int = 0) -> ChameleonVQGAN:
+    torch.manual_seed(init_seed + 1)
+    return ChameleonVQGAN(vq)
+
+
+def load_vqgan(path: str | os.PathLike, vq: VQGANConfig) -> ChameleonVQGAN:
+    """Meta's ``vqgan.ckpt`` (``{"state_dict": ...}``) strictly; the taming training's ``loss.*`` tensors
+    (discriminator, perceptual net) are not part of the tokenizer and are set aside."""
+    state = read_state_dict(path, "tokenizer")
+    state = {k: v for k, v in state.items() if not k.startswith("loss.")}
+    model = ChameleonVQGAN(vq)
+    check_state_dict(model, state, "Chameleon's VQGAN (vqgan.yaml)", os.fspath(path))
+    model.load_state_dict(state, strict=True)
+    return model
+
+
+def _finish(name, target, vq_model, conditioner, device, dtype) -> ModelBundle:
+    conditioner.check_model(target.config)
+    target = target.to(device=device, dtype=dtype).eval()
+    return ModelBundle(name, target, vq_model.to(device=device).eval(), conditioner, device)
+
+
+def random_bundle(
+    name: str,
+    target: Mapping,
+    vq: Mapping,
+    init_seed: int = 0,
+    template: str = "anole",
+    device: str = "cpu",
+    dtype: str = "float32",
+    gpt_ckpt: str | None = None,
+) -> ModelBundle:
+    """The seeded random tiny Chameleon (no files): target, VQGAN and a word-level tokenizer over its
+    vocabulary. ``gpt_ckpt`` (an HF folder of the same architecture), when given, replaces the target."""
+    device, dtype = resolve_device(device), resolve_dtype(dtype)
+    vq_cfg = vq_config(vq)
+    config, vocab = random_config(target, vq_cfg)
+    model = random_target(config, init_seed)
+    if gpt_ckpt is not None:
+        loaded, _ = hf.load_target(gpt_ckpt, config.grid_size, config.cls_token_num)
+        if loaded.config != config:
+            raise CheckpointError(f"HF folder {os.fspath(gpt_ckpt)!r} is not the random preset's architecture")
+        model = loaded
+    conditioner = ChameleonConditioner.for_model(word_tokenizer(vocab), config, template, device)
+    return _finish(name, model, random_vqgan(vq_cfg, init_seed), conditioner, device, dtype)
+
+
+def load_bundle(
+    name: str,
+    gpt_ckpt: str | None,
+    vq_ckpt: str | None,
+    target: Mapping,
+    vq: Mapping,
+    template: str = "anole",
+    device: str = "cpu",
+    dtype: str = "float32",
+) -> ModelBundle:
+    """A Chameleon target from an HF folder (``model.gpt_ckpt``) with Meta's VQGAN (``model.vq_ckpt``,
+    ``vqgan.ckpt``) and the folder's tokenizer."""
+    if gpt_ckpt is None or not os.path.isdir(os.fspath(gpt_ckpt)):
+        raise CheckpointError(
+            f"model.gpt_ckpt={gpt_ckpt!r}: expected the folder of a {hf.ARCHITECTURE} (config.json, weights, tokenizer.json)"
+        )
+    if vq_ckpt is None or not os.path.isfile(os.fspath(vq_ckpt)):
+        raise CheckpointError(f"model.vq_ckpt={vq_ckpt!r}: expected Chameleon's vqgan.ckpt")
+    device, dtype = resolve_device(device), resolve_dtype(dtype)
+    vq_cfg = vq_config(vq)
+    cls_token_num = checks.integer("model.cls_token_num", target["cls_token_num"], 2)
+    grid = _grid(target, vq_cfg)
+    hf.read_folder(gpt_ckpt)  # a folder of another architecture fails here, before any large read
+    tokenizer = load_tokenizer(hf.tokenizer_file(gpt_ckpt))
+    vq_model = load_vqgan(vq_ckpt, vq_cfg)
+    model, _ = hf.load_target(gpt_ckpt, grid, cls_token_num)
+    if model.config.num_codes != vq_cfg.num_embeddings:
+        raise CheckpointError(
+            f"the folder's {model.config.num_codes} image tokens do not match the VQGAN's {vq_cfg.num_embeddings} codes"
+        )
+    conditioner = ChameleonConditioner.for_model(tokenizer, model.config, template, device)
+    return _finish(name, model, vq_model, conditioner, device, dtype)
+
+
+# ----- drafters and neighbours -----------------------------------------------------------------------------
+def drafter_target_config(config: ChameleonConfig):
+    """The drafter's view of a Chameleon target: its width, heads, FFN size, codes, grid and condition slots
+    (the EAGLE-style :class:`~lantern.models.drafter.Drafter` is built from a LlamaGen GPTConfig)."""
+    from lantern.models.llamagen.gpt import GPTConfig
+
+    return GPTConfig(
+        n_layer=config.n_layer,
+        n_head=config.n_head,
+        dim=config.dim,
+        model_type="t2i",
+        grid_size=config.grid_size,
+        vocab_size=config.num_codes,
+        cls_token_num=config.cls_token_num,
+        norm_eps=config.norm_eps,
+        ffn_hidden=config.ffn_hidden,
+    )
+
+
+def random_drafter(
+    target: Mapping, vq: Mapping, init_seed: int = 0, device: str = "cpu", dtype: str = "float32", path=None
+):
+    """A seeded random one-layer drafter for the random preset (speculative smoke runs and tests). A drafter
+    with LlamaGen's 2D RoPE: lossless decoders stay exact whatever the drafter; only acceptance depends on it."""
+    from lantern.models.drafter import Drafter, DrafterConfig
+
+    if path is not None:
+        raise ConfigError("model.drafter_ckpt: loading Chameleon drafters (jadohu/anole_drafter) is not supported yet")
+    config, _ = random_config(target, vq_config(vq))
+    torch.manual_seed(init_seed)
+    drafter = Drafter(DrafterConfig(drafter_target_config(config)))
+    return drafter.to(device=resolve_device(device), dtype=resolve_dtype(dtype)).eval()
+
+
+def random_codebook(vq: Mapping, init_seed: int = 0) -> torch.Tensor:
+    """The random preset's VQGAN codebook (K, D): LANTERN's neighbour tables over the codes (code c is the
+    decoder's token c, so the table needs no id map)."""
+    return random_vqgan(vq_config(vq), init_seed).raw_codebook().detach()

@@ -1,0 +1,116 @@
+"""Chameleon targets from HF ``ChameleonForConditionalGeneration`` folders (Anole: ``leloy/Anole-7b-v0.1-hf``).
+
+A folder is ``config.json`` (transformers' ``ChameleonConfig``, with its ``vocabulary_map``), the weights
+(``model.safetensors`` or shards listed in ``model.safetensors.index.json``) and the tokenizer
+(``tokenizer.json``). It is checked before anything is built: the architecture, then the shapes the config
+implies against every tensor under its own name (missing, unexpected and mis-shaped keys in one line).
+``model.vqmodel.*`` (transformers' copy of the VQ encoder) belongs to the tokenizer, not the target: it is
+set aside and returned for the tokenizer to check.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from lantern import checks
+from lantern.errors import CheckpointError
+from lantern.files import note_input
+from lantern.models.chameleon.model import ChameleonConfig, ChameleonTarget
+from lantern.models.chameleon.vocab import read_layout
+from lantern.models.checkpoint import check_hf_folder, check_shapes, read_hf_config, read_hf_weights
+
+ARCHITECTURE = "ChameleonForConditionalGeneration"
+VQ_PREFIX = "model.vqmodel."
+TOKENIZER_NAME = "tokenizer.json"
+_STRAYS = (".rotary_emb.inv_freq",)  # buffers older transformers saved; no weights
+
+
+def _source(folder) -> str:
+    return f"HF folder {os.fspath(folder)!r}"
+
+
+def _rope_theta(config: Mapping, source: str) -> float:
+    rope = config.get("rope_parameters") or {}
+    kind = rope.get("rope_type", "default") if isinstance(rope, Mapping) else "default"
+    scaling = config.get("rope_scaling")
+    if kind != "default" or (isinstance(scaling, Mapping) and scaling.get("rope_type", "default") != "default"):
+        raise CheckpointError(f"{source}: config.json asks for RoPE type {kind!r}; only the default RoPE is supported")
+    theta = rope.get("rope_theta", config.get("rope_theta", 10000.0)) if isinstance(rope, Mapping) else 10000.0
+    return float(theta)
+
+
+def config_from_hf(config: Mapping, grid_size: int, cls_token_num: int, source: str) -> ChameleonConfig:
+    """The :class:`ChameleonConfig` a folder's ``config.json`` describes; ``grid_size`` (image side in tokens)
+    and ``cls_token_num`` (condition slots) come from the preset, as nothing in a folder says them."""
+    architectures = config.get("architectures") or []
+    if config.get("model_type") != "chameleon" and ARCHITECTURE not in architectures:
+        found = ", ".join(map(str, architectures)) or "no architecture"
+        raise CheckpointError(f"{source} holds {found} (model_type {config.get('model_type')!r}), not a {ARCHITECTURE}")
+    for key, want in (("hidden_act", "silu"), ("attention_bias", False), ("mlp_bias", False)):
+        if config.get(key, want) != want:
+            raise CheckpointError(f"{source}: config.json has {key}={checks.shown(config[key])}, expected {want!r}")
+    if config.get("tie_word_embeddings", False):
+        raise CheckpointError(f"{source}: config.json ties lm_head to the embeddings; no Chameleon release does")
+    vocab = config.get("vocabulary_map")
+    if not isinstance(vocab, Mapping):
+        raise CheckpointError(f"{source}: config.json has no vocabulary_map (transformers' ChameleonConfig has one)")
+    try:
+        sizes = {
+            key: int(config[key])
+            for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+        }
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{source}: config.json lacks a size ({exc})") from exc
+    layout = read_layout(vocab, source, config.get("bos_token_id"), config.get("pad_token_id"))
+    return ChameleonConfig(
+        n_layer=sizes["num_hidden_layers"],
+        n_head=sizes["num_attention_heads"],
+        n_kv_head=int(config.get("num_key_value_heads") or sizes["num_attention_heads"]),
+        dim=sizes["hidden_size"],
+        ffn_hidden=sizes["intermediate_size"],
+        text_vocab_size=sizes["vocab_size"],
+        norm_eps=float(config.get("rms_norm_eps", 1e-5)),
+        rope_theta=_rope_theta(config, source),
+        swin_norm=bool(config.get("swin_norm", False)),
+        grid_size=grid_size,
+        cls_token_num=cls_token_num,
+        **vars(layout),
+    )
+
+
+def read_folder(folder: str | os.PathLike) -> tuple[dict, Path]:
+    """A folder's ``config.json`` (checked to be a Chameleon's) and the folder as a Path."""
+    folder = check_hf_folder(folder)
+    return read_hf_config(folder), folder
+
+
+def load_target(
+    folder: str | os.PathLike, grid_size: int, cls_token_num: int
+) -> tuple[ChameleonTarget, dict[str, torch.Tensor]]:
+    """The target of ``folder``, strictly (fp32 on CPU), and the tensors under ``model.vqmodel.`` (its VQ
+    encoder, without the prefix) for the tokenizer; noted as one input (role ``target``)."""
+    config, folder = read_folder(folder)
+    source = _source(folder)
+    model_config = config_from_hf(config, grid_size, cls_token_num, source)
+    given = {k: v for k, v in read_hf_weights(folder).items() if not k.endswith(_STRAYS)}
+    vq = {k[len(VQ_PREFIX) :]: v for k, v in given.items() if k.startswith(VQ_PREFIX)}
+    own = {k: v for k, v in given.items() if not k.startswith(VQ_PREFIX)}
+    with torch.device("meta"):
+        shapes = {k: tuple(v.shape) for k, v in ChameleonTarget(model_config).state_dict().items()}
+    check_shapes(shapes, own, f"a {ARCHITECTURE} of that config.json", os.fspath(folder))
+    model = ChameleonTarget(model_config)
+    model.load_state_dict(own, strict=True)
+    note_input(folder, "target")
+    return model, vq
+
+
+def tokenizer_file(folder: str | os.PathLike) -> Path:
+    """The folder's ``tokenizer.json``; CheckpointError when it has none."""
+    path = Path(folder) / TOKENIZER_NAME
+    if not path.is_file():
+        raise CheckpointError(f"{_source(folder)} has no {TOKENIZER_NAME} (the prompt tokenizer)")
+    return path

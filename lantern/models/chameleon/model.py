@@ -1,0 +1,401 @@
+"""The Chameleon architecture (Anole, Lumina-mGPT) as a target of the family protocol.
+
+Module and parameter names are those of transformers' ``ChameleonForConditionalGeneration`` without its
+VQ encoder (``model.vqmodel.*``, the tokenizer's part): ``model.embed_tokens``, ``model.layers.{i}.self_attn.
+{q,k,v,o}_proj``, ``self_attn.{q,k}_norm.{weight,bias}`` (per-head LayerNorm affine, (H, hd)),
+``model.layers.{i}.mlp.{gate,up,down}_proj``, ``input_layernorm``, ``post_attention_layernorm``,
+``model.norm``, ``lm_head``; so a folder's tensors load under their own names.
+
+Facts checked against transformers 5.x ``modeling_chameleon.py``:
+
+* qk-norm: q and k are reshaped to (.., H, hd), normalised over hd by a LayerNorm without affine and with
+  eps 1e-5 (hard-coded there, not the config's), then scaled and shifted by per-head weight and bias (H, hd).
+* RoPE: 1D, half-split (``rotate_half``): angles ``position * theta^(-2j/hd)`` for j < hd/2, duplicated over
+  the two halves; cos and sin computed in fp32 from the positions and cast to the model dtype, as theirs.
+* Block (``swin_norm`` false, Chameleon-7B, Anole, Lumina-mGPT-7B): pre-norm ``h = x + attn(in_norm(x))``,
+  ``out = h + mlp(post_norm(h))``; with ``swin_norm`` the norms follow the sublayers
+  (``h = x + in_norm(attn(x))``, ``out = h + post_norm(mlp(h))``). RMSNorm in fp32, cast back, then scaled.
+* SwiGLU ``down(silu(gate(x)) * up(x))``; no biases; ``lm_head`` not tied to the embeddings.
+
+The decoder's vocabulary is the image codes: ``head`` returns logits over the image-code rows of ``lm_head``
+only (every other id is masked while an image is generated, as LANTERN's ``ea_model_anole.py`` does with
+``non_image_tokens``), ``embed_tokens`` maps code ``c`` to vocabulary id ``code_offset + c`` (Anole: c + 4,
+from the folder's vocabulary map). The condition is a left-padded sequence of prompt token ids.
+
+Positions are cache slots. Chameleon's RoPE is 1D, so attention scores depend only on position
+differences: a left-padded row whose positions start at its pads gives the reference's scores, whose
+positions start at the first real token (and the unconditional row of CFG, whose context is shorter,
+likewise), up to fp rounding of the angles.
+
+Padded condition slots: decoders mask the condition columns with the conditional row's mask for both CFG
+halves (``lantern.decoding.batch.guided_inputs``), but the unconditional context is shorter than the
+conditional one. The model therefore also hides every key whose input was the pad token's embedding: the
+cache keeps which slots hold real keys (:class:`ChameleonCache`), so each row sees exactly its own context.
+A query always sees its own slot (a padded query row stays finite; its output is never read).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lantern import checks
+from lantern.errors import ConfigError
+from lantern.models.kv_cache import KVCache, NoCache
+from lantern.models.target import prefix_causal_mask
+
+QK_NORM_EPS = 1e-5  # transformers' ChameleonLayerNorm ignores the config's eps
+
+
+@dataclass(frozen=True)
+class ChameleonConfig:
+    """Architecture and token layout of a Chameleon target.
+
+    ``text_vocab_size`` is the full vocabulary (65536 for the 7B models) and ``vocab_size`` the image codes the
+    decoders see: code ``c`` is vocabulary id ``code_offset + c``. ``grid_size`` and ``cls_token_num`` (the
+    fixed number of condition slots prompts are left-padded to) are not stored in a folder: they come from the
+    preset. ``bos_id``, ``pad_id``, ``eot_id`` (Meta's end-of-turn, ``<reserved08706>``), ``boi_id``
+    (``<racm3:break>``) and ``eoi_id`` (``<eoss>``) are vocabulary ids.
+    """
+
+    n_layer: int
+    n_head: int
+    dim: int
+    ffn_hidden: int
+    text_vocab_size: int
+    num_codes: int
+    code_offset: int
+    grid_size: int
+    cls_token_num: int
+    bos_id: int
+    pad_id: int
+    eot_id: int
+    boi_id: int
+    eoi_id: int
+    n_kv_head: int = 0  # 0: as n_head
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    swin_norm: bool = False
+    model_type: str = "t2i"  # what the condition is (text); the decoders never read it
+
+    def __post_init__(self):
+        for name in ("n_layer", "n_head", "dim", "ffn_hidden", "text_vocab_size", "num_codes", "grid_size"):
+            checks.integer(name, getattr(self, name), 1)
+        checks.integer("cls_token_num", self.cls_token_num, 2, note="a prompt context needs at least BOS and BOI")
+        if self.n_kv_head == 0:
+            object.__setattr__(self, "n_kv_head", self.n_head)
+        if self.dim % self.n_head or (self.dim // self.n_head) % 2 or self.n_head % self.n_kv_head:
+            raise ConfigError(
+                f"hidden size {self.dim} must split into {self.n_head} heads of even size, "
+                f"and {self.n_head} heads into {self.n_kv_head} key/value heads"
+            )
+        if not 0 <= self.code_offset <= self.text_vocab_size - self.num_codes:
+            raise ConfigError(
+                f"image codes {self.code_offset}..{self.code_offset + self.num_codes - 1} do not fit the "
+                f"vocabulary of {self.text_vocab_size}"
+            )
+        for name in ("bos_id", "pad_id", "eot_id", "boi_id", "eoi_id"):
+            value = checks.integer(name, getattr(self, name), 0, self.text_vocab_size - 1)
+            if self.code_offset <= value < self.code_offset + self.num_codes:
+                raise ConfigError(f"{name}={value} is one of the image codes' vocabulary ids")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_head
+
+    @property
+    def vocab_size(self) -> int:
+        """What decoders sample from: the image codes."""
+        return self.num_codes
+
+    @property
+    def num_image_tokens(self) -> int:
+        return self.grid_size * self.grid_size
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.cls_token_num + self.num_image_tokens
+
+
+class ChameleonCache(KVCache):
+    """A :class:`KVCache` that also keeps which slots hold real keys: ``valid`` (B, max_len) bool, True except
+    where a padded condition slot was written. Image tokens and draft nodes are never pads."""
+
+    def __init__(self, keys, values, valid: torch.Tensor):
+        super().__init__(keys, values)
+        self.valid = valid
+
+    @classmethod
+    def allocate(cls, n_layer, batch, n_head, max_len, head_dim, dtype, device) -> ChameleonCache:
+        base = KVCache.allocate(n_layer, batch, n_head, max_len, head_dim, dtype, device)
+        return cls(base.keys, base.values, torch.ones(batch, max_len, dtype=torch.bool, device=device))
+
+    def tensors(self) -> list[torch.Tensor]:
+        return self.keys + self.values + [self.valid]
+
+    def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """As :meth:`KVCache.move`, over keys and values only (moved slots are image tokens: valid)."""
+        batch, n_head, _, head_dim = self.keys[0].shape
+        index = src[:, None, :, None].expand(batch, n_head, src.shape[1], head_dim)  # (B, H, n, hd)
+        target = dst[:, None, :, None].expand_as(index)
+        for cache in self.keys + self.values:
+            cache.scatter_(2, target, cache.gather(2, index))
+
+    def write_valid(self, slots: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """Record ``valid`` (B, S) at ``slots`` (B, S); return the validity of every slot (B, max_len)."""
+        if torch.compiler.is_compiling():  # in place at a fixed address (see LayerCache.update)
+            rows = torch.arange(slots.shape[0], device=slots.device)[:, None]
+            self.valid.index_put_((rows, slots), valid)
+        else:
+            self.valid.scatter_(1, slots, valid)
+        return self.valid
+
+
+class RMSNorm(nn.Module):
+    """transformers' ChameleonRMSNorm: normalised in fp32, cast back, then scaled."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+class HeadNorm(nn.Module):
+    """qk-norm: LayerNorm over each head's channels (no affine, eps 1e-5), then a per-head affine (H, hd)."""
+
+    def __init__(self, heads: int, head_dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(heads, head_dim))
+        self.bias = nn.Parameter(torch.zeros(heads, head_dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, S, H, hd)
+        return F.layer_norm(x, x.shape[-1:], None, None, eps=QK_NORM_EPS) * self.weight + self.bias
+
+
+def rope_angles(
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin (S, hd) or (B, S, hd) for ``positions`` (S,) or (B, S), computed as transformers does."""
+    freqs = positions[..., None].float() * inv_freq  # (..., S, hd/2)
+    angles = torch.cat([freqs, freqs], dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat([-second, first], dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ChameleonConfig):
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
+        kv_dim = config.n_kv_head * config.head_dim
+        self.q_proj = nn.Linear(config.dim, config.dim, bias=False)
+        self.k_proj = nn.Linear(config.dim, kv_dim, bias=False)
+        self.v_proj = nn.Linear(config.dim, kv_dim, bias=False)
+        self.o_proj = nn.Linear(config.dim, config.dim, bias=False)
+        self.q_norm = HeadNorm(config.n_head, config.head_dim)
+        self.k_norm = HeadNorm(config.n_kv_head, config.head_dim)
+
+    def forward(self, x, cos, sin, mask, slots, kv) -> torch.Tensor:
+        batch, seq, dim = x.shape
+        q = self.q_norm(self.q_proj(x).view(batch, seq, self.n_head, self.head_dim)).transpose(1, 2)  # (B, H, S, hd)
+        k = self.k_norm(self.k_proj(x).view(batch, seq, self.n_kv_head, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(batch, seq, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, S, hd)
+        q = q * cos + _rotate_half(q) * sin  # cos, sin broadcast as (1 or B, 1, S, hd)
+        k = k * cos + _rotate_half(k) * sin
+        keys, values = kv.update(slots, k, v, mask.shape[-1])  # (B, Hkv, L, hd)
+        if self.n_kv_head != self.n_head:
+            groups = self.n_head // self.n_kv_head
+            keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # (B, H, S, hd)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ChameleonConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.dim, config.ffn_hidden, bias=False)
+        self.up_proj = nn.Linear(config.dim, config.ffn_hidden, bias=False)
+        self.down_proj = nn.Linear(config.ffn_hidden, config.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ChameleonConfig):
+        super().__init__()
+        self.swin_norm = config.swin_norm
+        self.self_attn = Attention(config)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.dim, config.norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.dim, config.norm_eps)
+
+    def forward(self, x, cos, sin, mask, slots, kv) -> torch.Tensor:
+        if self.swin_norm:  # norms after the sublayers (Chameleon-30B's layout)
+            h = x + self.input_layernorm(self.self_attn(x, cos, sin, mask, slots, kv))
+            return h + self.post_attention_layernorm(self.mlp(h))
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, slots, kv)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class ChameleonBody(nn.Module):
+    """``model.*`` of the HF layout (without ``vqmodel``)."""
+
+    def __init__(self, config: ChameleonConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.text_vocab_size, config.dim)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.n_layer))
+        self.norm = RMSNorm(config.dim, config.norm_eps)
+
+
+def _inv_freq(config: ChameleonConfig) -> torch.Tensor:
+    hd = config.head_dim
+    return 1.0 / (config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float) / hd))  # (hd/2,) fp32
+
+
+class ChameleonTarget(nn.Module):
+    """A Chameleon decoder over image codes; no I/O here (see :mod:`lantern.models.chameleon.hf`).
+
+    Sequence layout as every target: condition slots ``0 .. T-1`` hold the left-padded prompt context
+    (its last slot is the image-start token), image token ``n`` is fed at slot ``T + n``.
+    """
+
+    def __init__(self, config: ChameleonConfig):
+        super().__init__()
+        self.config = config
+        self.model = ChameleonBody(config)
+        self.lm_head = nn.Linear(config.dim, config.text_vocab_size, bias=False)
+        self.register_buffer("inv_freq", _inv_freq(config), persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        # The RoPE frequencies stay fp32 whatever dtype the weights take (a non-persistent fp32 buffer in theirs).
+        super()._apply(fn, recurse)
+        self.inv_freq = _inv_freq(self.config).to(self.inv_freq.device)
+        return self
+
+    @property
+    def tok_embeddings(self) -> nn.Embedding:
+        """The vocabulary's embedding table (the name run records read the model dtype from)."""
+        return self.model.embed_tokens
+
+    # ----- inputs -------------------------------------------------------------------------------
+    def embed_condition(self, condition: torch.Tensor) -> torch.Tensor:
+        """Prompt token ids (B, T), left-padded with the pad id -> embeddings (B, T, D)."""
+        return self.model.embed_tokens(condition)
+
+    def null_condition(self, batch: int) -> torch.Tensor:
+        """The unconditional context of CFG (B, T): ``[pad ..., BOS, BOI]``, as LANTERN's ``ea_model_anole.py``."""
+        cfg = self.config
+        ids = torch.full((batch, cfg.cls_token_num), cfg.pad_id, dtype=torch.long, device=self.inv_freq.device)
+        ids[:, -2], ids[:, -1] = cfg.bos_id, cfg.boi_id
+        return ids
+
+    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Image codes (B, S) -> embeddings of their vocabulary ids (B, S, D)."""
+        return self.model.embed_tokens(tokens + self.config.code_offset)
+
+    def input_embeddings(self) -> torch.Tensor:
+        """The image codes' rows of the embedding table (K, D), a view."""
+        cfg = self.config
+        return self.model.embed_tokens.weight.narrow(0, cfg.code_offset, cfg.num_codes)
+
+    def pad_embedding(self) -> torch.Tensor:
+        """The pad token's embedding (D,): inputs equal to it are padded slots."""
+        return self.model.embed_tokens.weight[self.config.pad_id]
+
+    # ----- core ---------------------------------------------------------------------------------
+    def forward_embeddings(
+        self, x, positions, slots, mask, cache, taps: tuple[int, ...] = ()
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Run the layers over ``x`` (B, S, D) at ``positions`` (S,) or (B, S), writing cache ``slots``
+        (B, S) under ``mask`` (B, 1, S, L); return final-norm states (B, S, D), or with ``taps`` the pair
+        ``(hidden, features)``, features (B, S, len(taps) * D) the residual streams entering those layers."""
+        taps = _check_taps(taps, self.config.n_layer) if taps else ()
+        cos, sin = rope_angles(positions, self.inv_freq, x.dtype)
+        cos, sin = (cos[None, None], sin[None, None]) if cos.dim() == 2 else (cos[:, None], sin[:, None])
+        real = (x != self.pad_embedding()).any(-1)  # (B, S) inputs that are not the pad token
+        length = mask.shape[-1]
+        if isinstance(cache, ChameleonCache):
+            valid = cache.write_valid(slots, real)[:, :length]  # (B, L)
+        else:  # no cache: the keys are x's own positions
+            valid = real
+        own = torch.arange(length, device=x.device)[None, None, :] == slots[:, :, None]  # (B, S, L)
+        mask = mask & (valid[:, None, None, :] | own[:, None])
+        states: dict[int, torch.Tensor] = {}
+        for index, layer in enumerate(self.model.layers):
+            if index in taps:
+                states[index] = x
+            x = layer(x, cos, sin, mask, slots, cache.layer(index))
+        hidden = self.model.norm(x)
+        if not taps:
+            return hidden
+        return hidden, torch.cat([states[tap] for tap in taps], dim=-1)
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Hidden states (..., D) -> fp32 logits over the image codes (..., K)."""
+        cfg = self.config
+        return F.linear(hidden, self.lm_head.weight.narrow(0, cfg.code_offset, cfg.num_codes)).float()
+
+    def vocab_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Hidden states (..., D) -> fp32 logits over the whole vocabulary (..., V), for checks."""
+        return self.lm_head(hidden).float()
+
+    # ----- decoding -----------------------------------------------------------------------------
+    def prefill(self, cond_emb: torch.Tensor, mask: torch.Tensor, cache) -> tuple[torch.Tensor, torch.Tensor]:
+        """The condition (B, T, D) into slots ``0..T-1`` under ``mask`` (B, 1, T, L); logits (B, K) and the
+        hidden state (B, D) at the image-start slot, which predict image token 0."""
+        batch, seq = cond_emb.shape[:2]
+        index = torch.arange(seq, device=cond_emb.device)
+        hidden = self.forward_embeddings(cond_emb, index, index.expand(batch, seq), mask, cache)[:, -1]
+        return self.head(hidden), hidden
+
+    def forward_tokens(
+        self, tokens, positions, slots, mask, cache, taps: tuple[int, ...] = ()
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Image codes (B, S) -> fp32 logits (B, S, K) and features (see :meth:`forward_embeddings`)."""
+        states = self.forward_embeddings(self.embed_tokens(tokens), positions, slots, mask, cache, taps)
+        hidden, features = states if taps else (states, states)
+        return self.head(hidden), features
+
+    def new_cache(self, batch: int, max_len: int | None = None) -> ChameleonCache:
+        cfg = self.config
+        weight = self.model.embed_tokens.weight
+        return ChameleonCache.allocate(
+            cfg.n_layer, batch, cfg.n_kv_head, max_len or cfg.max_seq_len, cfg.head_dim, weight.dtype, weight.device
+        )
+
+    # ----- training / checks --------------------------------------------------------------------
+    def teacher_hidden(
+        self, cond_emb: torch.Tensor, tokens: torch.Tensor, cond_mask: torch.Tensor, taps: tuple[int, ...] = ()
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Teacher-forced final-norm states of condition (B, T, D) then codes (B, N) without the last code:
+        (B, T + N - 1, D) (or ``(hidden, features)`` with ``taps``)."""
+        x = torch.cat([cond_emb, self.embed_tokens(tokens[:, :-1])], dim=1)  # (B, T + N - 1, D)
+        seq = x.shape[1]
+        positions = torch.arange(seq, device=x.device)
+        mask = prefix_causal_mask(cond_mask, seq)
+        return self.forward_embeddings(x, positions, positions.expand(x.shape[0], seq), mask, NoCache(), taps)
+
+    def forward_teacher(self, cond_emb: torch.Tensor, tokens: torch.Tensor, cond_mask: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced states (B, N, D), row ``n`` predicting code ``n``."""
+        return self.teacher_hidden(cond_emb, tokens, cond_mask)[:, cond_emb.shape[1] - 1 :]
+
+
+def _check_taps(taps, n_layer: int) -> tuple[int, ...]:
+    taps = tuple(taps)
+    for tap in taps:
+        checks.integer("tap", tap, 1, n_layer - 1, note=f"the input of one of the target's layers 1..{n_layer - 1}")
+    if len(set(taps)) != len(taps):
+        raise checks.refuse("taps", list(taps), "distinct layer indices")
+    return tuple(int(tap) for tap in taps)
