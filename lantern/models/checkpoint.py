@@ -8,10 +8,12 @@ one message naming the missing, unexpected and wrongly shaped keys.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import warnings
 from collections.abc import Mapping
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -20,6 +22,12 @@ from lantern.errors import CheckpointError, one_line
 from lantern.files import note_input
 
 IGNORED_KEYS = frozenset({"freqs_cis"})
+# HF-layout folders (a config.json and the weights it describes), read by every family's loaders.
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+# Weight files in the order HF's loaders try them; each may instead be sharded under NAME.index.json.
+WEIGHT_FILES = (WEIGHTS_NAME, "pytorch_model.bin")
+INDEX_SUFFIX = ".index.json"
 _MAX_LISTED = 4
 # torch names the first class or function a weights-only load refused in one of these phrasings.
 _REFUSED_GLOBAL = re.compile(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)")
@@ -132,3 +140,70 @@ def load_weights(module: nn.Module, path: str | os.PathLike, expected: str, role
     check_state_dict(module, state_dict, expected, os.fspath(path))
     module.load_state_dict({k: v for k, v in state_dict.items() if k not in IGNORED_KEYS}, strict=True)
     return module
+
+
+# ----- HF-layout folders -------------------------------------------------------------------------------
+def _folder_source(folder) -> str:
+    return f"HF folder {os.fspath(folder)!r}"
+
+
+def check_hf_folder(folder: str | os.PathLike) -> Path:
+    """``folder`` as a Path; CheckpointError unless it holds a ``config.json`` (a folder of anything else
+    is not a model)."""
+    folder = Path(folder)
+    if not (folder / CONFIG_NAME).is_file():
+        raise CheckpointError(
+            f"{os.fspath(folder)!r} is a folder without {CONFIG_NAME}: expected a checkpoint file or an HF-layout "
+            f"folder ({CONFIG_NAME} and {WEIGHTS_NAME}, as scripts/export_hf.py writes and LANTERN releases)"
+        )
+    return folder
+
+
+def read_hf_config(folder: Path) -> dict:
+    path = folder / CONFIG_NAME
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{str(path)!r} is not valid JSON ({exc})") from exc
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{str(path)!r} is not a JSON object")
+    return config
+
+
+def _shard_names(folder: Path, index: Path) -> dict[str, str]:
+    """``weight_map`` of a shard index (tensor -> shard file), each shard a plain name inside ``folder``."""
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise CheckpointError(f"{str(index)!r} is not a shard index ({exc})") from exc
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"{str(index)!r} has no weight_map")
+    for shard in set(weight_map.values()):
+        if not isinstance(shard, str) or Path(shard).name != shard or shard in ("", ".", ".."):
+            raise CheckpointError(f"{str(index)!r} names the shard {shard!r}: only files of the folder itself are read")
+    return weight_map
+
+
+def read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
+    for name in WEIGHT_FILES:
+        index = folder / (name + INDEX_SUFFIX)
+        if index.is_file():
+            weight_map = _shard_names(folder, index)
+            state: dict[str, torch.Tensor] = {}
+            for shard in sorted(set(weight_map.values())):
+                for key, value in read_tensors(folder / shard).items():
+                    if key in state:
+                        raise CheckpointError(f"{_folder_source(folder)}: {key} is in two shards (the second: {shard})")
+                    state[key] = value
+            absent = sorted(key for key, shard in weight_map.items() if key not in state)
+            if absent:
+                raise CheckpointError(
+                    f"{_folder_source(folder)}: missing {absent[0]}, which {index.name} puts in {weight_map[absent[0]]}"
+                )
+            return state
+        if (folder / name).is_file():
+            return read_tensors(folder / name)
+    raise CheckpointError(
+        f"{_folder_source(folder)} has {CONFIG_NAME} but no weights: expected {WEIGHTS_NAME} "
+        f"(or {WEIGHTS_NAME}{INDEX_SUFFIX} and its shards, or pytorch_model.bin)"
+    )

@@ -29,14 +29,18 @@ import torch
 from lantern import checks
 from lantern.errors import CheckpointError, ConfigError
 from lantern.files import note_input, write_folder_atomic
-from lantern.models.checkpoint import check_shapes, read_tensors
+from lantern.models.checkpoint import (  # noqa: F401 - the folder names and checks, re-exported for callers
+    CONFIG_NAME,
+    INDEX_SUFFIX,
+    WEIGHT_FILES,
+    WEIGHTS_NAME,
+    check_hf_folder,
+    check_shapes,
+    read_hf_config,
+    read_hf_weights,
+)
 from lantern.models.llamagen.gpt import GPTConfig, Transformer
 
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
-# Weight files in the order HF's loaders try them; each may instead be sharded under NAME.index.json.
-WEIGHT_FILES = (WEIGHTS_NAME, "pytorch_model.bin")
-INDEX_SUFFIX = ".index.json"
 # Our own config.json key: what the drafter reads at condition entries (see DrafterConfig.condition_input).
 # Their releases do not carry it (their drafter feeds code 0 there); a folder that does overrides the preset.
 CONDITION_KEY = "lantern_condition_input"
@@ -315,74 +319,15 @@ def _source(folder) -> str:
     return f"HF folder {os.fspath(folder)!r}"
 
 
-def check_folder(folder: str | os.PathLike) -> Path:
-    """``folder`` as a Path; CheckpointError unless it holds a ``config.json`` (a folder of anything else
-    is not a model)."""
-    folder = Path(folder)
-    if not (folder / CONFIG_NAME).is_file():
-        raise CheckpointError(
-            f"{os.fspath(folder)!r} is a folder without {CONFIG_NAME}: expected a checkpoint file or an HF-layout "
-            f"folder ({CONFIG_NAME} and {WEIGHTS_NAME}, as scripts/export_hf.py writes and LANTERN releases)"
-        )
-    return folder
-
-
-def _read_config(folder: Path) -> dict:
-    path = folder / CONFIG_NAME
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{str(path)!r} is not valid JSON ({exc})") from exc
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{str(path)!r} is not a JSON object")
-    return config
-
-
-def _shard_names(folder: Path, index: Path) -> dict[str, str]:
-    """``weight_map`` of a shard index (tensor -> shard file), each shard a plain name inside ``folder``."""
-    try:
-        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
-    except (OSError, ValueError, AttributeError) as exc:
-        raise CheckpointError(f"{str(index)!r} is not a shard index ({exc})") from exc
-    if not isinstance(weight_map, dict) or not weight_map:
-        raise CheckpointError(f"{str(index)!r} has no weight_map")
-    for shard in set(weight_map.values()):
-        if not isinstance(shard, str) or Path(shard).name != shard or shard in ("", ".", ".."):
-            raise CheckpointError(f"{str(index)!r} names the shard {shard!r}: only files of the folder itself are read")
-    return weight_map
-
-
-def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    for name in WEIGHT_FILES:
-        index = folder / (name + INDEX_SUFFIX)
-        if index.is_file():
-            weight_map = _shard_names(folder, index)
-            state: dict[str, torch.Tensor] = {}
-            for shard in sorted(set(weight_map.values())):
-                for key, value in read_tensors(folder / shard).items():
-                    if key in state:
-                        raise CheckpointError(f"{_source(folder)}: {key} is in two shards (the second: {shard})")
-                    state[key] = value
-            absent = sorted(key for key, shard in weight_map.items() if key not in state)
-            if absent:
-                raise CheckpointError(
-                    f"{_source(folder)}: missing {absent[0]}, which {index.name} puts in {weight_map[absent[0]]}"
-                )
-            return state
-        if (folder / name).is_file():
-            return read_tensors(folder / name)
-    raise CheckpointError(
-        f"{_source(folder)} has {CONFIG_NAME} but no weights: expected {WEIGHTS_NAME} "
-        f"(or {WEIGHTS_NAME}{INDEX_SUFFIX} and its shards, or pytorch_model.bin)"
-    )
+check_folder = check_hf_folder
 
 
 def read_folder(folder: str | os.PathLike, role: str) -> tuple[dict, dict[str, torch.Tensor]]:
     """An HF-layout folder's ``config.json`` and its tensors (one file or the shards of an index), noted as
     one input of the current job under ``role`` (the whole folder's contents: a changed config counts)."""
-    folder = check_folder(folder)
-    config = _read_config(folder)
-    state = _without_strays(_read_weights(folder))
+    folder = check_hf_folder(folder)
+    config = read_hf_config(folder)
+    state = _without_strays(read_hf_weights(folder))
     note_input(folder, role)
     return config, state
 
