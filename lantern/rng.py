@@ -30,6 +30,7 @@ JACOBI_INIT = 9  # uniform codes initialising fresh window slots
 TRAIN_COND_DROPOUT = (
     10  # drafter training data: whether a row takes the null condition (lantern/training/drafter_features.py)
 )
+JACOBI_COUPLE = 11  # MC-SJD's Gumbel coupling: step = the image token's index (fixed noise per token)
 
 
 def _signed(c: int) -> int:

@@ -1,5 +1,6 @@
-"""Speculative Jacobi decoding (SJD, optionally with SJD++-style draft reuse) and grouped speculative
-decoding (GSD): training-free peers of LANTERN, each step one target forward over a window of drafts.
+"""Speculative Jacobi decoding (SJD, optionally with SJD++-style draft reuse or MC-SJD's coupled redraws)
+and grouped speculative decoding (GSD): training-free peers of LANTERN, each step one target forward over
+a window of drafts.
 
 Each step is :func:`~lantern.decoding.jacobi.step.jacobi_step`, a pure static-shape function (compiled
 as ``compile`` says), run by :func:`lantern.decoding.loop.run_steps`; this file prefills and
@@ -21,7 +22,7 @@ from lantern.decoding.api import DecodeResult, DecoderSettings, register
 from lantern.decoding.batch import column_validity, guided_inputs, prefill_condition
 from lantern.decoding.compile import check_compile, compiled, mark_static
 from lantern.decoding.jacobi.grouping import Grouping
-from lantern.decoding.jacobi.step import INITS, JacobiContext, JacobiState, initial_tokens, jacobi_step
+from lantern.decoding.jacobi.step import COUPLINGS, INITS, JacobiContext, JacobiState, initial_tokens, jacobi_step
 from lantern.decoding.loop import default_sync_every, run_steps, summarise
 from lantern.models.condition import Condition
 from lantern.models.sampling import SamplingConfig, guided_logits, next_token
@@ -39,16 +40,28 @@ class JacobiSettings(DecoderSettings):
     reuse: float | None = None
     candidates: str = "sampled"
     grouping: dict | None = None
+    coupling: str = "none"  # older records have none: they are plain SJD
 
     def method(self) -> str:
         text = f"{self.label} W={self.window} {self.init}" + (f" reuse={self.reuse}" if self.reuse else "")
+        if self.coupling != "none":
+            text += f" coupling={self.coupling}"
         if self.grouping:
             g = self.grouping
             text += f" r={g['gsd_radius']} p={g['gsd_p_thr']} d={g['gsd_d_thr']}"
         return text + (" (greedy)" if self.candidates == "greedy" else "")
 
     def order(self) -> tuple:
-        return (2, self.grouping is not None, self.name, self.window, self.init, self.reuse or 0, self.candidates)
+        return (
+            2,
+            self.grouping is not None,
+            self.name,
+            COUPLINGS.index(self.coupling) if self.coupling in COUPLINGS else len(COUPLINGS),
+            self.window,
+            self.init,
+            self.reuse or 0,
+            self.candidates,
+        )
 
     def record(self) -> dict:
         exact = self.grouping is None
@@ -59,6 +72,7 @@ class JacobiSettings(DecoderSettings):
             "window": self.window,
             "init": self.init,
             "reuse": self.reuse,
+            "coupling": self.coupling,
             "candidates": self.candidates,
         }
         return {**super().record(), **flat, **(self.grouping or {})}
@@ -70,7 +84,9 @@ class JacobiDecoder:
     ``init``: how fresh window slots start (``random``, ``horizon``, ``vertical``; see
     :data:`lantern.decoding.jacobi.step.INITS`). ``reuse`` (None or a number in (0, 1]): keep an untested
     draft when its law's top mass is at least this, instead of redrawing it (SJD++'s token reuse, in a
-    form that stays lossless). ``tv_audit_every``: GSD computes the realised TV of every position's law
+    form that stays lossless). ``coupling`` (see :data:`lantern.decoding.jacobi.step.COUPLINGS`): how the
+    untested positions are redrawn; ``mc`` and ``gumbel`` are MC-SJD's maximal and Gumbel couplings,
+    ``none`` SJD's independent redraw. ``tv_audit_every``: GSD computes the realised TV of every position's law
     (a vocabulary-wide pass) on every N-th step.
     """
 
@@ -81,6 +97,7 @@ class JacobiDecoder:
         init: str = "random",
         reuse: float | None = None,
         grouping: Grouping | None = None,
+        coupling: str = "none",
         name: str = "sjd",
         label: str | None = None,
         compile: str = "none",
@@ -95,6 +112,7 @@ class JacobiDecoder:
         self.reuse = checks.optional(
             checks.probability, "reuse", reuse, zero=False, note="top draft mass to keep a draft; null = off"
         )
+        self.coupling = checks.choice("coupling", coupling, COUPLINGS, note="how untested drafts are redrawn")
         self.tv_audit_every = checks.integer("tv_audit_every", tv_audit_every, 1)
         self.grouping = grouping
         self.name, self.label = name, label or name.upper()
@@ -125,6 +143,7 @@ class JacobiDecoder:
             window=self.window,
             init=self.init,
             reuse=self.reuse,
+            coupling=self.coupling,
             candidates="greedy" if self.sampling.greedy else "sampled",
             grouping=None if self.grouping is None else self.grouping.describe(),
         )
@@ -147,6 +166,7 @@ class JacobiDecoder:
                 grouping=self.grouping,
                 close=close,
                 reuse=self.reuse,
+                coupling=self.coupling,
             )
         return self._contexts[shape]
 
@@ -210,10 +230,18 @@ class JacobiDecoder:
 
 
 def sjd(
-    sampling: SamplingConfig, window: int = 16, init: str = "random", reuse: float | None = None, **kwargs
+    sampling: SamplingConfig,
+    window: int = 16,
+    init: str = "random",
+    reuse: float | None = None,
+    coupling: str = "none",
+    **kwargs,
 ) -> JacobiDecoder:
-    """Speculative Jacobi decoding (``reuse`` set: with SJD++-style draft reuse)."""
-    return JacobiDecoder(sampling, window=window, init=init, reuse=reuse, name=kwargs.pop("name", "sjd"), **kwargs)
+    """Speculative Jacobi decoding (``reuse`` set: with SJD++-style draft reuse; ``coupling`` mc or
+    gumbel: MC-SJD)."""
+    return JacobiDecoder(
+        sampling, window=window, init=init, reuse=reuse, coupling=coupling, name=kwargs.pop("name", "sjd"), **kwargs
+    )
 
 
 def gsd(

@@ -20,6 +20,18 @@ distance ``d_thr`` of ``x``'s (:class:`Grouping`). The rejected position still d
 ``P = q a + (1 - sum(q a)) r`` with ``a(x) = min(1, p(G_x) / q(G_x))`` and ``r`` the residual, and the
 step records ``TV(p, P)`` for it (:func:`grouped_law`).
 
+MC-SJD (So et al. 2025, arXiv 2510.24211; code junhyukso/SCD) changes only how the untested positions
+are redrawn (``coupling``): instead of an independent draw from this forward's law ``p``, the new
+draft is *coupled* with the old draft ``x ~ q`` of the same token so that it repeats ``x`` as often as
+the two laws allow. ``mc`` (maximal coupling): keep ``x`` when ``u < min(1, p(x) / q(x))`` (the
+speculative test itself, with the position's test uniform), else draw ``norm(max(0, p - q))``; the
+new draft follows ``p`` and equals ``x`` with probability ``1 - TV(p, q)``, the most any coupling can
+give. ``gumbel``: every image token owns one fixed vector of exponentials ``E`` (counter-based, keyed by
+the token's index, never by the step), and each redraw is ``argmax(p / E)`` (the Gumbel-max trick), so
+the same noise picks the token at every iteration and a slightly changed ``p`` picks the same token.
+Either way the new draft's law is ``p``, fixed before it is drawn, and its randomness is independent of
+everything at earlier positions, so the emitted tokens keep the target's joint law (docs/jacobi.md).
+
 Cache layout as in :mod:`lantern.decoding.tree.step`: per row ``n`` decided tokens, ``L = T + n - 1``
 valid cache slots; the pending token (``codes[n-1]``) and the window go to slots ``L .. L+W``. The
 accepted prefix of the window already sits at the slots it keeps, so nothing moves; entries past it
@@ -46,6 +58,12 @@ from lantern.rules.exact import residual, sampled_test
 # `horizon_repeat`; ``vertical``: the token above it (a uniform code in the first row), which SJD's
 # code has commented out.
 INITS = ("random", "horizon", "vertical")
+
+# How the untested window positions are redrawn from this forward's laws. ``none``: independently
+# (SJD); ``mc``: maximal coupling with the old draft of the same token (MC-SJD); ``gumbel``: Gumbel-max
+# with one fixed noise vector per image token (MC-SJD's Gumbel coupling). Greedy decoding ignores it
+# (every redraw is the argmax).
+COUPLINGS = ("none", "mc", "gumbel")
 
 
 class JacobiState(NamedTuple):
@@ -88,6 +106,7 @@ class JacobiContext:
     grouping: Grouping | None = None
     close: torch.Tensor | None = None  # grouping's (V, V) distance test, on the model's device
     reuse: float | None = None  # SJD++-style reuse: keep an untested draft when its law's top mass >= this
+    coupling: str = "none"  # how untested positions are redrawn (COUPLINGS)
     warm: bool = False  # whether a step has run eagerly with this context (lazy tables filled)
 
 
@@ -183,9 +202,13 @@ def jacobi_step(ctx: JacobiContext, state: JacobiState, audit: bool = True) -> t
     p_src = p.gather(1, src[:, :, None].expand(-1, -1, vocab))  # (B, W, V)
     if sampling.greedy:
         fresh = p_src.argmax(-1)
+    elif ctx.coupling == "mc":
+        fresh = _maximal_coupling(state, p_draft, u, src, p_src)
+    elif ctx.coupling == "gumbel":
+        fresh = _gumbel_coupling(keys, new_decided, p_src)
     else:
         fresh = draw(p_src, rng.uniform(keys, decided, rng.JACOBI_DRAFT, width))  # (B, W)
-    fresh_q = p_src
+    fresh_q = p_src  # every coupling's redraw follows this forward's law
     if ctx.reuse is not None and not sampling.greedy:
         # Keep the untested old draft for that token (its law was confident enough); the choice reads
         # only the old law, never the drawn token, so the kept draft is still distributed as its law.
@@ -201,6 +224,48 @@ def jacobi_step(ctx: JacobiContext, state: JacobiState, audit: bool = True) -> t
         codes=codes, decided=new_decided, length=length + advance, window=new_window, draft_q=new_q
     )
     return new_state, log
+
+
+def _maximal_coupling(
+    state: JacobiState, p_draft: torch.Tensor, u: torch.Tensor, src: torch.Tensor, p_src: torch.Tensor
+) -> torch.Tensor:
+    """MC-SJD's redraw (B, W): the new draft for output ``src`` (B, W) (token ``n + src``) is the old draft
+    of that token (window slot ``src``) when it passes the exact test ``u < min(1, p(x) / q(x))`` against
+    this forward's law, else a draw from ``norm(max(0, p - q))``: distributed as ``p_src`` (B, W, V) and
+    equal to the old draft with probability ``1 - TV(p, q)``. Output ``W`` has no old draft (``q = 0``:
+    a plain draw from ``p``).
+
+    The keep decision reuses the position's test uniform ``u`` (B, W) (the paper's "single-line" change:
+    the released code runs its test loop over the whole window without stopping at the first
+    rejection); only positions past the first rejection read it here, and the test read it only for
+    positions up to that rejection, so no uniform decides two things. ``p_draft`` (B, W) is ``p(x)``
+    at each old draft. The exact ratio is used even when the step's own test is grouped (GSD), so the
+    redraw follows ``p`` whatever the test."""
+    window, draft_q = state.window, state.draft_q
+    width, vocab = window.shape[1], draft_q.shape[-1]
+    q_draft = draft_q.gather(2, window[:, :, None])[:, :, 0]  # (B, W) q(x) > 0
+    keep = sampled_test(p_draft, q_draft, u)  # (B, W) per old slot
+    has_old = src < width  # (B, W)
+    old = src.clamp_max(width - 1)  # old window slot of token n + src
+    old_q = draft_q.gather(1, old[:, :, None].expand(-1, -1, vocab)) * has_old[:, :, None]  # (B, W, V)
+    uniforms = rng.uniform(state.keys, state.decided, rng.JACOBI_DRAFT, width)  # (B, W)
+    redrawn = draw(residual(p_src, old_q), uniforms)  # (B, W); q = 0 leaves p
+    kept = has_old & keep.gather(1, old)
+    return torch.where(kept, window.gather(1, old), redrawn)
+
+
+def _gumbel_coupling(keys: torch.Tensor, new_decided: torch.Tensor, p_src: torch.Tensor) -> torch.Tensor:
+    """MC-SJD's Gumbel coupling (B, W): new slot ``k`` drafts image token ``n' + k`` and takes
+    ``argmax(p / E)`` with ``E`` (V,) Exp(1) variables keyed by (sample, token index) alone, so every
+    iteration that redraws that token races the same noise (the released code keeps a table of
+    uniforms per window slot and shifts it with the accepted tokens; keying by the token index is the
+    same thing without state). One hash per vocabulary entry and slot: W * V per row and step."""
+    batch, width, vocab = p_src.shape
+    tokens = new_decided[:, None] + torch.arange(width, device=p_src.device)  # (B, W) absolute token index
+    flat_keys = keys[:, None].expand(-1, width).reshape(-1)  # (B*W,)
+    u = rng.uniform(flat_keys, tokens.reshape(-1), rng.JACOBI_COUPLE, vocab)  # (B*W, V)
+    exponential = -torch.log(u).view(batch, width, vocab)  # (B, W, V) Exp(1)
+    return (p_src / exponential).argmax(-1)
 
 
 def _in_group(ctx: JacobiContext, p: torch.Tensor, drafts: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
