@@ -137,20 +137,21 @@ def load_bundle(
         raise CheckpointError(
             f"model.gpt_ckpt={gpt_ckpt!r}: expected the folder of a {hf.ARCHITECTURE} (config.json, weights, tokenizer.json)"
         )
-    if vq_ckpt is None or not os.path.isfile(os.fspath(vq_ckpt)):
-        raise CheckpointError(f"model.vq_ckpt={vq_ckpt!r}: expected Chameleon's vqgan.ckpt")
     device, dtype = resolve_device(device), resolve_dtype(dtype)
     vq_cfg = vq_config(vq)
     cls_token_num = checks.integer("model.cls_token_num", target["cls_token_num"], 2)
     grid = _grid(target, vq_cfg)
-    hf.read_folder(gpt_ckpt)  # a folder of another architecture fails here, before any large read
+    # Before any large read: another architecture, a missing shard, codes the VQGAN does not have.
+    config = hf.check_folder(gpt_ckpt, grid, cls_token_num)
+    if config.num_codes != vq_cfg.num_embeddings:
+        raise CheckpointError(
+            f"the folder's {config.num_codes} image tokens do not match the VQGAN's {vq_cfg.num_embeddings} codes"
+        )
     tokenizer = load_tokenizer(hf.tokenizer_file(gpt_ckpt))
+    if vq_ckpt is None or not os.path.isfile(os.fspath(vq_ckpt)):
+        raise CheckpointError(f"model.vq_ckpt={vq_ckpt!r}: expected Chameleon's vqgan.ckpt")
     vq_model = load_vqgan(vq_ckpt, vq_cfg)
     model, _ = hf.load_target(gpt_ckpt, grid, cls_token_num)
-    if model.config.num_codes != vq_cfg.num_embeddings:
-        raise CheckpointError(
-            f"the folder's {model.config.num_codes} image tokens do not match the VQGAN's {vq_cfg.num_embeddings} codes"
-        )
     conditioner = ChameleonConditioner.for_model(tokenizer, model.config, template, device)
     return _finish(name, model, vq_model, conditioner, device, dtype)
 
@@ -187,6 +188,15 @@ def random_drafter(
     torch.manual_seed(init_seed)
     drafter = Drafter(DrafterConfig(drafter_target_config(config)))
     return drafter.to(device=resolve_device(device), dtype=resolve_dtype(dtype)).eval()
+
+
+def no_drafter(path=None, **_):
+    """The drafter node of the folder presets: Chameleon drafters (LANTERN's ``jadohu/anole_drafter``, a Llama
+    layer with 1D RoPE) do not load yet, so the speculative decoders with a drafter refuse with one line."""
+    raise ConfigError(
+        f"model.drafter_ckpt={path!r}: drafters for the Chameleon family (jadohu/anole_drafter) are not supported "
+        "yet; decoding=ar, sjd and gsd need no drafter"
+    )
 
 
 def random_codebook(vq: Mapping, init_seed: int = 0) -> torch.Tensor:

@@ -10,6 +10,7 @@ set aside and returned for the tokenizer to check.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,7 +22,14 @@ from lantern.errors import CheckpointError
 from lantern.files import note_input
 from lantern.models.chameleon.model import ChameleonConfig, ChameleonTarget
 from lantern.models.chameleon.vocab import read_layout
-from lantern.models.checkpoint import check_hf_folder, check_shapes, read_hf_config, read_hf_weights
+from lantern.models.checkpoint import (
+    INDEX_SUFFIX,
+    WEIGHT_FILES,
+    check_hf_folder,
+    check_shapes,
+    read_hf_config,
+    read_hf_weights,
+)
 
 ARCHITECTURE = "ChameleonForConditionalGeneration"
 VQ_PREFIX = "model.vqmodel."
@@ -83,9 +91,28 @@ def config_from_hf(config: Mapping, grid_size: int, cls_token_num: int, source: 
 
 
 def read_folder(folder: str | os.PathLike) -> tuple[dict, Path]:
-    """A folder's ``config.json`` (checked to be a Chameleon's) and the folder as a Path."""
+    """A folder's ``config.json`` and the folder as a Path."""
     folder = check_hf_folder(folder)
     return read_hf_config(folder), folder
+
+
+def check_folder(folder: str | os.PathLike, grid_size: int, cls_token_num: int) -> ChameleonConfig:
+    """What can be checked before a large read: the config describes a Chameleon, and every shard its
+    index names is there. Returns the target's config."""
+    config, folder = read_folder(folder)
+    model_config = config_from_hf(config, grid_size, cls_token_num, _source(folder))
+    for name in WEIGHT_FILES:
+        index = folder / (name + INDEX_SUFFIX)
+        if index.is_file():
+            try:
+                shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise CheckpointError(f"{str(index)!r} is not a shard index ({exc})") from exc
+            absent = [shard for shard in shards if not (folder / str(shard)).is_file()]
+            if absent:
+                raise CheckpointError(f"{_source(folder)}: shard {absent[0]!r}, named in {index.name}, is not there")
+            break
+    return model_config
 
 
 def load_target(
