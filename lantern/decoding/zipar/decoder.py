@@ -1,0 +1,155 @@
+"""ZipAR (He et al. 2024, arXiv 2412.04062; code ThisisBillhe/ZipAR): training-free next-set decoding over
+the 2-D token grid, each forward one token for every grid row already under way.
+
+Each step is :func:`~lantern.decoding.zipar.step.zipar_step`, a pure static-shape function (compiled as
+``compile`` says), run by :func:`lantern.decoding.loop.run_steps`; this file prefills and summarises.
+Records: ``steps`` (target forwards after the prefill) and ``tokens`` (the N - 1 tokens they drew), so
+``mean_accepted_length`` is tokens per target forward, as for every decoder. ZipAR is lossy (tokens see
+the rows above only as far as they are decoded) and no realised TV is recorded: the law a token is drawn
+from is the target's under a different context, not a rule's relaxation of it; quality is measured
+instead (FID, classifier accuracy). Paper-vs-code notes: docs/zipar.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from lantern import checks
+from lantern.decoding.api import DecodeResult, DecoderSettings, register
+from lantern.decoding.batch import column_validity, guided_inputs, prefill_condition
+from lantern.decoding.compile import check_compile, compiled, mark_static
+from lantern.decoding.loop import default_sync_every, run_steps
+from lantern.decoding.zipar.step import ZipARContext, ZipARState, zipar_step
+from lantern.models.condition import Condition
+from lantern.models.sampling import SamplingConfig, guided_logits, next_token
+from lantern.models.target import Target
+
+
+@register
+@dataclass(frozen=True)
+class ZipARSettings(DecoderSettings):
+    """Next-set decoding: a grid row starts once the row above has decoded ``window`` tokens."""
+
+    kind: ClassVar[str] = "zipar"
+    window: int = 16
+
+    def method(self) -> str:
+        return f"{self.label}-{self.window}"
+
+    def order(self) -> tuple:
+        return (3, self.name, self.window)
+
+    def record(self) -> dict:
+        return {**super().record(), "acceptance": None, "draft": "next_set", "window": self.window}
+
+
+class ZipARDecoder:
+    """ZipAR with ``window`` (the paper's ZipAR-n: n tokens of the row above before a row starts; the
+    released LlamaGen script's default is 8, the paper's headline LlamaGen-L figure is ZipAR-16).
+    ``window`` at least the grid's width is raster AR (every row waits for the row above)."""
+
+    def __init__(
+        self,
+        sampling: SamplingConfig,
+        window: int = 16,
+        name: str = "zipar",
+        label: str | None = None,
+        compile: str = "none",
+        backend: str = "inductor",
+        sync_every: int | None = None,
+        guard=None,
+    ):
+        self.sampling = sampling
+        self.window = checks.integer("window", window, 1, note="tokens of the row above decoded before a row starts")
+        self.name, self.label = name, label or "ZipAR"
+        self.compile = check_compile(compile)
+        self.backend = backend
+        self.sync_every = sync_every
+        self.guard = guard or contextlib.nullcontext
+        self._step = compiled(zipar_step, compile, backend)
+        self._contexts: dict[tuple, ZipARContext] = {}
+
+    def check_device(self, device: torch.device | str) -> None:
+        """ConfigError unless this decoder's compile mode runs on ``device`` (checked before any work)."""
+        check_compile(self.compile, device, self.backend)
+
+    def check_model(self, config) -> None:
+        """ConfigError when the window is wider than the image's rows or the grid is not square rows."""
+        side = config.grid_size
+        if self.window > side:
+            raise checks.refuse(
+                "window", self.window, f"an integer in [1, {side}]", f"tokens per grid row of this model: {side}"
+            )
+        if config.num_image_tokens % side:
+            raise checks.refuse("model", config.num_image_tokens, f"a multiple of the grid width {side}")
+
+    @property
+    def settings(self) -> ZipARSettings:
+        return ZipARSettings(name=self.name, label=self.label, compile=self.compile, window=self.window)
+
+    def _context(self, model: Target, rows: int, batch: int, capacity: int, device) -> ZipARContext:
+        shape = (model.config, rows, batch, capacity, model.input_embeddings().dtype, device)
+        if shape not in self._contexts:
+            cache = model.new_cache(rows, capacity)
+            if self.compile != "none":
+                mark_static(*cache.tensors())
+            self._contexts[shape] = ZipARContext(
+                model=model, cache=cache, sampling=self.sampling, window=self.window, groups=rows // batch
+            )
+        return self._contexts[shape]
+
+    @torch.inference_mode()
+    def generate(self, model: Target, condition: Condition, keys: torch.Tensor) -> DecodeResult:
+        """Decode all image tokens for ``condition`` (B prompts) with per-sample RNG ``keys`` (B,)."""
+        cfg, sampling = model.config, self.sampling
+        self.check_model(cfg)
+        cond_len, num_tokens, side = cfg.cls_token_num, cfg.num_image_tokens, cfg.grid_size
+        grid_rows = num_tokens // side
+        cond_emb, cond_mask = guided_inputs(model, condition, sampling)
+        rows, batch = cond_emb.shape[0], len(condition)
+        device = cond_emb.device
+        self.check_device(device)
+        capacity = cond_len + num_tokens + grid_rows  # one scratch slot per grid row after the image
+        ctx = self._context(model, rows, batch, capacity, device)
+
+        hidden = prefill_condition(model, cond_emb, cond_mask, ctx.cache, capacity)  # (rows, T, D)
+        codes = torch.zeros(batch, num_tokens + 1, dtype=torch.long, device=device)
+        codes[:, 0] = next_token(guided_logits(model.head(hidden[:, -1]), sampling, 0), sampling, keys, 0)
+        done = torch.zeros(batch, grid_rows, dtype=torch.long, device=device)
+        done[:, 0] = 1
+        written = torch.zeros(batch, capacity, dtype=torch.bool, device=device)
+        state = ZipARState(
+            codes=codes,
+            done=done,
+            flushed=torch.zeros(batch, grid_rows, dtype=torch.bool, device=device),
+            written=written,
+            keys=keys,
+            target_valid=column_validity(cond_mask, capacity),
+        )
+        state, logs = run_steps(  # every step draws at least one token per unfinished image
+            zipar_step,
+            self._step,
+            ctx,
+            state,
+            num_tokens - 1,
+            done=lambda s: (s.done == side).all(1),
+            sync_every=default_sync_every(device, self.sync_every),
+            guard=self.guard,
+        )
+        drawn = torch.stack([log.drawn for log in logs], dim=1)  # (B, S) tokens per step, 0 once finished
+        per_sample = {
+            "steps": (drawn > 0).sum(1).cpu(),
+            "tokens": torch.full((batch,), num_tokens - 1, dtype=torch.long),
+            "tokens_per_step_max": drawn.amax(1).cpu(),
+        }
+        stats = {"target_forwards": float(1 + len(logs)), "steps": float(1 + len(logs))}
+        return DecodeResult(state.codes[:, :num_tokens], stats, per_sample)
+
+
+def zipar(sampling: SamplingConfig, window: int = 16, **kwargs) -> ZipARDecoder:
+    """ZipAR next-set decoding with ``window`` (ZipAR-``window``)."""
+    return ZipARDecoder(sampling, window=window, **kwargs)
