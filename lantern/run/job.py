@@ -151,7 +151,7 @@ class GenerationJob:
             "batch_size": self.batch_size,
             "seed": self.seed,
             **{key: getattr(sampling, key) for key in ("temperature", "top_k", "top_p", "cfg_scale", "cfg_interval")},
-            "dtype": str(self.bundle.gpt.tok_embeddings.weight.dtype).removeprefix("torch."),
+            "dtype": str(self.bundle.gpt.input_embeddings().dtype).removeprefix("torch."),
         }
 
     def _compares(self) -> bool:

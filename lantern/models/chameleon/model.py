@@ -284,11 +284,6 @@ class ChameleonTarget(nn.Module):
         self.inv_freq = _inv_freq(self.config).to(self.inv_freq.device)
         return self
 
-    @property
-    def tok_embeddings(self) -> nn.Embedding:
-        """The vocabulary's embedding table (the name run records read the model dtype from)."""
-        return self.model.embed_tokens
-
     # ----- inputs -------------------------------------------------------------------------------
     def embed_condition(self, condition: torch.Tensor) -> torch.Tensor:
         """Prompt token ids (B, T), left-padded with the pad id -> embeddings (B, T, D)."""
