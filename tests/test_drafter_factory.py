@@ -160,7 +160,9 @@ def kill_when(path: Path, args: list[str], out: Path) -> None:
     proc.wait()
 
 
-@pytest.mark.parametrize("stage", ["data", "features"])
+@pytest.mark.parametrize(
+    "stage", ["data", pytest.param("features", marks=pytest.mark.slow)]
+)  # one in the default suite
 def test_kill_during_a_stage_resumes_to_the_same_rows(tmp_path, stage):
     args = ["num_samples=48", "generation.batch_size=4", "features.batch_size=4"]
     whole = tmp_path / "whole"
@@ -203,6 +205,7 @@ def test_images_data_tokenises_class_folders(tmp_path):
     assert "not a folder" in line
 
 
+@pytest.mark.slow  # ~16 s; tests/test_distributed.py keeps torchrun in the default suite
 def test_torchrun_training_equals_one_process(tmp_path):
     """DDP over 2 processes with the same global batch == one process, to reduction-order noise."""
     one = tmp_path / "one"

@@ -201,6 +201,7 @@ def test_fid_reference_folder_is_centre_cropped_and_refuses_to_overwrite(tmp_pat
     assert empty.returncode == 2 and "image folder not found" in empty.stderr and not (tmp_path / "x").exists()
 
 
+@pytest.mark.slow  # ~15 s; test_world_metrics_land_in_the_record keeps FID and CLIP in the default suite
 def test_the_coco_experiment_measures_fid_and_clip_on_the_world(tmp_path):
     """The LlamaGen COCO experiment's metrics run end to end, with the world's images, captions and CLIP."""
     from PIL import Image

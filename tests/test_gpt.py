@@ -167,6 +167,7 @@ def gpt_b_file(tmp_path_factory):
     return path, sd
 
 
+@pytest.mark.slow  # ~20 s at GPT-B size; the damaged-file tests below keep the strict loader in the default suite
 def test_random_official_format_gpt_b_loads_strictly(gpt_b_file, tmp_path):
     path, sd = gpt_b_file
     model = Transformer(gpt_config("GPT-B", "c2i", 256))

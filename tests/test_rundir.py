@@ -14,7 +14,7 @@ from test_run import REPO
 from lantern.run.lock import FolderLock
 from lantern.run.rundir import first_difference
 
-IMAGES = 160  # a signal sent after image 2 must land before the run ends: the tiny model does 20-50 images/s
+IMAGES = 400  # a signal sent after image 2 must land before the run ends: the tiny model does 20-60 images/s
 BASE = (
     "model=tiny_random_c2i",
     f"num_images={IMAGES}",
