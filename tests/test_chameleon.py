@@ -16,7 +16,7 @@ from lantern.decoding.tree.decoder import SpeculativeDecoder
 from lantern.decoding.tree.draft import chain
 from lantern.errors import CheckpointError, ConfigError
 from lantern.models.chameleon import hf
-from lantern.models.chameleon.bundle import drafter_target_config, random_target
+from lantern.models.chameleon.bundle import random_target
 from lantern.models.chameleon.condition import ChameleonConditioner
 from lantern.models.chameleon.model import ChameleonTarget
 from lantern.models.chameleon.vocab import TINY_WORDS, image_token_name, read_layout, tiny_vocabulary, word_tokenizer
@@ -195,7 +195,7 @@ def test_greedy_speculative_chain_equals_greedy_ar_and_captures_as_one_graph(pai
     keys = keys_tensor(0, range(len(PROMPTS)))
     sampling = SamplingConfig(temperature=0, cfg_scale=3.0)
     torch.manual_seed(0)
-    drafter = Drafter(DrafterConfig(drafter_target_config(ours.config))).eval()
+    drafter = Drafter(DrafterConfig(ours.config)).eval()
     expected = ARDecoder(sampling).generate(ours, condition, keys).codes
     backend = CountingBackend()
     ar = ARDecoder(sampling, compile="default", backend=backend)

@@ -22,14 +22,23 @@ through ``fuse`` (:meth:`Drafter.target_features`); ``forward`` always reads D-w
 target features or the drafter's own previous outputs, so drafting a tree is the same either way. The
 fused features are not normalised (EAGLE-3's own layer norms them first); the first layer stays without
 an input norm so that a drafter with and without taps differ only in ``fuse``.
+
+Families: the drafter reads its target only through a :class:`DrafterArch`, the family's description of
+what a drafter for it is: width, heads, vocabulary, grid and condition slots, the decoder layer it stacks
+(the target's own kind of layer), the RoPE table its entries read (the target's own position scheme), and
+its HF folder layout. A target config gives its arch with a ``drafter_arch()`` method
+(:meth:`lantern.models.chameleon.model.ChameleonConfig.drafter_arch`: Chameleon's layer with qk-norm and
+1D RoPE); LlamaGen's :class:`~lantern.models.llamagen.gpt.GPTConfig`, which predates this, is described by
+:class:`LlamaGenArch` (its blocks, its 2D RoPE, the LANTERN release's layout), exactly as before.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -54,58 +63,185 @@ TAPS_KEY = "lantern.taps"
 FUSE_KEY = "fuse.weight"
 
 
-@dataclass(frozen=True)
-class DrafterConfig:
-    """Drafter architecture: the target's width and heads, ``n_layer`` decoder layers of its own.
+class DrafterArch(Protocol):
+    """A family's description of its target for the EAGLE drafter (see the module docstring).
 
-    ``taps`` (layer indices of the target, see :func:`~lantern.models.llamagen.gpt.default_taps`): the
-    drafter reads the fused inputs of those layers instead of the final-norm state; empty (the default,
-    and every drafter before EAGLE-3) reads the final-norm state.
+    Shapes: ``dim`` D, ``n_head`` / ``n_kv_head`` heads of ``head_dim``, ``vocab_size`` V image codes,
+    ``grid_size`` and ``cls_token_num`` T (the drafter has ``T + N - 1`` entries), ``n_layer`` the
+    *target's* layers (taps must lie inside it), ``embedding_rows`` the rows of the token table an HF
+    drafter folder keeps a copy of.
     """
 
-    target: GPTConfig
-    n_layer: int = 1
-    norm_eps: float = 1e-6
-    condition_input: str = "embedding"
-    taps: tuple[int, ...] = ()
+    dim: int
+    n_head: int
+    n_kv_head: int
+    head_dim: int
+    vocab_size: int
+    grid_size: int
+    cls_token_num: int
+    n_layer: int
+    embedding_rows: int
+    norm_eps: float  # the drafter's RMSNorm epsilon unless one is given
+    first_norm: str  # the input norm layer 0 drops ("": kept, as the release of that family)
 
-    def __post_init__(self):
-        checks.integer("drafter n_layer", self.n_layer, 1)
-        checks.choice("drafter condition_input", self.condition_input, CONDITION_INPUTS)
-        object.__setattr__(self, "taps", check_taps(self.taps, self.target.n_layer))  # a list from JSON -> tuple
+    def block(self, norm_eps: float) -> nn.Module:
+        """One decoder layer, called ``layer(x, rope, mask, slots, kv)`` with ``rope`` rows of :meth:`rope_table`."""
+        ...
+
+    def rope_table(self) -> torch.Tensor:
+        """(T + N - 1, ...) fp32: row ``i`` is what drafter entry ``i`` (input token at position ``i + 1``) reads."""
+        ...
+
+    def folder_config(self, n_layer: int, norm_eps: float, condition_input: str, taps: tuple[int, ...]) -> dict: ...
+
+    def check_folder_config(self, config: Mapping, norm_eps: float, source: str, what: str) -> None: ...
+
+    def to_folder(self, state_dict: Mapping[str, torch.Tensor], embeddings: torch.Tensor) -> dict: ...
+
+    def from_folder(
+        self, state_dict: Mapping[str, torch.Tensor], source: str
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]: ...
+
+    def folder_embeddings(self, target) -> torch.Tensor:
+        """The table (``embedding_rows``, D) of ``target`` that an HF drafter folder keeps a copy of."""
+        ...
+
+
+@dataclass(frozen=True)
+class LlamaGenArch:
+    """LlamaGen's drafter: its :class:`~lantern.models.llamagen.gpt.TransformerBlock`, its 2D RoPE table (row
+    ``i + 1`` for entry ``i``: the input token's coordinates), no input norm on layer 0, and the LANTERN
+    release's HF layout (:mod:`lantern.models.llamagen.hf_layout`)."""
+
+    target: GPTConfig
+    norm_eps: float = 1e-6
+    first_norm: str = "attention_norm"
 
     @property
     def dim(self) -> int:
         return self.target.dim
 
     @property
+    def n_head(self) -> int:
+        return self.target.n_head
+
+    @property
+    def n_kv_head(self) -> int:
+        return self.target.n_head
+
+    @property
+    def head_dim(self) -> int:
+        return self.target.head_dim
+
+    @property
     def vocab_size(self) -> int:
         return self.target.vocab_size
 
-    def block_config(self) -> GPTConfig:
-        """The GPTConfig its decoder layers are built from (target width, drafter norm eps)."""
-        return replace(self.target, n_layer=self.n_layer, norm_eps=self.norm_eps)
+    @property
+    def grid_size(self) -> int:
+        return self.target.grid_size
+
+    @property
+    def cls_token_num(self) -> int:
+        return self.target.cls_token_num
+
+    @property
+    def n_layer(self) -> int:
+        return self.target.n_layer
+
+    @property
+    def embedding_rows(self) -> int:
+        return self.target.vocab_size
+
+    def block(self, norm_eps: float) -> nn.Module:
+        return TransformerBlock(replace(self.target, n_layer=1, norm_eps=norm_eps))
+
+    def rope_table(self) -> torch.Tensor:
+        target = self.target
+        table = rope_table_2d(target.grid_size, target.head_dim, target.cls_token_num, target.rope_base)
+        return table[1:]  # (T + N - 1, hd/2, 2): entry i takes the row of position i + 1
+
+    def folder_config(self, n_layer, norm_eps, condition_input, taps) -> dict:
+        return hf_layout.drafter_config(self.target, n_layer, norm_eps, condition_input, taps)
+
+    def check_folder_config(self, config, norm_eps, source, what) -> None:
+        hf_layout.check_drafter_config(config, self.target, norm_eps, source, what)
+
+    def to_folder(self, state_dict, embeddings) -> dict:
+        return hf_layout.drafter_to_hf(state_dict, embeddings)
+
+    def from_folder(self, state_dict, source):
+        return hf_layout.drafter_from_hf(state_dict, source)
+
+    def folder_embeddings(self, target) -> torch.Tensor:
+        return target.input_embeddings()
+
+
+def drafter_arch(target) -> DrafterArch:
+    """The :class:`DrafterArch` of a target config: its own ``drafter_arch()``, an arch as given, or, for
+    LlamaGen's GPTConfig, :class:`LlamaGenArch`."""
+    make = getattr(target, "drafter_arch", None)
+    if callable(make):
+        return make()
+    if callable(getattr(target, "block", None)):
+        return target
+    return LlamaGenArch(target)
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    """Drafter architecture: the target's width and heads, ``n_layer`` decoder layers of its own.
+
+    ``target`` is the target's config (or a :class:`DrafterArch`); ``arch`` is its description
+    (:func:`drafter_arch`). ``norm_eps`` None: the family's (LlamaGen 1e-6, Chameleon the target's).
+    ``taps`` (layer indices of the target, see :func:`~lantern.models.llamagen.gpt.default_taps`): the
+    drafter reads the fused inputs of those layers instead of the final-norm state; empty (the default,
+    and every drafter before EAGLE-3) reads the final-norm state.
+    """
+
+    target: object
+    n_layer: int = 1
+    norm_eps: float | None = None
+    condition_input: str = "embedding"
+    taps: tuple[int, ...] = ()
+    arch: DrafterArch = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        arch = drafter_arch(self.target)
+        object.__setattr__(self, "arch", arch)
+        if self.norm_eps is None:
+            object.__setattr__(self, "norm_eps", float(arch.norm_eps))
+        checks.integer("drafter n_layer", self.n_layer, 1)
+        checks.choice("drafter condition_input", self.condition_input, CONDITION_INPUTS)
+        object.__setattr__(self, "taps", check_taps(self.taps, arch.n_layer))  # a list from JSON -> tuple
+
+    @property
+    def dim(self) -> int:
+        return self.arch.dim
+
+    @property
+    def vocab_size(self) -> int:
+        return self.arch.vocab_size
 
 
 class Drafter(nn.Module):
-    """``fc`` (2D -> D, with bias) then ``n_layer`` LlamaGen blocks, and with taps ``fuse``
-    (``len(taps) * D -> D``, no bias) over the target's tapped states; no I/O in the constructor."""
+    """``fc`` (2D -> D, with bias) then ``n_layer`` decoder layers of the target's family, and with taps
+    ``fuse`` (``len(taps) * D -> D``, no bias) over the target's tapped states; no I/O in the constructor."""
 
     def __init__(self, config: DrafterConfig):
         super().__init__()
         self.config = config
-        block = config.block_config()
-        self.fc = nn.Linear(2 * block.dim, block.dim, bias=True)
+        arch = config.arch
+        self.fc = nn.Linear(2 * arch.dim, arch.dim, bias=True)
         if config.taps:
-            self.fuse = nn.Linear(len(config.taps) * block.dim, block.dim, bias=False)
-        self.layers = nn.ModuleList(TransformerBlock(block) for _ in range(config.n_layer))
-        self.layers[0].attention_norm = nn.Identity()
+            self.fuse = nn.Linear(len(config.taps) * arch.dim, arch.dim, bias=False)
+        self.layers = nn.ModuleList(arch.block(config.norm_eps) for _ in range(config.n_layer))
+        if arch.first_norm:
+            setattr(self.layers[0], arch.first_norm, nn.Identity())
         self.register_buffer("rope", self._rope_table(), persistent=False)
 
     def _rope_table(self) -> torch.Tensor:
-        target = self.config.target
-        table = rope_table_2d(target.grid_size, target.head_dim, target.cls_token_num, target.rope_base)
-        return table[1:]  # (T + N - 1, hd/2, 2): entry i takes the row of position i + 1
+        return self.config.arch.rope_table()  # (T + N - 1, ...) fp32
 
     def _apply(self, fn, recurse=True):
         # The RoPE table stays fp32 whatever dtype the weights are cast to (as in the target).
@@ -147,15 +283,15 @@ class Drafter(nn.Module):
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         """A zeroed cache for ``batch`` rows and ``max_len`` slots."""
-        block = self.config.block_config()
+        arch = self.config.arch
         weight = self.fc.weight
         return KVCache.allocate(
-            block.n_layer, batch, block.n_head, max_len, block.head_dim, weight.dtype, weight.device
+            self.config.n_layer, batch, arch.n_kv_head, max_len, arch.head_dim, weight.dtype, weight.device
         )
 
-    def check_target(self, target_config: GPTConfig) -> None:
+    def check_target(self, target_config) -> None:
         """ConfigError unless this drafter's width, vocabulary, grid and taps fit ``target_config``."""
-        mine, taps = self.config.target, self.config.taps
+        mine, taps = self.config.arch, self.config.taps
         if mine.dim != target_config.dim or mine.vocab_size != target_config.vocab_size:
             raise ConfigError(
                 f"drafter (hidden size {mine.dim}, vocabulary {mine.vocab_size}) does not match the target "
@@ -202,69 +338,89 @@ def load_drafter(
     norm_eps: float = 1e-6,
     condition_input: str = "embedding",
 ) -> Drafter:
-    """Build the drafter for the target described by ``gpt``/``vq`` (model-config nodes) and load ``path``.
-
-    ``path`` is a file (this project's, or the LANTERN/EAGLE release format with HF Llama key names) or an
-    HF-layout folder (:func:`load_drafter_folder`). A file for another hidden size or vocabulary is
-    refused with one message naming both. A file's taps are its :data:`TAPS_KEY` metadata; a
-    ``fuse.weight`` without them (a ``.pt`` file cannot carry them), or the reverse, is one error.
-    """
+    """Build the drafter for the LlamaGen target described by ``gpt``/``vq`` (model-config nodes) and load ``path``
+    (:func:`load_drafter_for`: a file or an HF-layout folder)."""
     if path is None:
         raise ConfigError(
             "no drafter checkpoint given: pass model.drafter_ckpt=PATH (a drafter trained with "
             "scripts/train_drafter.py, an HF-layout folder, or the LANTERN release's drafter for LlamaGen-XL t2i)"
         )
-    device, torch_dtype = resolve_device(device), resolve_dtype(dtype)
     target = _target_config(gpt, vq)
+    return load_drafter_for(path, target, gpt["preset"], device, dtype, norm_eps, condition_input)
+
+
+def load_drafter_for(
+    path: str | os.PathLike,
+    target,
+    label: str,
+    device: str = "cpu",
+    dtype: str = "float32",
+    norm_eps: float | None = None,
+    condition_input: str = "embedding",
+) -> Drafter:
+    """The drafter at ``path`` for the target whose config is ``target`` (any family: see :class:`DrafterArch`);
+    ``label`` names the target in messages.
+
+    ``path`` is a file (this project's, or the release format of the family's folders) or an HF-layout folder
+    (:func:`load_drafter_folder`). A file for another hidden size or vocabulary is refused with one message
+    naming both. A file's taps are its :data:`TAPS_KEY` metadata; a ``fuse.weight`` without them (a ``.pt``
+    file cannot carry them), or the reverse, is one error.
+    """
+    device, torch_dtype = resolve_device(device), resolve_dtype(dtype)
+    arch = drafter_arch(target)
     if os.path.isdir(path):
-        drafter = load_drafter_folder(path, target, f"a drafter for {gpt['preset']}", norm_eps, condition_input)
+        drafter = load_drafter_folder(path, target, f"a drafter for {label}", norm_eps, condition_input)
         return drafter.to(device=device, dtype=torch_dtype).eval()
-    state_dict, embed = from_reference_keys(read_state_dict(path, "drafter"))
+    state_dict, embed = arch.from_folder(read_state_dict(path, "drafter"), "drafter")
     fc = state_dict.get("fc.weight")
-    if fc is not None and tuple(fc.shape) != (target.dim, 2 * target.dim):
+    if fc is not None and tuple(fc.shape) != (arch.dim, 2 * arch.dim):
         raise ConfigError(
             f"drafter {os.fspath(path)!r} has hidden size {fc.shape[0]} (fc {tuple(fc.shape)}) but the target "
-            f"{gpt['preset']} has hidden size {target.dim}"
+            f"{label} has hidden size {arch.dim}"
         )
-    if embed is not None and embed.shape[0] != target.vocab_size:
+    if embed is not None and embed.shape[0] != arch.embedding_rows:
         raise ConfigError(
-            f"drafter {os.fspath(path)!r} was trained for a vocabulary of {embed.shape[0]} codes but the target has {target.vocab_size}"
+            f"drafter {os.fspath(path)!r} was trained for a vocabulary of {embed.shape[0]} codes but the target has {arch.embedding_rows}"
         )
     metadata = _file_metadata(path)
     vocab = metadata.get(VOCAB_KEY)
-    if vocab is not None and int(vocab) != target.vocab_size:
+    if vocab is not None and int(vocab) != arch.vocab_size:
         raise ConfigError(
-            f"drafter {os.fspath(path)!r} was trained for a vocabulary of {vocab} codes but the target has {target.vocab_size}"
+            f"drafter {os.fspath(path)!r} was trained for a vocabulary of {vocab} codes but the target has {arch.vocab_size}"
         )
     source = f"drafter {os.fspath(path)!r}"
-    taps = check_taps(_parse_taps(metadata.get(TAPS_KEY), source), target.n_layer, f"{source}: {TAPS_KEY}")
+    taps = check_taps(_parse_taps(metadata.get(TAPS_KEY), source), arch.n_layer, f"{source}: {TAPS_KEY}")
     _check_fuse(taps, FUSE_KEY in state_dict, source, f"metadata {TAPS_KEY}")
     drafter = Drafter(DrafterConfig(target, _layer_count(state_dict), norm_eps, condition_input, taps))
-    check_state_dict(drafter, state_dict, f"a 1-layer drafter for {gpt['preset']}", os.fspath(path))
+    check_state_dict(drafter, state_dict, f"a 1-layer drafter for {label}", os.fspath(path))
     drafter.load_state_dict(state_dict, strict=True)
     return drafter.to(device=device, dtype=torch_dtype).eval()
 
 
 def load_drafter_folder(
     folder: str | os.PathLike,
-    target: GPTConfig,
+    target,
     what: str = "a drafter",
-    norm_eps: float = 1e-6,
+    norm_eps: float | None = None,
     condition_input: str = "embedding",
 ) -> Drafter:
-    """A drafter for ``target`` from an HF-layout folder (LANTERN's release or :func:`save_drafter_folder`), fp32 on CPU.
+    """A drafter for ``target`` (a target config) from an HF-layout folder (the family's release layout or
+    :func:`save_drafter_folder`), fp32 on CPU.
 
-    Strict, in the folder's own names: ``config.json`` must fit the target
-    (:func:`lantern.models.llamagen.hf_layout.check_drafter_config`), then every tensor must be there with its
-    shape and nothing else (``embed_tokens.weight`` included: their loader requires it too). What the drafter
-    reads at condition entries is ``condition_input`` (the preset's) unless the folder's ``config.json``
-    carries :data:`~lantern.models.llamagen.hf_layout.CONDITION_KEY`, which was written with the drafter and wins.
-    The drafter's taps are ``config.json``'s :data:`~lantern.models.llamagen.hf_layout.TAPS_KEY` (absent: none,
-    as in LANTERN's releases); ``fuse.weight`` without them, or the reverse, is one error.
+    Strict, in the folder's own names: ``config.json`` must fit the target (the arch's
+    ``check_folder_config``; LlamaGen: :func:`lantern.models.llamagen.hf_layout.check_drafter_config`), then
+    every tensor must be there with its shape and nothing else (``embed_tokens.weight`` included: the
+    releases' loaders require it too). What the drafter reads at condition entries is ``condition_input``
+    (the preset's) unless the folder's ``config.json`` carries
+    :data:`~lantern.models.llamagen.hf_layout.CONDITION_KEY`, which was written with the drafter and wins.
+    The drafter's taps are ``config.json``'s :data:`~lantern.models.llamagen.hf_layout.TAPS_KEY` (absent:
+    none, as in LANTERN's releases); ``fuse.weight`` without them, or the reverse, is one error.
     """
+    arch = drafter_arch(target)
+    norm_eps = arch.norm_eps if norm_eps is None else norm_eps
     config, given = hf_layout.read_folder(folder, "drafter")
     source = f"HF folder {os.fspath(folder)!r}"
-    hf_layout.check_drafter_config(config, target, norm_eps, source, what)
+    arch.check_folder_config(config, norm_eps, source, what)
     n_layer = config.get(
         "num_hidden_layers", _layer_count({k: v for k, v in given.items() if k != "embed_tokens.weight"})
     )
@@ -272,13 +428,13 @@ def load_drafter_folder(
     if hf_layout.CONDITION_KEY in config:
         key = f"{source}: config.json {hf_layout.CONDITION_KEY}"
         condition_input = checks.choice(key, config[hf_layout.CONDITION_KEY], CONDITION_INPUTS)
-    taps = _folder_taps(config, target, source)
+    taps = _folder_taps(config, arch.n_layer, source)
     _check_fuse(taps, FUSE_KEY in given, source, f"config.json {hf_layout.TAPS_KEY}")
     drafter = Drafter(DrafterConfig(target, n_layer, norm_eps, condition_input, taps))
-    table = torch.empty(target.vocab_size, target.dim, device="meta")  # (V, D): only its shape is compared
-    own = hf_layout.drafter_to_hf(drafter.state_dict(), table)
+    table = torch.empty(arch.embedding_rows, arch.dim, device="meta")  # (V, D): only its shape is compared
+    own = arch.to_folder(drafter.state_dict(), table)
     check_shapes({k: tuple(v.shape) for k, v in own.items()}, given, what, os.fspath(folder))
-    state_dict, _ = hf_layout.drafter_from_hf(given, source)
+    state_dict, _ = arch.from_folder(given, source)
     drafter.load_state_dict(state_dict, strict=True)
     return drafter
 
@@ -287,16 +443,14 @@ def save_drafter_folder(
     drafter: Drafter, embeddings: torch.Tensor, folder: str | os.PathLike, dtype: torch.dtype = torch.float16
 ) -> Path:
     """Write ``drafter`` as an HF-layout folder (``config.json`` + ``model.safetensors``) that
-    :func:`load_drafter` reads and the authors' ``EaModel`` loads; ``embeddings`` (V, D) is the target's
-    token table (their drafter keeps a copy). The config carries the target's ``cls_token_num`` and
-    ``block_size``, the drafter's ``condition_input`` and, for a drafter with taps, ``lantern_taps`` (with
-    ``fuse.weight`` beside the tensors; the authors' loader knows neither). Written atomically: an
-    interrupted export leaves no folder that loads. Returns ``folder``."""
+    :func:`load_drafter_for` reads and the authors' ``EaModel`` loads; ``embeddings`` (``embedding_rows``, D)
+    is the target's token table (their drafter keeps a copy; see :meth:`DrafterArch.folder_embeddings`). The
+    config carries the target's condition slots and image tokens, the drafter's ``condition_input`` and, for
+    a drafter with taps, ``lantern_taps`` (with ``fuse.weight`` beside the tensors; the authors' loaders know
+    neither). Written atomically: an interrupted export leaves no folder that loads. Returns ``folder``."""
     config = drafter.config
-    layout = hf_layout.drafter_config(
-        config.target, config.n_layer, config.norm_eps, config.condition_input, config.taps
-    )
-    state = hf_layout.drafter_to_hf(drafter.state_dict(), embeddings)
+    layout = config.arch.folder_config(config.n_layer, config.norm_eps, config.condition_input, config.taps)
+    state = config.arch.to_folder(drafter.state_dict(), embeddings)
     return hf_layout.write_folder(folder, layout, state, dtype)
 
 
@@ -340,13 +494,14 @@ def _parse_taps(value: str | None, source: str) -> tuple[int, ...]:
         ) from None
 
 
-def _folder_taps(config: Mapping, target: GPTConfig, source: str) -> tuple[int, ...]:
-    """The taps a folder's ``config.json`` states (a list of ints under ``lantern_taps``; absent: none)."""
+def _folder_taps(config: Mapping, n_layer: int, source: str) -> tuple[int, ...]:
+    """The taps a folder's ``config.json`` states (a list of ints under ``lantern_taps``; absent: none), for a
+    target of ``n_layer`` layers."""
     key = f"{source}: config.json {hf_layout.TAPS_KEY}"
     value = config.get(hf_layout.TAPS_KEY, [])
     if not isinstance(value, list):
         raise checks.refuse(key, value, "a list of layer indices")
-    return check_taps(value, target.n_layer, key)
+    return check_taps(value, n_layer, key)
 
 
 def _check_fuse(taps: tuple[int, ...], has_fuse: bool, source: str, where: str) -> None:

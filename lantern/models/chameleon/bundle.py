@@ -157,46 +157,48 @@ def load_bundle(
 
 
 # ----- drafters and neighbours -----------------------------------------------------------------------------
-def drafter_target_config(config: ChameleonConfig):
-    """The drafter's view of a Chameleon target: its width, heads, FFN size, codes, grid and condition slots
-    (the EAGLE-style :class:`~lantern.models.drafter.Drafter` is built from a LlamaGen GPTConfig)."""
-    from lantern.models.llamagen.gpt import GPTConfig
-
-    return GPTConfig(
-        n_layer=config.n_layer,
-        n_head=config.n_head,
-        dim=config.dim,
-        model_type="t2i",
-        grid_size=config.grid_size,
-        vocab_size=config.num_codes,
-        cls_token_num=config.cls_token_num,
-        norm_eps=config.norm_eps,
-        ffn_hidden=config.ffn_hidden,
-    )
-
-
 def random_drafter(
-    target: Mapping, vq: Mapping, init_seed: int = 0, device: str = "cpu", dtype: str = "float32", path=None
+    target: Mapping,
+    vq: Mapping,
+    init_seed: int = 0,
+    device: str = "cpu",
+    dtype: str = "float32",
+    path=None,
+    name: str = "tiny_random_chameleon",
 ):
-    """A seeded random one-layer drafter for the random preset (speculative smoke runs and tests). A drafter
-    with LlamaGen's 2D RoPE: lossless decoders stay exact whatever the drafter; only acceptance depends on it."""
-    from lantern.models.drafter import Drafter, DrafterConfig
+    """A seeded random one-layer drafter for the random preset (speculative smoke runs and tests), or, when
+    ``path`` is given, the drafter loaded from it (an HF folder in ``jadohu/anole_drafter``'s layout, e.g. one
+    ``scripts/train_drafter.py`` exported, or the trainer's ``drafter.safetensors``). Either way a drafter of
+    Chameleon's own layer and 1D RoPE (:mod:`lantern.models.chameleon.drafter`)."""
+    from lantern.models.drafter import Drafter, DrafterConfig, load_drafter_for
 
-    if path is not None:
-        raise ConfigError("model.drafter_ckpt: loading Chameleon drafters (jadohu/anole_drafter) is not supported yet")
     config, _ = random_config(target, vq_config(vq))
+    if path is not None:
+        return load_drafter_for(path, config, name, device, dtype)
     torch.manual_seed(init_seed)
-    drafter = Drafter(DrafterConfig(drafter_target_config(config)))
+    drafter = Drafter(DrafterConfig(config))
     return drafter.to(device=resolve_device(device), dtype=resolve_dtype(dtype)).eval()
 
 
-def no_drafter(path=None, **_):
-    """The drafter node of the folder presets: Chameleon drafters (LANTERN's ``jadohu/anole_drafter``, a Llama
-    layer with 1D RoPE) do not load yet, so the speculative decoders with a drafter refuse with one line."""
-    raise ConfigError(
-        f"model.drafter_ckpt={path!r}: drafters for the Chameleon family (jadohu/anole_drafter) are not supported "
-        "yet; decoding=ar, sjd and gsd need no drafter"
-    )
+def load_drafter(
+    path, gpt_ckpt, target: Mapping, vq: Mapping, device: str = "cpu", dtype: str = "float32", name: str = "anole_7b"
+):
+    """The drafter at ``path`` for the target folder ``gpt_ckpt`` (whose ``config.json`` alone is read here):
+    LANTERN's ``jadohu/anole_drafter`` folder or one ``scripts/train_drafter.py`` exported."""
+    from lantern.models.drafter import load_drafter_for
+
+    if path is None:
+        raise ConfigError(
+            "no drafter checkpoint given: pass model.drafter_ckpt=PATH (LANTERN's jadohu/anole_drafter folder, or "
+            "one scripts/train_drafter.py exported); decoding=ar, sjd and gsd need no drafter"
+        )
+    if gpt_ckpt is None or not os.path.isdir(os.fspath(gpt_ckpt)):
+        raise CheckpointError(
+            f"model.gpt_ckpt={gpt_ckpt!r}: expected the folder of a {hf.ARCHITECTURE} (config.json, weights, tokenizer.json)"
+        )
+    cls_token_num = checks.integer("model.cls_token_num", target["cls_token_num"], 2)
+    config = hf.check_folder(gpt_ckpt, _grid(target, vq_config(vq)), cls_token_num)
+    return load_drafter_for(path, config, name, device, dtype)
 
 
 def random_codebook(vq: Mapping, init_seed: int = 0) -> torch.Tensor:

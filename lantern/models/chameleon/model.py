@@ -119,6 +119,13 @@ class ChameleonConfig:
     def max_seq_len(self) -> int:
         return self.cls_token_num + self.num_image_tokens
 
+    def drafter_arch(self):
+        """What an EAGLE drafter for this target is (:class:`~lantern.models.drafter.DrafterArch`): Chameleon's
+        own layer and 1D RoPE, LANTERN's ``jadohu/anole_drafter`` folder layout."""
+        from lantern.models.chameleon.drafter import ChameleonDrafterArch
+
+        return ChameleonDrafterArch(self)
+
 
 class ChameleonCache(KVCache):
     """A :class:`KVCache` that also keeps which slots hold real keys: ``valid`` (B, max_len) bool, True except

@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from lantern import checks
 from lantern.errors import ConfigError
 from lantern.files import remove_stale_temps, write_json_atomic
-from lantern.models.drafter import Drafter, DrafterConfig, drafter_metadata, load_drafter, save_drafter_folder
+from lantern.models.drafter import Drafter, DrafterConfig, drafter_metadata, load_drafter_for, save_drafter_folder
 from lantern.models.llamagen.gpt import default_taps
 from lantern.models.sampling import SamplingConfig
 from lantern.results.provenance import environment
@@ -365,12 +365,17 @@ class Factory:
         drafter = self.new_drafter()
         drafter.load_state_dict({k: v.float() for k, v in load_file(str(weights)).items()}, strict=True)
         folder = self.out_dir / DRAFTER_FOLDER
-        save_drafter_folder(drafter, self.target.input_embeddings(), folder)
-        model = self.cfg.model.bundle
-        gpt, vq = OmegaConf.to_container(model.gpt, resolve=True), OmegaConf.to_container(model.vq, resolve=True)
-        spec = self.cfg.drafter
-        shipped = load_drafter(
-            folder, gpt=gpt, vq=vq, device=str(self.bundle.device), condition_input=spec.condition_input
+        # the family's table of the folder (LlamaGen: the image codes'; Chameleon: the whole vocabulary's)
+        save_drafter_folder(drafter, drafter.config.arch.folder_embeddings(self.target), folder)
+        spec, name, device = self.cfg.drafter, str(self.cfg.model.name), str(self.bundle.device)
+        # read back as run.py will, through the family's description of the target (DrafterArch)
+        shipped = load_drafter_for(
+            folder,
+            self.target.config,
+            name,
+            device,
+            norm_eps=drafter.config.norm_eps,
+            condition_input=spec.condition_input,
         )
         _, held_rows = self.split()
         evaluate = lambda d: evaluate_features(  # noqa: E731
@@ -396,11 +401,11 @@ class Factory:
             "drafter_config": {**OmegaConf.to_container(spec, resolve=True), "taps": list(self.taps)},
         }
         if self.cfg.compare_with:
-            other = load_drafter(
+            other = load_drafter_for(
                 self.cfg.compare_with,
-                gpt=gpt,
-                vq=vq,
-                device=str(self.bundle.device),
+                self.target.config,
+                name,
+                device,
                 condition_input=self.cfg.compare_condition_input,
             )
             report["compare_with"] = {"drafter": str(self.cfg.compare_with), "held_out": evaluate(other)}
