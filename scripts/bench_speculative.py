@@ -46,7 +46,8 @@ def main() -> None:
     parser.add_argument(
         "--peers",
         default="",
-        help="training-free peers to add, comma-separated: sjd, gsd, gsd_audit_off (their yaml defaults)",
+        help="training-free peers to add, comma-separated: sjd, gsd, gsd_audit_off, mc_sjd, mc_sjd_gumbel, zipar_4 "
+        "(lantern.run.bench.PEERS)",
     )
     parser.add_argument(
         "--mode",

@@ -90,3 +90,12 @@ def test_target_forward_alone_runs_at_every_draft_size():
     for sampling in (SamplingConfig(temperature=1.0, cfg_scale=2.0), SamplingConfig(temperature=1.0, cfg_scale=1.0)):
         for tokens in (1, 4, count):
             assert target_forward_ms(bundle, sampling, tokens, "none", repeats=2) > 0
+
+
+def test_every_peer_row_composes_and_builds_before_timing():
+    """Each --peers row (SJD, GSD, MC-SJD, ZipAR) is a config a run composes, built with stand-ins first."""
+    from lantern.run.bench import PEERS, plan_from
+
+    plan = plan_from(1, 1, 0, 1, "fashion_t2i", "", "", "0.1", "sampled", "sampling", ",".join(PEERS), [], "", None)
+    assert [label for label, _ in plan.rows] == list(PEERS)
+    assert dict(plan.rows)["zipar_4"] == ["decoding=zipar", "window=4"]

@@ -40,13 +40,16 @@ from lantern.run.timing import synchronize
 
 EXACT_STRUCTURES = ("chain", "static_tree", "dynamic_tree")
 DELTAS = (0.05, 0.1, 0.2, 0.4)
-# Drafter-free decoders (lantern.decoding.jacobi.decoder). GSD measures its realised TV over the whole vocabulary at
+# Drafter-free decoders (lantern.decoding.jacobi.decoder; zipar: lantern.decoding.zipar). GSD measures its realised TV over the whole vocabulary at
 # every step by default (half its step time on the world); gsd_audit_off never audits (every 10^6-th step),
 # the cost of the method alone, and records no TV.
 PEERS = {
     "sjd": ["decoding=sjd"],
     "gsd": ["decoding=gsd"],
     "gsd_audit_off": ["decoding=gsd", "decoding.tv_audit_every=1000000"],
+    "mc_sjd": ["decoding=sjd", "coupling=mc"],
+    "mc_sjd_gumbel": ["decoding=sjd", "coupling=gumbel"],
+    "zipar_4": ["decoding=zipar", "window=4"],  # window 4: the world's rows are 8 tokens (the yaml's 16 is LlamaGen's)
 }
 
 
