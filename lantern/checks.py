@@ -119,3 +119,24 @@ def path(name: str, value, kind: str = "file", note: str = "") -> Path:
             + (f" ({note})" if note else "")
         )
     return found
+
+
+def code_grid(codes, size: int):
+    """Image codes (B, N) in raster order (N a perfect square) or (B, h, w) as a (B, h, w) grid, every id in
+    ``[0, size)``; a ConfigError naming what is wrong otherwise (one device sync for the range)."""
+    import torch  # a ground module: torch is imported only where a tensor is checked
+
+    if codes.dtype.is_floating_point or codes.dtype == torch.bool:
+        raise ConfigError(f"codes must be an integer tensor, got {codes.dtype}")
+    if codes.ndim == 2:
+        side = math.isqrt(codes.shape[1])
+        if side * side != codes.shape[1]:
+            raise ConfigError(f"{codes.shape[1]} codes per image is not a perfect square; pass (B, h, w) codes")
+        codes = codes.reshape(codes.shape[0], side, side)
+    elif codes.ndim != 3:
+        raise ConfigError(f"codes must be shaped (B, N) or (B, h, w), got {tuple(codes.shape)}")
+    if codes.numel():
+        lo, hi = codes.aminmax()
+        if int(lo) < 0 or int(hi) >= size:
+            raise ConfigError(f"code ids must lie in [0, {size}), got range [{int(lo)}, {int(hi)}]")
+    return codes.long()

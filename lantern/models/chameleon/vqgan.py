@@ -11,13 +11,13 @@ swish, the levels in reverse. 512 px -> 32 x 32 codes of 8192 x 256.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lantern import checks
 from lantern.errors import ConfigError
 
 
@@ -230,15 +230,6 @@ class ChameleonVQGAN(nn.Module):
 
     def decode_codes(self, codes: torch.Tensor) -> torch.Tensor:
         """Codes (B, N) in raster order (N a square) or (B, h, w) -> images (B, 3, h*ds, w*ds) ~[-1, 1]."""
-        if codes.dtype.is_floating_point or codes.dtype == torch.bool:
-            raise ConfigError(f"codes must be an integer tensor, got {codes.dtype}")
-        if codes.ndim == 2:
-            side = math.isqrt(codes.shape[1])
-            if side * side != codes.shape[1]:
-                raise ConfigError(f"{codes.shape[1]} codes per image is not a perfect square; pass (B, h, w) codes")
-            codes = codes.reshape(codes.shape[0], side, side)
-        size = self.config.num_embeddings
-        if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= size):
-            raise ConfigError(f"codes must lie in [0, {size - 1}]")
+        codes = checks.code_grid(codes, self.config.num_embeddings)  # (B, h, w)
         z = self.quantize.embedding(codes).permute(0, 3, 1, 2)  # (B, D, h, w)
         return self.decoder(self.post_quant_conv(z))

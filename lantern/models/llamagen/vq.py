@@ -10,7 +10,6 @@ lookup in ``quantize`` -> codes (B, H/ds, W/ds); codes -> normalised code vector
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 
 import torch
@@ -382,21 +381,8 @@ class VQModel(nn.Module):
 
     def decode_codes(self, codes: torch.Tensor) -> torch.Tensor:
         """codes (B, N) in raster order with N a perfect square, or (B, h, w) -> images (B, 3, h*ds, w*ds) ~[-1, 1]."""
-        if codes.dtype.is_floating_point or codes.dtype == torch.bool:
-            raise ConfigError(f"codes must be an integer tensor, got {codes.dtype}")
-        if codes.ndim == 2:
-            side = math.isqrt(codes.shape[1])
-            if side * side != codes.shape[1]:
-                raise ConfigError(f"{codes.shape[1]} codes per image is not a perfect square; pass (B, h, w) codes")
-            codes = codes.reshape(codes.shape[0], side, side)
-        elif codes.ndim != 3:
-            raise ConfigError(f"codes must be shaped (B, N) or (B, h, w), got {tuple(codes.shape)}")
-        size = self.config.codebook_size
-        if codes.numel():
-            lo, hi = codes.aminmax()  # one device sync instead of two
-            if int(lo) < 0 or int(hi) >= size:
-                raise ConfigError(f"code ids must lie in [0, {size}), got range [{int(lo)}, {int(hi)}]")
-        e = F.embedding(codes.long(), self.codebook()).permute(0, 3, 1, 2)  # (B, D, h, w)
+        codes = checks.code_grid(codes, self.config.codebook_size)  # (B, h, w)
+        e = F.embedding(codes, self.codebook()).permute(0, 3, 1, 2)  # (B, D, h, w)
         return self.decoder(self.post_quant_conv(e))  # (B, 3, h*ds, w*ds)
 
 
