@@ -233,6 +233,7 @@ def test_coupled_sjd_variants_are_lossless(world, coupling, kwargs):
     assert p > PASS, f"SJD coupling={coupling} {kwargs}: KS p = {p:.2e}"
 
 
+@pytest.mark.slow  # ~17 s: a figure (tau), not a property; the laws and losslessness stay in the default suite
 def test_coupling_raises_tau_on_the_world(world):
     """The point of the method: on the world's prompts, coupled redraws are accepted more often."""
     from world_fixture import WORLD_SAMPLING

@@ -14,7 +14,7 @@ from test_run import REPO
 from lantern.run.lock import FolderLock
 from lantern.run.rundir import first_difference
 
-IMAGES = 400  # a signal sent after image 2 must land before the run ends: the tiny model does 20-60 images/s
+IMAGES = 300  # a signal sent after image 2 must land before the run ends: the tiny model does 20-60 images/s
 BASE = (
     "model=tiny_random_c2i",
     f"num_images={IMAGES}",
@@ -167,6 +167,7 @@ def test_first_difference_names_the_dotted_key():
     assert first_difference({"a": [1, 2]}, {"a": [1, 2]}) is None
 
 
+@pytest.mark.slow  # ~45 s; the single-run Ctrl-C / kill -9 resume test above stays in the default suite
 def test_a_sweep_killed_midway_resumes_without_redoing_finished_jobs_or_images(tmp_path):
     sweep = tmp_path / "sweep"
     command = [sys.executable, "run.py", "-m", *BASE, "seed=0,1", f"hydra.sweep.dir={sweep}"]

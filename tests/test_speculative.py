@@ -181,8 +181,8 @@ def _marginal_statistics(rule, structure):
         (ExactSampled(), chain(3, "sampled")),
         (ExactSampled(), prior_tree(3, 3, 8, candidates="sampled")),
         (ExactDeterministic(), DynamicTree(3, 3, 8)),
-        (ExactDeterministic(), prior_tree(3, 3, 8)),
-        (_SequentialDeterministic(), DynamicTree(3, 3, 8)),
+        pytest.param(ExactDeterministic(), prior_tree(3, 3, 8), marks=pytest.mark.slow),  # ~16 s each; the other
+        pytest.param(_SequentialDeterministic(), DynamicTree(3, 3, 8), marks=pytest.mark.slow),  # three stay default
     ],
     ids=[
         "sampled_chain",

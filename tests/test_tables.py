@@ -418,6 +418,7 @@ def sweep(tmp_path, *overrides):
     )
 
 
+@pytest.mark.slow  # ~20 s of sweep jobs
 def test_a_sweep_with_a_failed_job_still_writes_the_table_naming_it_and_a_rerun_skips_finished_jobs(tmp_path):
     jobs = "job._target_=lantern.run.job.GenerationJob,lantern.run.job.NoSuchJob"
     first = sweep(tmp_path, jobs)
