@@ -130,8 +130,8 @@ def test_bad_chameleon_input_is_one_error_line_exit_2_and_writes_nothing(tmp_pat
         assert not out.exists()
 
 
-def test_a_wrong_image_size_or_a_drafter_file_is_refused_before_any_read(anole_files):
-    from lantern.errors import ConfigError
+def test_a_wrong_image_size_or_a_missing_drafter_is_refused_before_any_read(anole_files):
+    from lantern.errors import CheckpointError, ConfigError
     from lantern.models.chameleon.bundle import load_bundle, random_drafter
 
     folder, vq_ckpt = anole_files
@@ -147,5 +147,5 @@ def test_a_wrong_image_size_or_a_drafter_file_is_refused_before_any_read(anole_f
         "ffn_hidden": 64,
         "num_codes": CODES,
     }
-    with pytest.raises(ConfigError, match="not supported yet"):
+    with pytest.raises(CheckpointError, match="not found: 'drafter/'"):
         random_drafter(target, vq, path="drafter/")
