@@ -22,8 +22,7 @@ from lantern.decoding.tree.draft import DynamicTree, chain
 from lantern.errors import CheckpointError, ConfigError
 from lantern.models.chameleon import bundle as chameleon
 from lantern.models.chameleon import hf
-from lantern.models.chameleon.drafter import ChameleonDrafterArch, DrafterLayer
-from lantern.models.chameleon.model import _inv_freq, rope_angles
+from lantern.models.chameleon.model import ChameleonDrafterArch, DrafterLayer, _inv_freq, rope_angles
 from lantern.models.drafter import Drafter, DrafterConfig, LlamaGenArch, load_drafter_for, save_drafter_folder
 from lantern.models.kv_cache import NoCache
 from lantern.models.llamagen.gpt import gpt_config

@@ -185,6 +185,11 @@ def drafter_arch(target) -> DrafterArch:
         return make()
     if callable(getattr(target, "block", None)):
         return target
+    if not isinstance(target, GPTConfig):
+        raise ConfigError(
+            f"no EAGLE drafter is described for a target config of type {type(target).__name__} "
+            "(its family gives none: no drafter_arch())"
+        )
     return LlamaGenArch(target)
 
 

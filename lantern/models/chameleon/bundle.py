@@ -169,7 +169,7 @@ def random_drafter(
     """A seeded random one-layer drafter for the random preset (speculative smoke runs and tests), or, when
     ``path`` is given, the drafter loaded from it (an HF folder in ``jadohu/anole_drafter``'s layout, e.g. one
     ``scripts/train_drafter.py`` exported, or the trainer's ``drafter.safetensors``). Either way a drafter of
-    Chameleon's own layer and 1D RoPE (:mod:`lantern.models.chameleon.drafter`)."""
+    Chameleon's own layer and 1D RoPE (:class:`~lantern.models.chameleon.model.ChameleonDrafterArch`)."""
     from lantern.models.drafter import Drafter, DrafterConfig, load_drafter_for
 
     config, _ = random_config(target, vq_config(vq))

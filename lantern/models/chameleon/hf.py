@@ -20,7 +20,7 @@ import torch
 from lantern import checks
 from lantern.errors import CheckpointError
 from lantern.files import note_input
-from lantern.models.chameleon.model import ChameleonConfig, ChameleonTarget
+from lantern.models.chameleon.model import ARCHITECTURE, ChameleonConfig, ChameleonTarget, rope_theta_of
 from lantern.models.chameleon.vocab import read_layout
 from lantern.models.checkpoint import (
     INDEX_SUFFIX,
@@ -31,7 +31,6 @@ from lantern.models.checkpoint import (
     read_hf_weights,
 )
 
-ARCHITECTURE = "ChameleonForConditionalGeneration"
 VQ_PREFIX = "model.vqmodel."
 TOKENIZER_NAME = "tokenizer.json"
 _STRAYS = (".rotary_emb.inv_freq",)  # buffers older transformers saved; no weights
@@ -39,16 +38,6 @@ _STRAYS = (".rotary_emb.inv_freq",)  # buffers older transformers saved; no weig
 
 def _source(folder) -> str:
     return f"HF folder {os.fspath(folder)!r}"
-
-
-def _rope_theta(config: Mapping, source: str) -> float:
-    rope = config.get("rope_parameters") or {}
-    kind = rope.get("rope_type", "default") if isinstance(rope, Mapping) else "default"
-    scaling = config.get("rope_scaling")
-    if kind != "default" or (isinstance(scaling, Mapping) and scaling.get("rope_type", "default") != "default"):
-        raise CheckpointError(f"{source}: config.json asks for RoPE type {kind!r}; only the default RoPE is supported")
-    theta = rope.get("rope_theta", config.get("rope_theta", 10000.0)) if isinstance(rope, Mapping) else 10000.0
-    return float(theta)
 
 
 def config_from_hf(config: Mapping, grid_size: int, cls_token_num: int, source: str) -> ChameleonConfig:
@@ -82,7 +71,7 @@ def config_from_hf(config: Mapping, grid_size: int, cls_token_num: int, source: 
         ffn_hidden=sizes["intermediate_size"],
         text_vocab_size=sizes["vocab_size"],
         norm_eps=float(config.get("rms_norm_eps", 1e-5)),
-        rope_theta=_rope_theta(config, source),
+        rope_theta=rope_theta_of(config, source),
         swin_norm=bool(config.get("swin_norm", False)),
         grid_size=grid_size,
         cls_token_num=cls_token_num,
