@@ -75,3 +75,27 @@ def test_the_loaded_model_is_kept_between_scores(tiny_clip):
     first = metric.score(images, ["a shirt", "a bag"])
     loaded = metric.load()
     assert metric.score(images, ["a shirt", "a bag"]) == first and metric.load() is loaded
+
+
+def test_the_record_carries_the_score_and_its_interval_in_each_convention(tiny_clip, tmp_path):
+    from PIL import Image
+
+    from lantern.files import image_name
+    from lantern.metrics.intervals import bootstrap_mean
+
+    config, weights = tiny_clip
+    images = np.random.default_rng(4).integers(0, 256, size=(12, 32, 32, 3), dtype=np.uint8)
+    for i, image in enumerate(images):
+        Image.fromarray(image).save(tmp_path / image_name(i))
+    captions = [f"caption {i}" for i in range(12)]
+    for convention, scale in (("lantern", 1.0), ("torchmetrics", 100.0)):
+        metric = CLIPScore(weights, "lantern-tiny-clip", convention, config, interval_resamples=300, interval_seed=2)
+        fields = metric(tmp_path, captions, None)
+        per_prompt = metric.per_prompt(images, captions)  # (12,) unscaled
+        assert fields["clip_score"] == pytest.approx(scale * per_prompt.mean(), rel=1e-6)
+        expected = bootstrap_mean(per_prompt, 300, 2, scale=scale)
+        ci = fields["clip_score_ci"]
+        assert (ci["lo"], ci["hi"]) == pytest.approx((expected.lo, expected.hi), rel=1e-6)
+        assert ci["lo"] <= fields["clip_score"] <= ci["hi"] and ci["resamples"] == 300
+    unscored = CLIPScore(weights, "lantern-tiny-clip", "lantern", config, interval_resamples=None)
+    assert "clip_score_ci" not in unscored(tmp_path, captions, None)

@@ -22,6 +22,7 @@ from torch import nn
 from lantern import REPO_ROOT, checks
 from lantern.errors import ConfigError
 from lantern.files import read_images
+from lantern.metrics.bootstrap import MEAN_RESAMPLES, interval_settings, mean_fields
 from lantern.models.checkpoint import load_weights
 from lantern.models.world.fashion_mnist import IMAGE_SIZE, NUM_CLASSES, load_split
 
@@ -157,8 +158,13 @@ def fashion_test_images(count: int | None = None) -> np.ndarray:
 class PromptFaithfulness:
     """Share of images the world's classifier assigns to the prompted class (labelled prompt sets only)."""
 
-    def __init__(self, classifier_path: str):
+    def __init__(
+        self, classifier_path: str, interval_resamples: int | None = MEAN_RESAMPLES, interval_seed: int = 0
+    ) -> None:
         self.classifier_path = classifier_path
+        self.interval_resamples, self.interval_seed = interval_settings(
+            interval_resamples, interval_seed, "faithfulness"
+        )
         self._classifier = None
 
     def check(self, prompts: Sequence, labels: Sequence[int] | None = None) -> None:
@@ -170,5 +176,6 @@ class PromptFaithfulness:
     def __call__(self, run_dir: Path, prompts: Sequence, labels: Sequence[int] | None) -> dict:
         if self._classifier is None:
             self.check(prompts, labels)
-        predicted = predict(self._classifier, read_images(run_dir, len(prompts)))
-        return {"prompt_accuracy": float((predicted == np.asarray(labels)).mean())}
+        predicted = predict(self._classifier, read_images(run_dir, len(prompts)))  # (N,)
+        hits = (predicted == np.asarray(labels)).astype(np.float64)  # (N,) 1 where faithful
+        return mean_fields("prompt_accuracy", hits, self.interval_resamples, self.interval_seed)

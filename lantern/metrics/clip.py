@@ -25,6 +25,7 @@ import torch
 from lantern import checks
 from lantern.errors import CheckpointError, ConfigError, LanternError
 from lantern.files import note_input, read_images
+from lantern.metrics.bootstrap import MEAN_RESAMPLES, interval_settings, mean_fields
 from lantern.models.checkpoint import unreadable_reason
 
 CONVENTIONS = {"lantern": ("A photo depicts ", 1.0, False), "torchmetrics": ("", 100.0, True)}
@@ -120,11 +121,14 @@ class CLIPScore:
         model_config: str | None = None,
         batch_size: int = 64,
         device: str = "cpu",
+        interval_resamples: int | None = MEAN_RESAMPLES,
+        interval_seed: int = 0,
     ):
         if convention not in CONVENTIONS:
             raise checks.refuse("metrics.clip.convention", convention, "one of " + ", ".join(CONVENTIONS))
         self.pretrained, self.model, self.convention = pretrained, model, convention
         self.model_config, self.batch_size, self.device = model_config, batch_size, device
+        self.interval_resamples, self.interval_seed = interval_settings(interval_resamples, interval_seed, "clip")
         self._loaded = None
 
     def load(self):
@@ -150,21 +154,26 @@ class CLIPScore:
         _check_captions(prompts)
         self.load()
 
-    def score(self, images: np.ndarray, captions: Sequence[str]) -> float:
-        """Mean score of uint8 (N, H, W, 3) images against their captions."""
+    def per_prompt(self, images: np.ndarray, captions: Sequence[str]) -> np.ndarray:
+        """Unscaled score (N,) of each uint8 (N, H, W, 3) image against its caption (cosine, clamped at 0
+        under the torchmetrics convention); the figure is ``scale * mean``."""
         _check_captions(captions)
-        prefix, scale, clamp = CONVENTIONS[self.convention]
+        prefix, _, clamp = CONVENTIONS[self.convention]
         clip, preprocess, tokenizer = self.load()
         cosines = clip_cosines(
             clip, preprocess, tokenizer, images, [prefix + c for c in captions], self.batch_size, self.device
         )
-        if clamp:
-            cosines = np.maximum(cosines, 0.0)
-        return float(scale * cosines.mean())
+        return np.maximum(cosines, 0.0) if clamp else cosines
+
+    def score(self, images: np.ndarray, captions: Sequence[str]) -> float:
+        """Mean score of uint8 (N, H, W, 3) images against their captions."""
+        return float(CONVENTIONS[self.convention][1] * self.per_prompt(images, captions).mean())
 
     def __call__(self, run_dir: Path, prompts: Sequence, labels: Sequence[int] | None) -> dict:
+        scores = self.per_prompt(read_images(run_dir, len(prompts)), list(prompts))  # (N,)
+        scale = CONVENTIONS[self.convention][1]
         return {
-            "clip_score": self.score(read_images(run_dir, len(prompts)), list(prompts)),
+            **mean_fields("clip_score", scores, self.interval_resamples, self.interval_seed, scale),
             "clip_convention": self.convention,
             "clip_model": self.model,
         }

