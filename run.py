@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from lantern.cli.main import run_hydra, run_or_exit
 from lantern.cli.preflight import check_run_config
 from lantern.files import forget_inputs
+from lantern.metrics.protocol import Protocol
 from lantern.run.distributed import World, check_world, rank_device, world_from_env
 from lantern.run.rundir import claim_run_folder
 from lantern.run.tracking import run_identity
@@ -30,6 +31,9 @@ def generate(cfg: DictConfig, out_dir: Path, world: World) -> dict | None:
     resolved = check_run_config(cfg, HydraConfig.get().overrides.task)  # before anything is built or written
     forget_inputs()  # this job's inputs: what the loaders below read (a multirun runs jobs in one process)
     check_world(world, cfg.num_images)
+    prompts = instantiate(cfg.prompts)
+    protocol = Protocol.from_config(resolved.get("protocol"))  # pinned prompts, metrics and files, before any write
+    pinned = protocol.check(resolved, prompts, cfg.num_images) if protocol is not None else None
     group, name = run_identity()  # a sweep's runs share a W&B group and are named from their overrides
     tracker = instantiate(cfg.job.tracker, group=group, name=name)
     if world.is_main:
@@ -40,9 +44,10 @@ def generate(cfg: DictConfig, out_dir: Path, world: World) -> dict | None:
             return folder.claim.finished.to_json()
         cfg.device = rank_device(cfg.device, world)  # cuda -> cuda:LOCAL_RANK; the recorded config keeps "cuda"
         decoder = instantiate(cfg.decoding)
-        prompts = instantiate(cfg.prompts)
         bundle = instantiate(cfg.model.bundle)
-        job = instantiate(cfg.job, _partial_=True)(bundle=bundle, decoder=decoder, prompts=prompts, tracker=tracker)
+        job = instantiate(cfg.job, _partial_=True)(
+            bundle=bundle, decoder=decoder, prompts=prompts, tracker=tracker, protocol=pinned
+        )
         return job.run(folder, config=resolved, world=world)
 
 

@@ -19,6 +19,8 @@ from lantern.results.record import RECORD_NAME, RecordError, RunRecord, read_rec
 
 # (key, where it lives): "record" entries, "config" entries (the resolved run config), "environment" entries.
 JOIN_KEYS = (
+    ("protocol", "record"),  # runs of two protocols are never joined or compared
+    ("protocol_sha256", "record"),
     ("model", "record"),
     ("inputs", "record"),
     ("prompts", "record"),

@@ -11,7 +11,9 @@ rows and join runs by, :mod:`lantern.decoding.api`) and the weights' ``dtype``. 
 versioning carry no ``schema_version``; they are read as version 0 when their typed fields validate
 (they lack the timing spread, ``world_size`` and ``timing`` entries, which then read as absent).
 Records of versions 0 and 1 carry no ``settings``: tables label them from their flat entries and never
-join them with another run.
+join them with another run. Version 3 adds the evaluation protocol (``protocol``, ``protocol_sha256``,
+``protocol_subset``, ``protocol_inputs``; :mod:`lantern.metrics.protocol`) and the intervals of quality
+figures: ``{name}_ci`` beside ``{name}`` (:mod:`lantern.metrics.intervals`), checked here wherever they appear.
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from lantern.errors import LanternError
 from lantern.files import write_json_atomic
 
-SCHEMA_VERSION = 2
-KNOWN_VERSIONS = (0, 1, 2)
+SCHEMA_VERSION = 3
+KNOWN_VERSIONS = (0, 1, 2, 3)
 RECORD_NAME = "metrics.json"
+CI_SUFFIX = "_ci"  # a figure's interval entry (lantern.metrics.intervals writes them; wings do not import each other)
 
 
 class RecordError(LanternError):
@@ -90,6 +93,13 @@ class RunRecord(BaseModel):
     tv_realised_max: float | None = None
     fid: float | None = None
     clip_score: float | None = None
+    fid_ci: dict[str, Any] | None = None  # {"lo", "hi", "level", "resamples", "seed", "method"} (version 3 on)
+    clip_score_ci: dict[str, Any] | None = None
+    # The evaluation protocol (version 3 on; null: none was chosen).
+    protocol: str | None = None
+    protocol_sha256: str | None = None
+    protocol_subset: bool | None = None  # fewer images than the protocol's prompts (its first N, in order)
+    protocol_inputs: dict[str, str] | None = None  # sha256 of what the protocol pins: prompts, weights, reference
     # Details.
     decode_stats: dict[str, float] = Field(default_factory=dict)
     per_image: list[dict[str, Any]] = Field(default_factory=list)
@@ -133,7 +143,15 @@ class RunRecord(BaseModel):
             value = getattr(self, name)
             if value is not None and not math.isfinite(value):
                 raise ValueError(f"{name}={value}: expected a finite number or null")
+        for name, interval in self.intervals().items():
+            _check_interval(name, interval, self.get(name[: -len(CI_SUFFIX)]))
         return self
+
+    def intervals(self) -> dict[str, Any]:
+        """Every ``{name}_ci`` entry, typed or extra (null ones left out)."""
+        entries = {name: getattr(self, name) for name in type(self).model_fields if name.endswith(CI_SUFFIX)}
+        entries.update({k: v for k, v in (self.model_extra or {}).items() if k.endswith(CI_SUFFIX)})
+        return {k: v for k, v in entries.items() if v is not None}
 
     @property
     def source(self) -> Path | None:
@@ -155,6 +173,23 @@ class RunRecord(BaseModel):
     def to_json(self) -> dict:
         """The flat JSON object written to ``metrics.json`` (``lambda`` under its own name)."""
         return self.model_dump(by_alias=True, mode="json")
+
+
+def _check_interval(name: str, interval, value) -> None:
+    """An interval entry: a dict with finite ``lo <= hi``, a level in (0, 1), resamples >= 2, beside its figure."""
+    if not isinstance(interval, dict):
+        raise ValueError(f"{name}={interval!r}: expected an object with lo, hi, level, resamples, seed, method")
+    missing = [key for key in ("lo", "hi", "level", "resamples", "seed", "method") if key not in interval]
+    if missing:
+        raise ValueError(f"{name} has no {missing[0]!r}")
+    lo, hi, level, resamples = (interval[key] for key in ("lo", "hi", "level", "resamples"))
+    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (lo, hi, level, resamples))
+    if not numbers or not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
+        raise ValueError(f"{name}=[{lo}, {hi}]: expected finite numbers lo <= hi")
+    if not 0 < level < 1 or resamples < 2:
+        raise ValueError(f"{name}: level {level} / resamples {resamples}: expected a level in (0, 1), resamples >= 2")
+    if value is None:
+        raise ValueError(f"{name} has no figure {name[: -len(CI_SUFFIX)]!r} beside it")
 
 
 def build_record(fields: dict) -> RunRecord:

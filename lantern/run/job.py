@@ -96,6 +96,7 @@ class GenerationJob:
         baseline_run: str | None = None,
         metrics=None,
         tracker=None,
+        protocol: dict | None = None,
     ):
         num_images, batch_size = (
             checks.integer("num_images", num_images, 1),
@@ -122,6 +123,8 @@ class GenerationJob:
                 each.check_device(bundle.device)
         self.metrics = dict(metrics or {})  # name -> callable(run_dir, prompts, labels) -> dict
         self.tracker = tracker  # e.g. lantern.run.tracking.WandbLogger: gets the finished record
+        # The record's protocol entries (lantern.metrics.protocol.Protocol.check, run before the folder was claimed).
+        self.protocol = dict(protocol) if protocol else {"protocol": None}
         self.items = prompts.for_images(num_images)
         self.labels = prompts.labels_for_images(num_images)
         bundle.conditioner.check_all(self.items)
@@ -332,6 +335,7 @@ class GenerationJob:
             "settings": self.decoder.settings.to_json(),
             "inputs": inputs_read(),
             **self._setting(),
+            **self.protocol,
             "tokens_per_image": tokens_per_image,
             "latency_s_per_image": total / decoded if decoded else None,
             "latency_s_median": statistics.median(latency.values()) if decoded else None,
