@@ -105,8 +105,10 @@ class JacobiDecoder:
         sync_every: int | None = None,
         tv_audit_every: int = 1,
         guard=None,
+        redraft=None,
     ):
         self.sampling = sampling
+        self.redraft = redraft  # a rule that may keep old drafts (SJD++: lantern.decoding.jacobi.sjd_pp)
         self.window = checks.integer("window", window, 1, note="draft tokens verified per target forward")
         self.init = checks.choice("init", init, INITS, note="how fresh window slots start")
         self.reuse = checks.optional(
@@ -167,6 +169,7 @@ class JacobiDecoder:
                 close=close,
                 reuse=self.reuse,
                 coupling=self.coupling,
+                redraft=self.redraft,
             )
         return self._contexts[shape]
 
@@ -206,6 +209,7 @@ class JacobiDecoder:
             draft_q=draft_q,
             keys=keys,
             target_valid=column_validity(cond_mask, capacity),
+            draft_law=None if self.redraft is None else draft_q.clone(),  # initial drafts follow their laws
         )
 
         state, logs = run_steps(  # every step decides at least one token per active row

@@ -79,6 +79,8 @@ class JacobiState(NamedTuple):
     draft_q: torch.Tensor
     keys: torch.Tensor
     target_valid: torch.Tensor
+    draft_law: torch.Tensor | None = None  # (B, W, V) what each draft actually follows, when a redraft rule
+    # (SJD++) keeps drafts whose recorded law ``draft_q`` is not their law; None: the two agree
 
 
 class JacobiLog(NamedTuple):
@@ -107,6 +109,7 @@ class JacobiContext:
     close: torch.Tensor | None = None  # grouping's (V, V) distance test, on the model's device
     reuse: float | None = None  # SJD++-style reuse: keep an untested draft when its law's top mass >= this
     coupling: str = "none"  # how untested positions are redrawn (COUPLINGS)
+    redraft: object | None = None  # a rule that may keep old drafts (lantern.decoding.jacobi.sjd_pp)
     warm: bool = False  # whether a step has run eagerly with this context (lazy tables filled)
 
 
@@ -187,6 +190,8 @@ def jacobi_step(ctx: JacobiContext, state: JacobiState, audit: bool = True) -> t
             tv[:, :width] = 0.5 * (law - p[:, :width].flatten(0, 1)).abs().sum(-1).view(batch, width).float()
         else:
             tv[:, :width] = float("nan")
+    if ctx.redraft is not None:  # the drafts' actual laws differ from the recorded ones
+        tv[:, :width] = ctx.redraft.realised_tv(state, p[:, :width], sampling, audit)
 
     # 5. Emit: drafts 0..a-1, then the drawn token at a. Their cache entries are already in place.
     emitted = torch.cat([window, window[:, :1]], dim=1).scatter(1, accepted[:, None], next_token[:, None])  # (B, W+1)
@@ -217,7 +222,12 @@ def jacobi_step(ctx: JacobiContext, state: JacobiState, audit: bool = True) -> t
         keep = jacobi & (src < width) & (old_q.amax(-1) >= ctx.reuse)  # (B, W)
         fresh = torch.where(keep, window.gather(1, old), fresh)
         fresh_q = torch.where(keep[:, :, None], old_q, fresh_q)
+    fresh_law = None
+    if ctx.redraft is not None:
+        fresh, fresh_q, fresh_law = ctx.redraft.redraw(state, p, src, jacobi, fresh, fresh_q)
     new_window, new_q = _refill(ctx, state, codes, new_decided, jacobi, fresh, fresh_q, next_token)
+    if fresh_law is not None:  # fresh tails follow their point masses, as recorded
+        state = state._replace(draft_law=torch.where(jacobi[:, :, None], fresh_law, new_q))
 
     log = JacobiLog(torch.where(active, accepted, -1), tv, merged)
     new_state = state._replace(
