@@ -31,6 +31,7 @@ TRAIN_COND_DROPOUT = (
     10  # drafter training data: whether a row takes the null condition (lantern/training/drafter_features.py)
 )
 JACOBI_COUPLE = 11  # MC-SJD's Gumbel coupling: step = the image token's index (fixed noise per token)
+VVS_PATH = 12  # VVS: the draft path a verification-skipping step commits (step = the row's decided count)
 
 
 def _signed(c: int) -> int:
