@@ -619,3 +619,65 @@ def test_no_throughput_leaves_out_the_quality_runs_own_times(tmp_path):
     assert [row["speedup"] for row in table.rows] == [1.0, pytest.approx(0.4 / 0.3)]
     text = to_markdown(table)
     assert "throughput speed-up |" not in text and "(make_tables --no-throughput)" in text
+
+
+def ci(lo, hi):
+    return {
+        "lo": lo,
+        "hi": hi,
+        "level": 0.95,
+        "resamples": 100,
+        "seed": 0,
+        "method": "percentile bootstrap over prompts",
+    }
+
+
+def test_quality_figures_show_their_intervals_and_overlaps_are_not_significant(tmp_path):
+    quality = {"protocol": "world", "protocol_sha256": "ab" * 32, "protocol_subset": True, "schema_version": 3}
+    record(
+        tmp_path,
+        "ar",
+        AR,
+        latency_s_per_image=0.1,
+        fid=50.0,
+        fid_ci=ci(48.0, 52.0),
+        clip_score=0.30,
+        clip_score_ci=ci(0.29, 0.31),
+        prompt_accuracy=0.9,
+        prompt_accuracy_ci=ci(0.85, 0.95),
+        **quality,
+    )
+    lantern = tree("lantern", k=1000, delta=0.1)
+    record(
+        tmp_path,
+        "l",
+        lantern,
+        latency_s_per_image=0.05,
+        fid=51.0,
+        fid_ci=ci(49.0, 53.5),
+        clip_score=0.25,
+        clip_score_ci=ci(0.24, 0.26),
+        prompt_accuracy=0.8,
+        prompt_accuracy_ci=ci(0.7, 0.86),
+        **quality,
+    )
+    table = build_table(load_records([tmp_path]))
+    text = md(table)
+    assert "| AR | 1.00 | 100.0 | 1.00x | 100.0 | 50.00 ± 2.00 | 0.3000 ± 0.0100 | 0.900 ± 0.050 |" in text
+    assert "| 51.00 ± 2.25 | 0.2500 ± 0.0100 | 0.800 ± 0.080 |" in text and "| world (subset) |" in text
+    notes = "\n".join(table.notes)
+    # FID and accuracy overlap AR's intervals; CLIP does not (0.24-0.26 vs 0.29-0.31).
+    assert "LANTERN k=1000 d=0.1 (chain) vs AR: fid 51 vs 50, prompt_accuracy 0.8 vs 0.9: not significant" in notes
+    assert "clip_score 0.25" not in notes and "Protocol: world; 2 of 2 runs used the first N prompts" in notes
+    row = next(r for r in csv.DictReader(io.StringIO(to_csv(table))) if r["method"] == "AR")
+    assert json.loads(row["fid_ci"]) == [48.0, 52.0]
+    pareto_plot(table, tmp_path / "p.png")  # draws the error bars
+
+
+def test_runs_of_two_protocols_are_never_joined(tmp_path):
+    record(tmp_path, "ar", AR, latency_s_per_image=0.1, protocol="world", protocol_sha256="a" * 64, schema_version=3)
+    record(tmp_path, "l", tree("lantern", k=1000, delta=0.1), latency_s_per_image=0.05, protocol=None, schema_version=3)
+    table = build_table(load_records([tmp_path]))
+    lantern = next(r for r in table.rows if r["method"].startswith("LANTERN"))
+    assert lantern["speedup"] is None and "[protocol=None" in lantern["method"]
+    assert any("differs in protocol (this run None, the other 'world')" in note for note in table.notes)

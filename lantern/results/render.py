@@ -22,6 +22,19 @@ from lantern.errors import ConfigError
 from lantern.results.record import RunRecord
 from lantern.results.tables import COLUMNS, Table, build_table
 
+# Quality columns shown only when some row has the figure: name -> (title, digits).
+OPTIONAL_QUALITY = {
+    "prompt_accuracy": ("accuracy", 3),
+    "precision": ("precision", 3),
+    "recall": ("recall", 3),
+    "hps": ("HPS", 4),
+    "inception_score": ("IS", 2),
+    "kid": ("KID", 4),
+}
+NOTE_INTERVALS = (
+    "Quality figures: value ± half-width of the 95% percentile bootstrap interval over prompts (FID, precision/"
+    "recall, KID: the generated set resampled against fixed reference statistics); CSV and JSON hold [lo, hi]."
+)
 NOTE_LATENCY = (
     "Latency: decode time per image, mean [interquartile range over batches]. Speed-up: AR time / decoder time "
     "[interquartile range of per-batch ratios]; AR ms/image is the AR time it was measured against (interleaved "
@@ -45,6 +58,16 @@ def _number(value, digits: int) -> str:
     return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
+def _estimate(row: dict, name: str, digits: int) -> str:
+    """A quality figure as ``value ± half-width`` of its interval (``value`` alone when it has none)."""
+    value, interval = row[name], row[name + "_ci"]
+    if _number(value, digits) == "-":
+        return "-"
+    if not isinstance(interval, list):
+        return _number(value, digits)
+    return f"{value:.{digits}f} ± {(interval[1] - interval[0]) / 2:.{digits}f}"
+
+
 def _range(values, digits: int) -> str:
     return "" if not isinstance(values, list) else f" [{values[0]:.{digits}f}, {values[1]:.{digits}f}]"
 
@@ -65,6 +88,8 @@ def shown(table: Table, root: Path | None = None, times: str = "x") -> pd.DataFr
     data = frame(table)
     joined = _joined(data)
     timed = bool(data["throughput_speedup"].notna().any())  # quality runs whose own times are shown
+    extra = {name for name in OPTIONAL_QUALITY if data[name].notna().any()}  # columns only where some row has one
+    protocols = bool(data["protocol"].notna().any())
     rows = []
     for row in data.to_dict("records"):
         speedup = (
@@ -87,13 +112,20 @@ def shown(table: Table, root: Path | None = None, times: str = "x") -> pd.DataFr
             out["throughput speed-up"] = "-" if _number(throughput, 2) == "-" else f"{throughput:.2f}{times}"
         out.update(
             {
-                "FID": _number(row["fid"], 2),
-                "CLIP": _number(row["clip_score"], 4),
+                "FID": _estimate(row, "fid", 2),
+                "CLIP": _estimate(row, "clip_score", 4),
+                **{
+                    title: _estimate(row, name, digits)
+                    for name, (title, digits) in OPTIONAL_QUALITY.items()
+                    if name in extra
+                },
                 "delta": _number(row["delta"], 2),
                 "realised TV mean / max": tv,
                 "run": _short_run(row["run"], root),
             }
         )
+        if protocols:
+            out["protocol"] = (row["protocol"] or "-") + (" (subset)" if row["protocol_subset"] else "")
         if joined:
             out["latency run"] = _short_run(row["latency_run"], root)
         rows.append(out)
@@ -104,6 +136,8 @@ def notes(table: Table, failed: list[dict] | None = None, root: Path | None = No
     """The lines under the table: how it was measured, why cells are empty, failed sweep jobs."""
     data = frame(table)
     lines = [NOTE_LATENCY]
+    if len(data) and any(data[name + "_ci"].notna().any() for name in ("fid", "clip_score", *OPTIONAL_QUALITY)):
+        lines.append(NOTE_INTERVALS)
     if len(data) and _joined(data):
         batches = lambda key: "/".join(str(int(b)) for b in sorted(set(data[key].dropna()))) or "-"  # noqa: E731
         own = (
@@ -153,7 +187,7 @@ def _tex(text: str) -> str:
 def to_csv(table: Table) -> str:
     """The table as CSV with raw numbers (``DataFrame.to_csv``; ranges as ``[q1, q3]``)."""
     data = frame(table)
-    for column in ("latency_iqr_ms", "speedup_iqr"):
+    for column in ("latency_iqr_ms", "speedup_iqr", *(c for c in data.columns if c.endswith("_ci"))):
         data[column] = data[column].map(lambda v: json.dumps(v) if isinstance(v, list) else v)
     return data.to_csv(index=False)
 
@@ -194,11 +228,23 @@ def pareto_plot(table: Table, path: str | os.PathLike) -> Path:
         for r in data.to_dict("records")
         if pd.notna(r["speedup"]) and pd.notna(r[key])
     ]
+    # Intervals as error bars: FID's bootstrap interval, the speed-up's interquartile range over batches.
+    bars = {
+        (r["speedup"], r[key]): (r.get(key + "_ci"), r["speedup_iqr"])
+        for r in data.to_dict("records")
+        if pd.notna(r["speedup"]) and pd.notna(r[key])
+    }
     figure, axis = plt.subplots(figsize=(9, 6))
     outliers = _far_outliers([y for _, y, _ in points]) if use_fid else set()
     kept = [p for p in points if p[1] not in outliers]
     for i, (x, y, name) in enumerate(kept):
         axis.scatter(x, y, color="tab:blue")
+        ci, iqr = bars.get((x, y), (None, None))
+        if isinstance(ci, list) or isinstance(iqr, list):
+            # A mean may lie outside its batches' quartiles: clamp, never a negative bar.
+            yerr = [[max(0.0, y - ci[0])], [max(0.0, ci[1] - y)]] if isinstance(ci, list) else None
+            xerr = [[max(0.0, x - iqr[0])], [max(0.0, iqr[1] - x)]] if isinstance(iqr, list) else None
+            axis.errorbar(x, y, yerr=yerr, xerr=xerr, color="tab:blue", alpha=0.5, capsize=2, linewidth=0.8)
         axis.annotate(name, (x, y), fontsize=6, xytext=(3, 3 + 7 * (i % 3)), textcoords="offset points")
     if outliers:  # rows far above the rest would squash every other point into one line
         off = [f"{name}: FID {y:.1f}, {x:.2f}x" for x, y, name in points if y in outliers]

@@ -51,7 +51,35 @@ COLUMNS = (
     "latency_run",
     "throughput_speedup",
     "throughput_batch",
+    "fid_ci",
+    "clip_score_ci",
+    "prompt_accuracy",
+    "prompt_accuracy_ci",
+    "precision",
+    "precision_ci",
+    "recall",
+    "recall_ci",
+    "hps",
+    "hps_ci",
+    "inception_score",
+    "inception_score_ci",
+    "kid",
+    "kid_ci",
+    "protocol",
+    "protocol_subset",
 )
+# Quality figures a record may carry, each with an optional ``{name}_ci`` interval (lantern.metrics.intervals),
+# and whether a lower value is better (for the notes' comparisons).
+QUALITY = {
+    "fid": True,
+    "clip_score": False,
+    "prompt_accuracy": False,
+    "precision": False,
+    "recall": False,
+    "hps": False,
+    "inception_score": False,
+    "kid": True,
+}
 
 
 @dataclass
@@ -186,8 +214,11 @@ def _differing(runs: _Runs) -> dict[int, str]:
     """For each record (by id), the join-key entries in which the records differ: `` [seed=1, batch_size=4]``."""
     keys = list(next(iter(runs.keys.values()))) if runs.keys else []
     differing = [k for k in keys if k != "inputs" and len({repr(v[k]) for v in runs.keys.values()}) > 1]
+    if "protocol" in differing and "protocol_sha256" in differing:  # the name tells them apart already
+        differing.remove("protocol_sha256")
+    shown = lambda k, v: str(v)[:12] if k == "protocol_sha256" and v else v  # noqa: E731
     return {
-        ident: (" [" + ", ".join(f"{k}={v[k]}" for k in differing) + "]") if differing else ""
+        ident: (" [" + ", ".join(f"{k}={shown(k, v[k])}" for k in differing) + "]") if differing else ""
         for ident, v in runs.keys.items()
     }
 
@@ -236,8 +267,9 @@ def build_table(records: list[RunRecord], latency: list[RunRecord] | None = None
                 **{
                     key: speed[key] for key in ("latency_ms", "latency_iqr_ms", "speedup", "speedup_iqr", "baseline_ms")
                 },
-                "fid": record.fid,
-                "clip_score": record.clip_score,
+                **quality_cells(record),
+                "protocol": record.protocol,
+                "protocol_subset": record.protocol_subset,
                 "delta": settings.columns().get("delta"),
                 "tv_realised": tv[0],
                 "tv_realised_max": tv[1],
@@ -249,10 +281,59 @@ def build_table(records: list[RunRecord], latency: list[RunRecord] | None = None
                 "_order": (settings.order(), record.run_dir),
             }
         )
+    notes += significance_notes(records, runs, rows)
     rows.sort(key=lambda row: _sortable(row["_order"]))
     for row in rows:
         del row["_order"]
-    return Table(rows=rows, notes=notes + input_notes(records))
+    return Table(rows=rows, notes=notes + protocol_notes(records) + input_notes(records))
+
+
+def quality_cells(record: RunRecord) -> dict:
+    """Each quality figure of ``record`` and its interval as ``[lo, hi]`` (None where absent)."""
+    cells = {}
+    for name in QUALITY:
+        interval = record.get(name + "_ci")
+        cells[name] = record.get(name)
+        cells[name + "_ci"] = [interval["lo"], interval["hi"]] if isinstance(interval, dict) else None
+    return cells
+
+
+def significance_notes(records: list[RunRecord], runs: _Runs, rows: list[dict]) -> list[str]:
+    """For each row with an AR run of the same setting (protocol included): the quality figures whose
+    difference from AR's lies within the two intervals (they overlap), marked as not significant."""
+    lines = []
+    for record, row in zip(records, rows, strict=True):
+        if runs.settings[id(record)].baseline:
+            continue
+        baseline, _ = runs.baseline_for(record)
+        if baseline is None:
+            continue
+        mine, theirs = quality_cells(record), quality_cells(baseline)
+        close = [
+            f"{name} {mine[name]:.4g} vs {theirs[name]:.4g}"
+            for name in QUALITY
+            if mine[name + "_ci"]
+            and theirs[name + "_ci"]
+            and mine[name + "_ci"][0] <= theirs[name + "_ci"][1]
+            and theirs[name + "_ci"][0] <= mine[name + "_ci"][1]
+        ]
+        if close:
+            lines.append(f"{row['method']} vs AR: {', '.join(close)}: not significant (their 95% intervals overlap).")
+    return lines
+
+
+def protocol_notes(records: list[RunRecord]) -> list[str]:
+    """The protocols of the rows (runs of two protocols are never joined), and the rows that ran a subset."""
+    named = sorted({r.protocol for r in records if r.protocol})
+    if not named:
+        return []
+    subsets = [r for r in records if r.protocol_subset]
+    line = f"Protocol: {', '.join(named)}" + (
+        " (runs of different protocols are never joined)" if len(named) > 1 else ""
+    )
+    if subsets:
+        line += f"; {len(subsets)} of {len(records)} runs used the first N prompts only (marked subset)"
+    return [line + "."]
 
 
 def input_notes(records: list[RunRecord]) -> list[str]:
