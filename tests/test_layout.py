@@ -160,7 +160,7 @@ def test_the_walk_sees_lazy_imports(tmp_path):
     ]
 
 
-FAMILIES = ("lantern.models.llamagen", "lantern.models.chameleon")
+FAMILIES = ("lantern.models.llamagen", "lantern.models.chameleon", "lantern.models.janus")
 FAMILY_FREE = ("decoding", "rules", "metrics", "results", "run", "cli")
 
 
