@@ -1,0 +1,220 @@
+"""Janus bundles (target + VQ + prompt conditioner) and their drafters, built from a preset's nodes.
+
+``target`` nodes: ``image_size`` and ``cls_token_num`` (nothing in a folder says the condition slots), for a
+folder optionally ``architecture`` (sizes the folder must have: a 1B preset refuses a 7B folder), for the seeded
+random preset the architecture itself (``n_layer``, ``n_head``, ``dim``, ``ffn_hidden``, ``num_codes``,
+``words``). ``vq`` nodes (random preset only; a folder's is its ``vq_config``) take transformers'
+``JanusVQVAEConfig`` keys (:func:`lantern.models.janus.vq.vq_config`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from lantern import checks
+from lantern.errors import CheckpointError, ConfigError
+from lantern.models.bundle import ModelBundle
+from lantern.models.devices import resolve_device, resolve_dtype
+from lantern.models.janus import hf
+from lantern.models.janus.condition import TINY_WORDS, JanusConditioner, load_tokenizer, tiny_vocabulary, word_tokenizer
+from lantern.models.janus.model import JanusConfig, JanusTarget
+from lantern.models.janus.vq import load_vq, random_vq, vq_config
+from lantern.models.llamagen.vq import VQConfig
+
+CODEBOOK_KEY = hf.VQ_PREFIX + "quantize.embedding.weight"
+
+
+@dataclass
+class JanusBundle(ModelBundle):
+    """A :class:`ModelBundle` whose pixels are DeepSeek's: ``clip((x + 1) / 2 * 255, 0, 255)`` truncated to
+    uint8 (``generation_inference.py``), not LlamaGen's ``127.5 x + 128``."""
+
+    @torch.inference_mode()
+    def decode_images(self, codes: torch.Tensor) -> torch.Tensor:
+        """Codes (B, N) -> pixels (B, H, W, 3) uint8, one image at a time (see :meth:`ModelBundle.decode_images`)."""
+        images = [self.vq.decode_codes(codes[i : i + 1]).float() for i in range(codes.shape[0])]
+        pixels = torch.clamp((torch.cat(images) + 1) / 2 * 255, 0, 255)
+        return pixels.permute(0, 2, 3, 1).to(torch.uint8)
+
+
+def _grid(target: Mapping, vq: VQConfig, patches: int | None = None) -> int:
+    size = checks.integer("model.bundle.target.image_size", target["image_size"], 1)
+    if size % vq.downsample:
+        raise ConfigError(
+            f"model.bundle.target.image_size={size}: expected a multiple of the VQ's {vq.downsample}x downsample"
+        )
+    grid = size // vq.downsample
+    if patches is not None and grid != patches:
+        raise ConfigError(
+            f"model.bundle.target.image_size={size}: expected {patches * vq.downsample} (the folder's VQ decodes "
+            f"{patches} x {patches} codes, vq_config.num_patches)"
+        )
+    return grid
+
+
+def random_config(target: Mapping, vq: Mapping) -> tuple[JanusConfig, dict[str, int]]:
+    """The seeded random preset's architecture and its vocabulary (:func:`tiny_vocabulary`)."""
+    vq_cfg = vq_config(vq)
+    num_codes = checks.integer("model.bundle.target.num_codes", target["num_codes"], 1)
+    if num_codes != vq_cfg.codebook_size:
+        raise ConfigError(f"{num_codes} image codes do not match the VQ's {vq_cfg.codebook_size}")
+    vocab = tiny_vocabulary(tuple(target.get("words") or TINY_WORDS))
+    config = JanusConfig(
+        n_layer=target["n_layer"],
+        n_head=target["n_head"],
+        dim=target["dim"],
+        ffn_hidden=target["ffn_hidden"],
+        text_vocab_size=len(vocab),
+        num_codes=num_codes,
+        code_dim=vq_cfg.codebook_embed_dim,
+        grid_size=_grid(target, vq_cfg),
+        cls_token_num=target["cls_token_num"],
+        **hf.special_ids(word_tokenizer(vocab), "the random preset's vocabulary"),
+    )
+    return config, vocab
+
+
+def random_target(config: JanusConfig, init_seed: int = 0) -> JanusTarget:
+    """A seeded random target: weights and biases of std 0.2 (at transformers' 0.02 a tiny target's greedy
+    decoding repeats one code), RMSNorm weights perturbed around 1 and generation embeddings of unit scale."""
+    generator = torch.Generator().manual_seed(init_seed)
+    model = JanusTarget(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+                param.copy_(1 + 0.1 * torch.randn(param.shape, generator=generator))
+            elif name == "model.generation_embeddings.weight":
+                param.copy_(torch.randn(param.shape, generator=generator))
+            else:
+                param.copy_(0.2 * torch.randn(param.shape, generator=generator))
+    return model
+
+
+def _finish(name, target, vq_model, conditioner, device, dtype) -> JanusBundle:
+    conditioner.check_model(target.config)
+    target = target.to(device=device, dtype=dtype).eval()
+    return JanusBundle(name, target, vq_model.to(device=device).eval(), conditioner, device)
+
+
+def _folder(gpt_ckpt) -> str:
+    if gpt_ckpt is None or not os.path.isdir(os.fspath(gpt_ckpt)):
+        raise CheckpointError(
+            f"model.gpt_ckpt={gpt_ckpt!r}: expected the folder of a {hf.ARCHITECTURE} "
+            "(config.json, safetensors weights, tokenizer.json)"
+        )
+    return os.fspath(gpt_ckpt)
+
+
+def random_bundle(
+    name: str,
+    target: Mapping,
+    vq: Mapping,
+    init_seed: int = 0,
+    template: str = "janus_pro",
+    device: str = "cpu",
+    dtype: str = "float32",
+    gpt_ckpt: str | None = None,
+) -> JanusBundle:
+    """The seeded random tiny Janus (no files): target, VQ and a word-level tokenizer over its vocabulary.
+    ``gpt_ckpt`` (an HF folder of the same architecture), when given, replaces the target."""
+    device, dtype = resolve_device(device), resolve_dtype(dtype)
+    config, vocab = random_config(target, vq)
+    tokenizer = word_tokenizer(vocab)
+    model = random_target(config, init_seed)
+    if gpt_ckpt is not None:
+        folder = _folder(gpt_ckpt)
+        loaded = hf.check_folder(folder, config.grid_size, config.cls_token_num, tokenizer)
+        if loaded != config:
+            raise CheckpointError(f"HF folder {folder!r} is not the random preset's architecture")
+        model, _ = hf.load_target(folder, loaded)
+    conditioner = JanusConditioner.for_model(tokenizer, config, template, device)
+    return _finish(name, model, random_vq(vq_config(vq), init_seed), conditioner, device, dtype)
+
+
+def _check_architecture(config: JanusConfig, architecture: Mapping | None, folder: str) -> None:
+    for key, want in dict(architecture or {}).items():
+        have = getattr(config, key, None)
+        if have != want:
+            raise CheckpointError(
+                f"HF folder {folder!r} has {key}={checks.shown(have)}, but this preset is for {key}={checks.shown(want)}"
+            )
+
+
+def _folder_parts(gpt_ckpt, target: Mapping):
+    """Checks before any large read, then the folder's config, VQ config, tokenizer and path."""
+    folder = _folder(gpt_ckpt)
+    cls_token_num = checks.integer("model.cls_token_num", target["cls_token_num"], 2)
+    vq_section = hf.vq_section(folder)
+    vq_cfg = vq_config(vq_section)
+    patches = vq_section.get("num_patches")
+    grid = _grid(target, vq_cfg, None if patches is None else int(patches))
+    tokenizer = load_tokenizer(hf.tokenizer_file(folder))
+    config = hf.check_folder(folder, grid, cls_token_num, tokenizer)
+    _check_architecture(config, target.get("architecture"), folder)
+    return config, vq_cfg, tokenizer, folder
+
+
+def load_bundle(
+    name: str,
+    gpt_ckpt: str | None,
+    target: Mapping,
+    template: str = "janus_pro",
+    device: str = "cpu",
+    dtype: str = "float32",
+) -> JanusBundle:
+    """A Janus target, its VQ (``model.vqmodel.*``) and its tokenizer from one HF folder (``model.gpt_ckpt``)."""
+    device, dtype = resolve_device(device), resolve_dtype(dtype)
+    config, vq_cfg, tokenizer, folder = _folder_parts(gpt_ckpt, target)
+    model, vq_state = hf.load_target(folder, config)
+    vq_model = load_vq(vq_state, vq_cfg, folder)
+    conditioner = JanusConditioner.for_model(tokenizer, model.config, template, device)
+    return _finish(name, model, vq_model, conditioner, device, dtype)
+
+
+# ----- drafters and neighbours -----------------------------------------------------------------------------
+def random_drafter(
+    target: Mapping,
+    vq: Mapping,
+    init_seed: int = 0,
+    device: str = "cpu",
+    dtype: str = "float32",
+    path=None,
+    name: str = "tiny_random_janus",
+):
+    """A seeded random one-layer drafter for the random preset, or, when ``path`` is given, the drafter loaded
+    from it (a folder ``scripts/train_drafter.py`` exported, or the trainer's ``drafter.safetensors``)."""
+    from lantern.models.drafter import Drafter, DrafterConfig, load_drafter_for
+
+    config, _ = random_config(target, vq)
+    if path is not None:
+        return load_drafter_for(path, config, name, device, dtype)
+    torch.manual_seed(init_seed)
+    drafter = Drafter(DrafterConfig(config))
+    return drafter.to(device=resolve_device(device), dtype=resolve_dtype(dtype)).eval()
+
+
+def load_drafter(path, gpt_ckpt, target: Mapping, device: str = "cpu", dtype: str = "float32", name: str = "janus"):
+    """The drafter at ``path`` for the target folder ``gpt_ckpt`` (whose config and tokenizer alone are read)."""
+    from lantern.models.drafter import load_drafter_for
+
+    if path is None:
+        raise ConfigError(
+            "no drafter checkpoint given: pass model.drafter_ckpt=PATH (one scripts/train_drafter.py exported; "
+            "none is released for Janus); decoding=ar, sjd, gsd and zipar need no drafter"
+        )
+    config, _, _, _ = _folder_parts(gpt_ckpt, target)
+    return load_drafter_for(path, config, name, device, dtype)
+
+
+def random_codebook(vq: Mapping, init_seed: int = 0) -> torch.Tensor:
+    """The random preset's VQ codebook (K, 8), raw rows: LANTERN's neighbour tables over the codes."""
+    return random_vq(vq_config(vq), init_seed).raw_codebook().detach()
+
+
+def folder_codebook(folder: str | os.PathLike) -> torch.Tensor:
+    """A folder's VQ codebook (K, 8) (``model.vqmodel.quantize.embedding.weight``), read alone."""
+    return hf.read_tensor(_folder(folder), CODEBOOK_KEY).float()

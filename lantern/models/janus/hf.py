@@ -1,0 +1,218 @@
+"""Janus targets from HF ``JanusForConditionalGeneration`` folders (``deepseek-community/Janus-Pro-1B`` / ``-7B``:
+DeepSeek's releases converted by transformers' ``convert_janus_weights_to_hf.py``).
+
+A folder is ``config.json`` (transformers' ``JanusConfig``: ``text_config`` a Llama, ``vq_config``,
+``vision_config``), the weights (``model.safetensors`` or shards listed in ``model.safetensors.index.json``) and
+``tokenizer.json``. It is checked before anything is built: the architecture, the shards its index names, the
+special tokens in the tokenizer; then the shapes the config implies against every tensor under its own name
+(missing, unexpected and mis-shaped keys in one line). Tensors the image generation path does not run are set
+aside by prefix: ``model.vqmodel.*`` (the VQ, returned for the tokenizer to check and load),
+``model.vision_model.*`` and ``model.aligner.*`` (the understanding path) and ``lm_head.*`` (the text head).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from lantern import checks
+from lantern.errors import CheckpointError
+from lantern.files import note_input
+from lantern.models.chameleon.model import rope_theta_of
+from lantern.models.checkpoint import (
+    INDEX_SUFFIX,
+    WEIGHT_FILES,
+    check_hf_folder,
+    check_shapes,
+    read_hf_config,
+    read_hf_weights,
+)
+from lantern.models.janus.model import ARCHITECTURE, JanusConfig, JanusTarget
+
+VQ_PREFIX = "model.vqmodel."
+SET_ASIDE = ("model.vision_model.", "model.aligner.", "lm_head.")  # understanding path and text head
+TOKENIZER_NAME = "tokenizer.json"
+# Special tokens, by name as DeepSeek's VLChatProcessor and transformers' JanusProcessor find them.
+BOS, PAD, BOI = "<｜begin▁of▁sentence｜>", "<｜▁pad▁｜>", "<begin_of_image>"
+_STRAYS = (".rotary_emb.inv_freq",)
+
+
+def _source(folder) -> str:
+    return f"HF folder {os.fspath(folder)!r}"
+
+
+def _sizes(config: Mapping, keys: tuple[str, ...], source: str, where: str) -> dict[str, int]:
+    try:
+        return {key: int(config[key]) for key in keys}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{source}: config.json {where} lacks a size ({exc})") from exc
+
+
+def architecture_check(config: Mapping, source: str) -> tuple[Mapping, Mapping]:
+    """The folder's ``text_config`` and ``vq_config``; CheckpointError unless it is a Janus."""
+    architectures = config.get("architectures") or []
+    if config.get("model_type") != "janus" and ARCHITECTURE not in architectures:
+        found = ", ".join(map(str, architectures)) or "no architecture"
+        raise CheckpointError(f"{source} holds {found} (model_type {config.get('model_type')!r}), not a {ARCHITECTURE}")
+    text, vq = config.get("text_config"), config.get("vq_config")
+    if not isinstance(text, Mapping) or not isinstance(vq, Mapping):
+        raise CheckpointError(
+            f"{source}: config.json has no text_config / vq_config (transformers' JanusConfig has both)"
+        )
+    return text, vq
+
+
+def config_from_hf(
+    config: Mapping, special: Mapping[str, int], grid_size: int, cls_token_num: int, source: str
+) -> JanusConfig:
+    """The :class:`JanusConfig` a folder's ``config.json`` describes; ``special`` the ids of BOS, pad and BOI
+    (:func:`special_ids`); ``grid_size`` and ``cls_token_num`` from the preset."""
+    text, vq = architecture_check(config, source)
+    if text.get("model_type", "llama") != "llama":
+        raise CheckpointError(f"{source}: text_config is a {text.get('model_type')!r}, expected a llama")
+    for key, want in (("hidden_act", "silu"), ("attention_bias", False), ("mlp_bias", False)):
+        if text.get(key, want) != want:
+            raise CheckpointError(f"{source}: text_config has {key}={checks.shown(text[key])}, expected {want!r}")
+    if vq.get("hidden_act", "gelu") != "gelu":
+        raise CheckpointError(f"{source}: vq_config has hidden_act={checks.shown(vq['hidden_act'])}, expected 'gelu'")
+    sizes = _sizes(
+        text,
+        ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"),
+        source,
+        "text_config",
+    )
+    dim, heads = sizes["hidden_size"], sizes["num_attention_heads"]
+    if text.get("head_dim") not in (None, dim // heads):
+        raise CheckpointError(f"{source}: text_config has head_dim={text['head_dim']}, expected {dim // heads}")
+    vq_sizes = _sizes(vq, ("embed_dim", "num_embeddings"), source, "vq_config")
+    for key in ("projection_dim", "image_token_embed_dim"):
+        if int(vq.get(key, dim)) != dim:
+            raise CheckpointError(
+                f"{source}: vq_config has {key}={vq[key]}, expected the LM's hidden size {dim} "
+                "(the aligner's output and the generation head's input are the LM's width)"
+            )
+    return JanusConfig(
+        n_layer=sizes["num_hidden_layers"],
+        n_head=heads,
+        n_kv_head=int(text.get("num_key_value_heads") or heads),
+        dim=dim,
+        ffn_hidden=sizes["intermediate_size"],
+        text_vocab_size=sizes["vocab_size"],
+        num_codes=vq_sizes["num_embeddings"],
+        code_dim=vq_sizes["embed_dim"],
+        aligner_depth=int(vq.get("num_hidden_layers", 2)),
+        norm_eps=float(text.get("rms_norm_eps", 1e-6)),
+        rope_theta=rope_theta_of(text, source),
+        grid_size=grid_size,
+        cls_token_num=cls_token_num,
+        bos_id=special["bos_id"],
+        pad_id=special["pad_id"],
+        boi_id=special["boi_id"],
+    )
+
+
+def special_ids(tokenizer, source: str) -> dict[str, int]:
+    """BOS, pad and BOI ids of a ``tokenizers`` Tokenizer, by name; one CheckpointError naming a missing one."""
+    ids = {}
+    for key, name in (("bos_id", BOS), ("pad_id", PAD), ("boi_id", BOI)):
+        index = tokenizer.token_to_id(name)
+        if index is None:
+            raise CheckpointError(f"{source}: the tokenizer has no {name!r} token")
+        ids[key] = int(index)
+    return ids
+
+
+def read_folder(folder: str | os.PathLike) -> tuple[dict, Path]:
+    folder = check_hf_folder(folder)
+    return read_hf_config(folder), folder
+
+
+def tokenizer_file(folder: str | os.PathLike) -> Path:
+    """The folder's ``tokenizer.json``; CheckpointError when it has none."""
+    path = Path(folder) / TOKENIZER_NAME
+    if not path.is_file():
+        raise CheckpointError(f"{_source(folder)} has no {TOKENIZER_NAME} (the prompt tokenizer)")
+    return path
+
+
+def _shard_index(folder: Path) -> tuple[Path, dict[str, str]] | None:
+    for name in WEIGHT_FILES:
+        index = folder / (name + INDEX_SUFFIX)
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+                if not isinstance(weight_map, dict):
+                    raise TypeError("weight_map is not an object")
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise CheckpointError(f"{str(index)!r} is not a shard index ({exc})") from exc
+            return index, weight_map
+    return None
+
+
+def check_shards(folder: Path) -> None:
+    """CheckpointError naming the first shard an index names that is not in ``folder``."""
+    found = _shard_index(folder)
+    if found is None:
+        return
+    index, weight_map = found
+    for shard in sorted(set(map(str, weight_map.values()))):
+        if not (folder / shard).is_file():
+            raise CheckpointError(f"{_source(folder)}: shard {shard!r}, named in {index.name}, is not there")
+
+
+def check_folder(folder: str | os.PathLike, grid_size: int, cls_token_num: int, tokenizer) -> JanusConfig:
+    """What can be checked before a large read: a Janus config, every shard there, the special tokens."""
+    config, folder = read_folder(folder)
+    source = _source(folder)
+    architecture_check(config, source)
+    model_config = config_from_hf(config, special_ids(tokenizer, source), grid_size, cls_token_num, source)
+    check_shards(folder)
+    return model_config
+
+
+def vq_section(folder: str | os.PathLike) -> Mapping:
+    """The folder's ``vq_config``."""
+    config, folder = read_folder(folder)
+    return architecture_check(config, _source(folder))[1]
+
+
+def load_target(folder: str | os.PathLike, config: JanusConfig) -> tuple[JanusTarget, dict[str, torch.Tensor]]:
+    """The target of ``folder`` for ``config`` (:func:`check_folder`'s), strictly (fp32 on CPU), and the VQ's
+    tensors (without ``model.vqmodel.``); noted as one input (role ``target``)."""
+    folder = Path(folder)
+    given = {k: v for k, v in read_hf_weights(folder).items() if not k.endswith(_STRAYS)}
+    vq = {k[len(VQ_PREFIX) :]: v for k, v in given.items() if k.startswith(VQ_PREFIX)}
+    own = {k: v for k, v in given.items() if not k.startswith((VQ_PREFIX, *SET_ASIDE))}
+    with torch.device("meta"):
+        shapes = {k: tuple(v.shape) for k, v in JanusTarget(config).state_dict().items()}
+    check_shapes(shapes, own, f"a {ARCHITECTURE} of that config.json", os.fspath(folder))
+    model = JanusTarget(config)
+    model.load_state_dict({k: v.float() for k, v in own.items()}, strict=True)
+    note_input(folder, "target")
+    return model, vq
+
+
+def read_tensor(folder: str | os.PathLike, key: str) -> torch.Tensor:
+    """One tensor of a folder's weights, reading only the file that holds it (the codebook for LANTERN's
+    neighbour tables without loading 7B weights)."""
+    from safetensors import safe_open
+
+    folder = check_hf_folder(folder)
+    found = _shard_index(folder)
+    if found is not None:
+        index, weight_map = found
+        if key not in weight_map:
+            raise CheckpointError(f"{_source(folder)}: {index.name} names no {key}")
+        path = folder / str(weight_map[key])
+    else:
+        path = folder / WEIGHT_FILES[0]
+    if not path.is_file() or path.suffix != ".safetensors":
+        raise CheckpointError(f"{_source(folder)}: {key} is not in a safetensors file there ({path.name})")
+    with safe_open(os.fspath(path), framework="pt") as handle:
+        if key not in handle.keys():
+            raise CheckpointError(f"{_source(folder)}: {path.name} holds no {key}")
+        return handle.get_tensor(key)

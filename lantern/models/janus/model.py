@@ -1,0 +1,491 @@
+"""Janus-Pro (1B / 7B) as a target of the family protocol.
+
+Module and parameter names are those of transformers' ``JanusForConditionalGeneration`` for the parts image
+generation runs: ``model.language_model.*`` (a Llama: ``embed_tokens``, ``layers.{i}.self_attn.{q,k,v,o}_proj``,
+``layers.{i}.mlp.{gate,up,down}_proj``, ``input_layernorm``, ``post_attention_layernorm``, ``norm``),
+``model.generation_embeddings`` (DeepSeek's ``gen_embed``: K x 8), ``model.generation_aligner.{fc1,
+hidden_layers.{i}}`` (``gen_aligner``) and ``model.generation_head.{proj_out, vision_head}`` (``gen_head``); so a
+folder's tensors load under their own names. The understanding path (``model.vision_model``, ``model.aligner``),
+the text head (``lm_head``) and the VQ (``model.vqmodel``, the tokenizer's) are not part of the target.
+
+Facts checked against transformers 5.x ``modeling_janus.py`` / ``modeling_llama.py`` (tests/test_janus.py):
+
+* an image code ``c`` enters the LM as ``aligner(gen_embed(c))``: ``fc1`` (8 -> D), then ``depth - 1`` times
+  GELU (exact, erf) and a D x D linear (``prepare_embeddings_for_image_generation``);
+* the LM's last normed state goes through ``gen_head``: ``proj_out`` (D -> D), GELU, ``vision_head`` (D -> K);
+  the text ``lm_head`` is never used while an image is generated;
+* Llama blocks: pre-norm, fp32 RMSNorm cast back then scaled, 1D half-split RoPE with cos and sin computed in
+  fp32 from the positions and cast to the model dtype, SwiGLU, no biases (the norm, MLP and RoPE angles are
+  :mod:`lantern.models.chameleon.model`'s, which are transformers' Llama ones; Janus has no qk-norm).
+
+Condition layout (how one batch holds prompts of different lengths and the reference's unconditional rows).
+DeepSeek's ``generation_inference.py`` runs one prompt of L tokens unpadded: the conditional row is
+``[BOS, text..., BOI]`` and the unconditional row the same length with every token but the first and last
+replaced by the pad token, ``[BOS, pad x (L-2), BOI]``, all attended, at positions ``0 .. L-1``; image token
+``n`` is at position ``L + n``. Decoders give both CFG rows the conditional row's mask and one fixed null
+condition (:func:`lantern.decoding.batch.guided_inputs`), so here a prompt fills the T condition slots as
+``[BOS, (T - L masked slots), text..., BOI]``: BOS in slot 0, the rest right-aligned. The null condition
+``[BOS, pad x (T - 2), BOI]`` under that mask is then exactly the reference's unconditional row. RoPE positions
+are not the slots: every key and query is rotated by its slot minus the masked condition slots before it
+(read from the mask's condition columns), which are the reference's positions ``0 .. L-1``, ``L + n`` for
+both rows, so scores equal the reference's with every decoder unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lantern import checks
+from lantern.errors import CheckpointError, ConfigError
+from lantern.models.chameleon.model import MLP, RMSNorm, rope_angles
+from lantern.models.kv_cache import KVCache, NoCache
+from lantern.models.llamagen.gpt import check_taps
+from lantern.models.target import prefix_causal_mask
+
+ARCHITECTURE = "JanusForConditionalGeneration"
+
+
+@dataclass(frozen=True)
+class JanusConfig:
+    """Architecture and token layout of a Janus target.
+
+    ``dim`` is the LM width, which the aligner's output and the head's input also have (transformers'
+    ``projection_dim`` and ``image_token_embed_dim``); ``code_dim`` the generation embeddings' width (the VQ's
+    ``embed_dim``, 8) and ``aligner_depth`` the aligner's linear layers. ``grid_size`` and ``cls_token_num``
+    (the condition slots a prompt fills) come from the preset. ``bos_id``, ``pad_id`` and ``boi_id``
+    (``<begin_of_image>``) are vocabulary ids, found by name in the folder's tokenizer.
+    """
+
+    n_layer: int
+    n_head: int
+    dim: int
+    ffn_hidden: int
+    text_vocab_size: int
+    num_codes: int
+    code_dim: int
+    grid_size: int
+    cls_token_num: int
+    bos_id: int
+    pad_id: int
+    boi_id: int
+    aligner_depth: int = 2
+    n_kv_head: int = 0  # 0: as n_head
+    norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    model_type: str = "t2i"  # what the condition is (text); the decoders never read it
+
+    def __post_init__(self):
+        for name in ("n_layer", "n_head", "dim", "ffn_hidden", "text_vocab_size", "num_codes", "code_dim", "grid_size"):
+            checks.integer(name, getattr(self, name), 1)
+        checks.integer("aligner_depth", self.aligner_depth, 1)
+        checks.integer("cls_token_num", self.cls_token_num, 2, note="a prompt context needs at least BOS and BOI")
+        if self.n_kv_head == 0:
+            object.__setattr__(self, "n_kv_head", self.n_head)
+        if self.dim % self.n_head or (self.dim // self.n_head) % 2 or self.n_head % self.n_kv_head:
+            raise ConfigError(
+                f"hidden size {self.dim} must split into {self.n_head} heads of even size, "
+                f"and {self.n_head} heads into {self.n_kv_head} key/value heads"
+            )
+        for name in ("bos_id", "pad_id", "boi_id"):
+            checks.integer(name, getattr(self, name), 0, self.text_vocab_size - 1)
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_head
+
+    @property
+    def vocab_size(self) -> int:
+        """What decoders sample from: the image codes (the generation head's outputs)."""
+        return self.num_codes
+
+    @property
+    def num_image_tokens(self) -> int:
+        return self.grid_size * self.grid_size
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.cls_token_num + self.num_image_tokens
+
+    def drafter_arch(self) -> JanusDrafterArch:
+        """What an EAGLE drafter for this target is (:class:`~lantern.models.drafter.DrafterArch`)."""
+        return JanusDrafterArch(self)
+
+
+def rope_positions(positions: torch.Tensor, mask: torch.Tensor, cls_token_num: int) -> torch.Tensor:
+    """RoPE positions (B, S): ``positions`` (S,) or (B, S) minus the condition slots that ``mask``
+    (B, 1, S, L) hides from each query among those before its position (see the module docstring)."""
+    batch, _, seq, length = mask.shape
+    positions = positions.expand(batch, seq) if positions.dim() == 1 else positions  # (B, S)
+    width = min(cls_token_num, length)
+    columns = torch.arange(width, device=mask.device)
+    hidden = ~mask[:, 0, :, :width] & (columns < positions[..., None])  # (B, S, T) masked slots before it
+    return positions - hidden.sum(-1)
+
+
+class Attention(nn.Module):
+    """Llama attention (no qk-norm, no biases) over a static cache."""
+
+    def __init__(self, config: JanusConfig):
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
+        kv_dim = config.n_kv_head * config.head_dim
+        self.q_proj = nn.Linear(config.dim, config.dim, bias=False)
+        self.k_proj = nn.Linear(config.dim, kv_dim, bias=False)
+        self.v_proj = nn.Linear(config.dim, kv_dim, bias=False)
+        self.o_proj = nn.Linear(config.dim, config.dim, bias=False)
+
+    def forward(self, x, cos, sin, mask, slots, kv) -> torch.Tensor:
+        batch, seq, dim = x.shape
+        q = self.q_proj(x).view(batch, seq, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, S, hd)
+        k = self.k_proj(x).view(batch, seq, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, S, hd)
+        v = self.v_proj(x).view(batch, seq, self.n_kv_head, self.head_dim).transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin  # cos, sin (1 or B, 1, S, hd)
+        k = k * cos + _rotate_half(k) * sin
+        keys, values = kv.update(slots, k, v, mask.shape[-1])  # (B, Hkv, L, hd)
+        if self.n_kv_head != self.n_head:
+            groups = self.n_head // self.n_kv_head
+            keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # (B, H, S, hd)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, dim))
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat([-second, first], dim=-1)
+
+
+class DecoderLayer(nn.Module):
+    """Llama's pre-norm block: ``h = x + attn(in_norm(x))``, ``out = h + mlp(post_norm(h))``."""
+
+    def __init__(self, config: JanusConfig):
+        super().__init__()
+        self.self_attn = Attention(config)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.dim, config.norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.dim, config.norm_eps)
+
+    def forward(self, x, cos, sin, mask, slots, kv) -> torch.Tensor:
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, slots, kv)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LanguageModel(nn.Module):
+    """``model.language_model.*`` of the HF layout."""
+
+    def __init__(self, config: JanusConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.text_vocab_size, config.dim)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.n_layer))
+        self.norm = RMSNorm(config.dim, config.norm_eps)
+
+
+class Aligner(nn.Module):
+    """``gen_aligner``: ``fc1`` (code_dim -> D) then ``depth - 1`` of (GELU, D x D linear)."""
+
+    def __init__(self, config: JanusConfig):
+        super().__init__()
+        self.fc1 = nn.Linear(config.code_dim, config.dim)
+        self.hidden_layers = nn.ModuleList(nn.Linear(config.dim, config.dim) for _ in range(config.aligner_depth - 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.fc1(x)
+        for layer in self.hidden_layers:
+            x = layer(F.gelu(x))
+        return x
+
+
+class GenerationHead(nn.Module):
+    """``gen_head``: ``proj_out`` (D -> D), GELU, ``vision_head`` (D -> K)."""
+
+    def __init__(self, config: JanusConfig):
+        super().__init__()
+        self.proj_out = nn.Linear(config.dim, config.dim)
+        self.vision_head = nn.Linear(config.dim, config.num_codes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.vision_head(F.gelu(self.proj_out(x)))
+
+
+class JanusBody(nn.Module):
+    """``model.*`` of the HF layout, the generation path only."""
+
+    def __init__(self, config: JanusConfig):
+        super().__init__()
+        self.language_model = LanguageModel(config)
+        self.generation_embeddings = nn.Embedding(config.num_codes, config.code_dim)
+        self.generation_aligner = Aligner(config)
+        self.generation_head = GenerationHead(config)
+
+
+def _inv_freq(config: JanusConfig) -> torch.Tensor:
+    hd = config.head_dim
+    return 1.0 / (config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float) / hd))  # (hd/2,) fp32
+
+
+class JanusTarget(nn.Module):
+    """Janus's LM over image codes; no I/O here (see :mod:`lantern.models.janus.hf`)."""
+
+    def __init__(self, config: JanusConfig):
+        super().__init__()
+        self.config = config
+        self.model = JanusBody(config)
+        self.register_buffer("inv_freq", _inv_freq(config), persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        # The RoPE frequencies stay fp32 whatever dtype the weights take (a non-persistent fp32 buffer in theirs).
+        super()._apply(fn, recurse)
+        self.inv_freq = _inv_freq(self.config).to(self.inv_freq.device)
+        return self
+
+    # ----- inputs -------------------------------------------------------------------------------
+    def embed_condition(self, condition: torch.Tensor) -> torch.Tensor:
+        """Prompt token ids (B, T) in the condition layout -> embeddings (B, T, D)."""
+        return self.model.language_model.embed_tokens(condition)
+
+    def null_condition(self, batch: int) -> torch.Tensor:
+        """CFG's unconditional context (B, T): ``[BOS, pad ..., BOI]``; under a prompt's mask it is the
+        reference's ``[BOS, pad x (L-2), BOI]`` (module docstring)."""
+        cfg = self.config
+        ids = torch.full((batch, cfg.cls_token_num), cfg.pad_id, dtype=torch.long, device=self.inv_freq.device)
+        ids[:, 0], ids[:, -1] = cfg.bos_id, cfg.boi_id
+        return ids
+
+    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Image codes (B, S) -> ``aligner(gen_embed(codes))`` (B, S, D)."""
+        return self.model.generation_aligner(self.model.generation_embeddings(tokens))
+
+    def input_embeddings(self) -> torch.Tensor:
+        """The image codes' token table, ``gen_embed`` (K, code_dim): Janus has no D-wide table (the aligner
+        maps these rows to the LM's width); its dtype and device are the model's."""
+        return self.model.generation_embeddings.weight
+
+    def aligned_embeddings(self) -> torch.Tensor:
+        """Every code's LM input ``aligner(gen_embed)`` (K, D): the table a drafter folder keeps a copy of."""
+        return self.model.generation_aligner(self.model.generation_embeddings.weight)
+
+    # ----- core ---------------------------------------------------------------------------------
+    def forward_embeddings(
+        self, x, positions, slots, mask, cache, taps: tuple[int, ...] = ()
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Run the layers over ``x`` (B, S, D) at ``positions`` (S,) or (B, S), writing cache ``slots``
+        (B, S) under ``mask`` (B, 1, S, L); final-norm states (B, S, D), or with ``taps`` the pair
+        ``(hidden, features)``, features (B, S, len(taps) * D) the residual streams entering those layers."""
+        taps = check_taps(taps, self.config.n_layer) if taps else ()
+        cos, sin = rope_angles(rope_positions(positions, mask, self.config.cls_token_num), self.inv_freq, x.dtype)
+        cos, sin = cos[:, None], sin[:, None]  # (B, 1, S, hd)
+        states: dict[int, torch.Tensor] = {}
+        for index, layer in enumerate(self.model.language_model.layers):
+            if index in taps:
+                states[index] = x
+            x = layer(x, cos, sin, mask, slots, cache.layer(index))
+        hidden = self.model.language_model.norm(x)
+        if not taps:
+            return hidden
+        return hidden, torch.cat([states[tap] for tap in taps], dim=-1)
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Hidden states (..., D) -> fp32 logits over the image codes (..., K) from the generation head."""
+        return self.model.generation_head(hidden).float()
+
+    # ----- decoding -----------------------------------------------------------------------------
+    def prefill(self, cond_emb: torch.Tensor, mask: torch.Tensor, cache) -> tuple[torch.Tensor, torch.Tensor]:
+        """The condition (B, T, D) into slots ``0..T-1`` under ``mask`` (B, 1, T, L); logits (B, K) and the
+        hidden state (B, D) at the image-start slot, which predict image token 0."""
+        batch, seq = cond_emb.shape[:2]
+        index = torch.arange(seq, device=cond_emb.device)
+        hidden = self.forward_embeddings(cond_emb, index, index.expand(batch, seq), mask, cache)[:, -1]
+        return self.head(hidden), hidden
+
+    def forward_tokens(
+        self, tokens, positions, slots, mask, cache, taps: tuple[int, ...] = ()
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Image codes (B, S) -> fp32 logits (B, S, K) and features (see :meth:`forward_embeddings`)."""
+        states = self.forward_embeddings(self.embed_tokens(tokens), positions, slots, mask, cache, taps)
+        hidden, features = states if taps else (states, states)
+        return self.head(hidden), features
+
+    def new_cache(self, batch: int, max_len: int | None = None) -> KVCache:
+        cfg = self.config
+        weight = self.model.language_model.embed_tokens.weight
+        return KVCache.allocate(
+            cfg.n_layer, batch, cfg.n_kv_head, max_len or cfg.max_seq_len, cfg.head_dim, weight.dtype, weight.device
+        )
+
+    # ----- training / checks --------------------------------------------------------------------
+    def teacher_hidden(
+        self, cond_emb: torch.Tensor, tokens: torch.Tensor, cond_mask: torch.Tensor, taps: tuple[int, ...] = ()
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Teacher-forced final-norm states of condition (B, T, D) then codes (B, N) without the last code:
+        (B, T + N - 1, D) (or ``(hidden, features)`` with ``taps``)."""
+        x = torch.cat([cond_emb, self.embed_tokens(tokens[:, :-1])], dim=1)  # (B, T + N - 1, D)
+        seq = x.shape[1]
+        positions = torch.arange(seq, device=x.device)
+        mask = prefix_causal_mask(cond_mask, seq)
+        return self.forward_embeddings(x, positions, positions.expand(x.shape[0], seq), mask, NoCache(), taps)
+
+    def forward_teacher(self, cond_emb: torch.Tensor, tokens: torch.Tensor, cond_mask: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced states (B, N, D), row ``n`` predicting code ``n``."""
+        return self.teacher_hidden(cond_emb, tokens, cond_mask)[:, cond_emb.shape[1] - 1 :]
+
+
+# ----- drafters -----------------------------------------------------------------------------------------------
+# EAGLE-style drafters for Janus targets. No drafter for Janus is released, so the folder is EAGLE's own layout
+# over a Llama layer (as LANTERN's releases for LlamaGen and Anole): ``config.json`` (a LlamaConfig: the target
+# LM's width, heads, eps and theta, the drafter's ``num_hidden_layers``) and ``model.safetensors`` with
+# ``embed_tokens.weight`` (every code's LM input ``aligner(gen_embed(c))`` (K, D), frozen: what the drafter
+# reads as the next token's embedding), ``fc.{weight,bias}`` and ``layers.{i}.*`` in Llama's names, loaded
+# strictly by name. Layer 0 keeps its ``input_layernorm`` (as the Anole release). Entry ``i`` (input token at
+# position ``i + 1``) reads RoPE position ``i + 1``: slots, not the target's remapped positions; the drafter
+# is trained and run in the same layout, and its attention over the condition is masked as the target's.
+
+EMBED_KEY = "embed_tokens.weight"
+CONDITION_KEY = "lantern_condition_input"
+TAPS_KEY = "lantern_taps"
+DRAFTER_ARCHITECTURE = "LlamaForCausalLM"
+
+
+class DrafterLayer(DecoderLayer):
+    """Janus's Llama layer as a drafter layer: ``rope`` rows (S, hd, 2) or (B, S, hd, 2) of fp32 ``[cos, sin]``."""
+
+    def forward(self, x, rope, mask, slots, kv) -> torch.Tensor:
+        cos, sin = rope[..., 0].to(x.dtype), rope[..., 1].to(x.dtype)
+        if cos.dim() == 2:
+            cos, sin = cos[None, None], sin[None, None]  # (1, 1, S, hd)
+        else:
+            cos, sin = cos[:, None], sin[:, None]  # (B, 1, S, hd)
+        return super().forward(x, cos, sin, mask, slots, kv)
+
+
+@dataclass(frozen=True)
+class JanusDrafterArch:
+    """The :class:`~lantern.models.drafter.DrafterArch` of a Janus target (see the comment above)."""
+
+    config: JanusConfig
+    first_norm: str = ""
+
+    @property
+    def dim(self) -> int:
+        return self.config.dim
+
+    @property
+    def n_head(self) -> int:
+        return self.config.n_head
+
+    @property
+    def n_kv_head(self) -> int:
+        return self.config.n_kv_head
+
+    @property
+    def head_dim(self) -> int:
+        return self.config.head_dim
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.num_codes
+
+    @property
+    def grid_size(self) -> int:
+        return self.config.grid_size
+
+    @property
+    def cls_token_num(self) -> int:
+        return self.config.cls_token_num
+
+    @property
+    def n_layer(self) -> int:
+        return self.config.n_layer
+
+    @property
+    def embedding_rows(self) -> int:
+        return self.config.num_codes
+
+    @property
+    def norm_eps(self) -> float:
+        return self.config.norm_eps
+
+    def block(self, norm_eps: float) -> nn.Module:
+        return DrafterLayer(replace(self.config, norm_eps=norm_eps))
+
+    def rope_table(self) -> torch.Tensor:
+        """(T + N - 1, hd, 2) fp32 ``[cos, sin]``: entry ``i`` at position ``i + 1``."""
+        cfg = self.config
+        cos, sin = rope_angles(torch.arange(1, cfg.max_seq_len), _inv_freq(cfg), torch.float32)
+        return torch.stack([cos, sin], dim=-1)
+
+    def folder_config(self, n_layer: int, norm_eps: float, condition_input: str, taps: tuple[int, ...]) -> dict:
+        cfg = self.config
+        config = {
+            "architectures": [DRAFTER_ARCHITECTURE],
+            "model_type": "llama",
+            "hidden_size": cfg.dim,
+            "intermediate_size": cfg.ffn_hidden,
+            "num_attention_heads": cfg.n_head,
+            "num_key_value_heads": cfg.n_kv_head,
+            "num_hidden_layers": n_layer,
+            "rms_norm_eps": norm_eps,
+            "rope_theta": cfg.rope_theta,
+            "vocab_size": cfg.num_codes,
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "mlp_bias": False,
+            "tie_word_embeddings": False,
+            "max_position_embeddings": max(4096, cfg.max_seq_len + 64),
+            "cls_token_num": cfg.cls_token_num,
+            "block_size": cfg.num_image_tokens,
+        }
+        if condition_input:
+            config[CONDITION_KEY] = condition_input
+        if taps:
+            config[TAPS_KEY] = [int(tap) for tap in taps]
+        return config
+
+    def check_folder_config(self, config: Mapping, norm_eps: float, source: str, what: str) -> None:
+        """CheckpointError unless ``config.json`` describes a Llama drafter; ConfigError naming the first key
+        whose value does not fit the target."""
+        if config.get("model_type") != "llama":
+            found = ", ".join(map(str, config.get("architectures") or [])) or "no architecture"
+            raise CheckpointError(
+                f"{source} holds {found} (model_type {config.get('model_type')!r}), not a drafter for a Janus target "
+                f"(a {DRAFTER_ARCHITECTURE} config.json, as scripts/train_drafter.py exports)"
+            )
+        cfg = self.config
+        expected = {
+            "hidden_size": cfg.dim,
+            "num_attention_heads": cfg.n_head,
+            "vocab_size": cfg.num_codes,
+            "num_key_value_heads": cfg.n_kv_head,
+            "intermediate_size": cfg.ffn_hidden,
+            "rms_norm_eps": norm_eps,
+            "rope_theta": cfg.rope_theta,
+            "cls_token_num": cfg.cls_token_num,
+            "block_size": cfg.num_image_tokens,
+        }
+        for key, want in expected.items():
+            if key not in config:
+                if key in ("hidden_size", "num_attention_heads", "vocab_size"):
+                    raise ConfigError(f"{source}: config.json has no {key!r}; expected {checks.shown(want)} for {what}")
+                continue
+            have = config[key]
+            if not (checks.is_number(have) and math.isclose(float(have), float(want), rel_tol=1e-9)):
+                raise ConfigError(
+                    f"{source}: config.json has {key}={checks.shown(have)}, expected {checks.shown(want)} for {what}"
+                )
+
+    def to_folder(self, state_dict: Mapping[str, torch.Tensor], embeddings: torch.Tensor) -> dict:
+        return {EMBED_KEY: embeddings, **state_dict}
+
+    def from_folder(
+        self, state_dict: Mapping[str, torch.Tensor], source: str
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+        return {k: v for k, v in state_dict.items() if k != EMBED_KEY}, state_dict.get(EMBED_KEY)
+
+    def folder_embeddings(self, target) -> torch.Tensor:
+        """Every code's LM input (K, D) (:meth:`JanusTarget.aligned_embeddings`)."""
+        with torch.no_grad():
+            return target.aligned_embeddings()
