@@ -90,8 +90,8 @@ def test_world_protocol_pins_its_prompts_weights_and_reference():
         (["num_images=1001"], "num_images=1001: protocol world has 1000 prompts"),
         (["prompts=model_default"], "hold 20 prompts; protocol world pins 1000"),
         (["+prompts.seed=1"], "the first 1000 prompts of 'fashion_mnist' has sha256"),  # other captions
-        (["metrics=clip", "metrics.clip.pretrained=x.pt"], "protocol.metrics.faithfulness.weights cannot be resolved"),
-        (["~metrics.fid"], "protocol world measures 'fid' but metrics.fid is not configured"),
+        (["metrics=clip", "metrics.clip.pretrained=x.pt"], "protocol world measures 'fid' but metrics.fid is not"),
+        (["~metrics.faithfulness"], "protocol world measures 'faithfulness' but metrics.faithfulness is not"),
         (["metrics.clip._target_=lantern.metrics.fid.FID"], "metrics.clip is 'lantern.metrics.fid.FID'"),
         (["model.bundle.gpt.image_size=64"], "makes 64 px images; protocol world pins 32 px"),
         (["~protocol.speed"], "protocol world: the preset gives no 'speed'"),
@@ -174,3 +174,64 @@ def test_run_py_refuses_an_unknown_protocol_in_one_line(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ") and "protocol" in proc.stderr
     assert "world" in proc.stderr and not out.exists()
+
+
+def test_the_speed_part_pins_batch_warmup_and_no_metrics_and_shares_the_protocol_hash():
+    speed = ["protocol=world", "protocol.part=speed", "metrics=none", "batch_size=1", "num_images=100"]
+    fields = checked(*speed)
+    assert fields["protocol_part"] == "speed" and fields["protocol_subset"] is False
+    assert fields["protocol_sha256"] == checked("protocol=world")["protocol_sha256"]  # latency runs join quality runs
+    assert set(fields["protocol_inputs"]) == {"prompts"}  # no metric weights are read
+    with pytest.raises(ConfigError, match="batch_size=10: the speed part of protocol world pins batch_size 1"):
+        checked(*speed, "batch_size=10")
+    with pytest.raises(ConfigError, match="num_images=101: the speed part of protocol world times its first 100"):
+        checked(*speed, "num_images=101")
+    with pytest.raises(ConfigError, match="measures no quality: set metrics=none"):
+        checked(*[o for o in speed if o != "metrics=none"])
+    with pytest.raises(ConfigError, match="part='timing'"):
+        checked("protocol=world", "protocol.part=timing")
+
+
+def test_the_table2_experiments_compose_the_two_parts():
+    quality = composed("+experiment=lantern_table2", "+experiment/mode=lantern_0.1", resolve=False)
+    latency = composed("+experiment=lantern_table2_latency", "+experiment/mode=lantern_0.1", resolve=False)
+    assert quality["protocol"]["name"] == latency["protocol"]["name"] == "world"
+    assert (quality["protocol"]["part"], latency["protocol"]["part"]) == ("quality", "speed")
+    assert latency["metrics"] == {} and quality["metrics"]["fid"]
+
+
+def test_a_world_protocol_run_records_its_protocol_and_intervals_and_the_table_shows_them(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "run.py",
+            "protocol=world",
+            "num_images=6",
+            "batch_size=6",
+            "warmup=0",
+            "speedup_baseline=null",
+            "metrics.fid.reference.count=64",  # a small reference keeps the test short (the real one is 10,000)
+            f"metrics.fid.cache_dir={tmp_path / 'fid'}",
+            "wandb.mode=disabled",
+            f"hydra.run.dir={out}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    record = json.loads((out / "metrics.json").read_text())
+    assert record["protocol"] == "world" and record["protocol_subset"] is True and record["schema_version"] == 3
+    assert record["protocol_inputs"]["prompts"] == prompt_list_sha256(
+        instantiate(composed("protocol=world")["prompts"]).items[:1000]
+    )
+    for name in ("fid", "clip_score", "prompt_accuracy"):
+        interval = record[f"{name}_ci"]
+        assert interval["lo"] <= record[name] <= interval["hi"] and interval["resamples"] >= 2
+    from lantern.results.render import make_tables
+
+    _, paths = make_tables([str(out)], out=str(tmp_path / "table"))
+    text = paths["md"].read_text()
+    assert f"{record['fid']:.2f} ± " in text and "world (subset)" in text and "bootstrap" in text

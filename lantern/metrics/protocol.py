@@ -10,7 +10,9 @@ claimed; every difference is one :class:`~lantern.errors.ConfigError` naming the
 run records the hash it saw instead, and the table notes show it.
 
 ``num_images`` below the protocol's prompt count runs the first N prompts in protocol order; the record then
-says ``protocol_subset: true`` and tables mark the row. Records name the protocol and the sha256 of its
+says ``protocol_subset: true`` and tables mark the row. ``protocol.part=speed`` is the timing sub-protocol: the
+pinned batch size, warm-up and prompt count, no quality metrics; its records lend tables their latency columns
+(the part is left out of the protocol's hash, so the two parts of one protocol join). Records name the protocol and the sha256 of its
 resolved pins; tables join and compare runs only within one protocol (:mod:`lantern.results.baselines`).
 """
 
@@ -37,6 +39,7 @@ FIELDS = {
     "seeds": ("seed", "per_sample"),
     "speed": ("prompts", "batch_size", "warmup", "synchronise"),
 }
+PARTS = ("quality", "speed")  # ``protocol.part``: what a run measures (optional; quality by default)
 METRIC_FIELDS = ("implementation", "weights", "sha256")  # weights: the metric's file (an interpolation) or null
 
 
@@ -118,6 +121,7 @@ class Protocol:
         """sha256 of the pins: two runs agree on the protocol when this agrees. Where a file lies on this machine
         (weights, the reference path) is left out; its pinned hash is in."""
         pins = json.loads(json.dumps(self.node, default=str))
+        pins.pop("part", None)  # the quality and speed parts of one protocol are one protocol
         pins["reference"].pop("path", None)
         for pin in pins["metrics"].values():
             pin.pop("weights", None)
@@ -154,16 +158,15 @@ class Protocol:
             raise ConfigError(
                 f"seed={config.get('seed')!r}: protocol {name} pins seed {seed} (protocol=none to vary it)"
             )
-        size = select(config, "model.image_size")
-        if pins["image"]["size"] is None:
-            pass
-        elif size is None:
+        size, pinned = select(config, "model.image_size"), pins["image"]["size"]
+        if pinned is not None and size is None:
             raise ConfigError(f"model {select(config, 'model.name')!r} states no image_size; protocol {name} needs it")
-        if size != pins["image"]["size"]:
+        if pinned is not None and size != pinned:
             raise ConfigError(
-                f"model {select(config, 'model.name')!r} makes {size} px images; protocol {name} pins "
-                f"{pins['image']['size']} px"
+                f"model {select(config, 'model.name')!r} makes {size} px images; protocol {name} pins {pinned} px"
             )
+        part = pins.get("part", "quality")
+        checks.choice(f"protocol {name}: part", part, PARTS)
         if len(prompts) < self.count:
             raise ConfigError(
                 f"prompts {getattr(prompts, 'name', '?')!r} hold {len(prompts)} prompts; protocol {name} pins "
@@ -171,12 +174,14 @@ class Protocol:
             )
         if num_images > self.count:
             raise ConfigError(f"num_images={num_images}: protocol {name} has {self.count} prompts (at most that many)")
+        if part == "speed":  # the timing sub-protocol: its batch size and warm-up, its prompt count, no metrics
+            self._check_speed(config, num_images)
         listed = prompt_list_sha256(list(prompts)[: self.count])
         self._pin(
             f"the first {self.count} prompts of {getattr(prompts, 'name', '?')!r}", listed, pins["prompts"]["sha256"]
         )
         seen = {"prompts": listed}
-        for metric, pin in pins["metrics"].items():
+        for metric, pin in pins["metrics"].items() if part == "quality" else ():
             if select(config, f"metrics.{metric}") is None:
                 raise ConfigError(f"protocol {name} measures {metric!r} but metrics.{metric} is not configured")
             implementation = select(config, f"metrics.{metric}._target_")
@@ -188,7 +193,7 @@ class Protocol:
                 path = _path_of(pin["weights"])
                 seen[metric] = self._file(f"metrics.{metric} weights", path, pin["sha256"], f"{metric} weights")
         reference = pins["reference"]
-        if reference["name"] is not None:
+        if reference["name"] is not None and part == "quality":
             configured = select(config, "metrics.fid.reference_name")
             if configured != reference["name"]:
                 raise ConfigError(
@@ -201,9 +206,22 @@ class Protocol:
         return {
             "protocol": name,
             "protocol_sha256": self.sha256(),
-            "protocol_subset": num_images < self.count,
+            "protocol_subset": num_images < (self.count if part == "quality" else pins["speed"]["prompts"]),
+            "protocol_part": part,
             "protocol_inputs": seen,
         }
+
+    def _check_speed(self, config: Mapping, num_images: int) -> None:
+        speed, name = self.node["speed"], self.name
+        for key, pinned in (("batch_size", speed["batch_size"]), ("warmup", speed["warmup"])):
+            if config.get(key) != pinned:
+                raise ConfigError(f"{key}={config.get(key)!r}: the speed part of protocol {name} pins {key} {pinned}")
+        if num_images > speed["prompts"]:
+            raise ConfigError(
+                f"num_images={num_images}: the speed part of protocol {name} times its first {speed['prompts']} prompts"
+            )
+        if config.get("metrics"):
+            raise ConfigError(f"the speed part of protocol {name} measures no quality: set metrics=none")
 
 
 def _check_resolution(key: str, path, resolution: int, name: str) -> None:

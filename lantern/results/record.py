@@ -99,6 +99,7 @@ class RunRecord(BaseModel):
     protocol: str | None = None
     protocol_sha256: str | None = None
     protocol_subset: bool | None = None  # fewer images than the protocol's prompts (its first N, in order)
+    protocol_part: str | None = None  # "quality" or "speed" (the timing sub-protocol)
     protocol_inputs: dict[str, str] | None = None  # sha256 of what the protocol pins: prompts, weights, reference
     # Details.
     decode_stats: dict[str, float] = Field(default_factory=dict)
