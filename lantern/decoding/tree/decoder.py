@@ -176,9 +176,39 @@ class SpeculativeDecoder:
             )
         return self._contexts[shape]
 
+    def capacity(self, config) -> int:
+        """Cache slots per row: condition, image, a last step's overrun and one draft's scratch slots."""
+        return config.cls_token_num + config.num_image_tokens + self.draft.depth + self.draft.nodes + 2
+
     @torch.inference_mode()
     def generate(self, model: Target, condition: Condition, keys: torch.Tensor) -> DecodeResult:
         """Decode all image tokens for ``condition`` (B prompts) with per-sample RNG ``keys`` (B,)."""
+        ctx, state, timer, _ = self.prefill(model, condition, keys)
+        num_tokens, depth = model.config.num_image_tokens, self.draft.depth
+        state, logs = run_steps(  # every step decides at least one token per active row
+            speculative_step,
+            self._step,
+            ctx,
+            state,
+            num_tokens - 1,
+            audit_every=self.spec.tv_audit_every,
+            done=lambda s: s.decided >= num_tokens,
+            sync_every=default_sync_every(state.codes.device, self.sync_every),
+            guard=self.guard,
+            timed=timed_step,
+            timer=timer,
+        )
+        stats = {
+            "target_forwards": float(1 + len(logs)),
+            "drafter_forwards": float(1 + len(logs) * (self.draft.expansions + 1)),
+        }
+        if timer:
+            stats.update({f"{phase}_time_s": seconds for phase, seconds in timer.totals().items()})
+        return DecodeResult(state.codes[:, :num_tokens], stats, summarise(logs, num_tokens, depth))
+
+    def prefill(self, model: Target, condition: Condition, keys: torch.Tensor):
+        """The step context, the first state, the phase timer (eager only, else None; the prefill's time is
+        in it) and the target's feature before token 0 (rows, F) (what the drafter read with it)."""
         cfg, sampling, drafter = model.config, self.sampling, self.drafter
         drafter.check_target(cfg)
         cond_len, num_tokens = cfg.cls_token_num, cfg.num_image_tokens
@@ -187,7 +217,7 @@ class SpeculativeDecoder:
         rows, batch = cond_emb.shape[0], len(condition)
         device = cond_emb.device
         self.check_device(device)
-        capacity = cond_len + num_tokens + depth + self.draft.nodes + 2
+        capacity = self.capacity(cfg)
         ctx = self._context(model, rows, batch, capacity, device)
         timer = PhaseTimer(device) if self.compile == "none" else None
         started = time.perf_counter() if timer else None
@@ -213,24 +243,4 @@ class SpeculativeDecoder:
         )
         if timer:
             timer.add("prefill", started, time.perf_counter())
-
-        state, logs = run_steps(  # every step decides at least one token per active row
-            speculative_step,
-            self._step,
-            ctx,
-            state,
-            num_tokens - 1,
-            audit_every=self.spec.tv_audit_every,
-            done=lambda s: s.decided >= num_tokens,
-            sync_every=default_sync_every(device, self.sync_every),
-            guard=self.guard,
-            timed=timed_step,
-            timer=timer,
-        )
-        stats = {
-            "target_forwards": float(1 + len(logs)),
-            "drafter_forwards": float(1 + len(logs) * (self.draft.expansions + 1)),
-        }
-        if timer:
-            stats.update({f"{phase}_time_s": seconds for phase, seconds in timer.totals().items()})
-        return DecodeResult(state.codes[:, :num_tokens], stats, summarise(logs, num_tokens, depth))
+        return ctx, state, timer, features[:, -1]
