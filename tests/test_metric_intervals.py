@@ -9,12 +9,19 @@ from PIL import Image
 
 from lantern.errors import ConfigError
 from lantern.files import image_name
-from lantern.metrics import fid as fid_module
 from lantern.metrics.bootstrap import SHIFTED
 from lantern.metrics.classifier import PromptFaithfulness
+from lantern.metrics.features import forget
 from lantern.metrics.fid import FID, FIDStats, fid_from_stats
 from lantern.metrics.frechet_bootstrap import ResampledFrechet
 from lantern.metrics.intervals import bootstrap, bootstrap_mean, resample_indices
+
+
+@pytest.fixture(autouse=True)
+def _fresh_features():
+    forget()
+    yield
+    forget()
 
 
 def _sets(n: int, dim: int, seed: int = 0) -> tuple[np.ndarray, FIDStats]:
@@ -41,7 +48,7 @@ class StubExtractor:
 
     net_id = "stub-projection"
 
-    def __init__(self, device="cpu") -> None:
+    def __init__(self) -> None:
         self.projection = np.random.default_rng(0).normal(size=(8 * 8 * 3, 16))
 
     def features(self, images, batch_size=32, progress=True):
@@ -55,14 +62,20 @@ def _run_dir(folder, images: np.ndarray):
     return folder
 
 
-def test_fid_records_its_interval_from_fixed_reference_stats(monkeypatch, tmp_path):
-    monkeypatch.setattr(fid_module, "InceptionFeatures", StubExtractor)
+def test_fid_records_its_interval_from_fixed_reference_stats(tmp_path):
     rng = np.random.default_rng(3)
     reference = rng.integers(0, 256, (60, 8, 8, 3), dtype=np.uint8)
     generated = np.clip(rng.normal(110, 40, (30, 8, 8, 3)), 0, 255).astype(np.uint8)
     run_dir = _run_dir(tmp_path / "run", generated)
     prompts = ["p"] * 30
-    metric = FID("toy", lambda: reference, cache_dir=str(tmp_path / "stats"), progress=False, interval_resamples=50)
+    metric = FID(
+        "toy",
+        lambda: reference,
+        cache_dir=str(tmp_path / "stats"),
+        progress=False,
+        interval_resamples=50,
+        extractor=StubExtractor(),
+    )
     metric.check(prompts)
     fields = metric(run_dir, prompts, None)
     stub = StubExtractor()
@@ -84,10 +97,18 @@ def test_fid_records_its_interval_from_fixed_reference_stats(monkeypatch, tmp_pa
         progress=False,
         interval_resamples=50,
         interval_shift=False,
+        extractor=StubExtractor(),
     )(run_dir, prompts, None)["fid_ci"]
     assert (plain["lo"], plain["hi"]) == pytest.approx((slow.lo, slow.hi), rel=1e-8)
     assert plain["method"] == "percentile bootstrap over prompts"
-    off = FID("toy", lambda: reference, cache_dir=str(tmp_path / "stats"), progress=False, interval_resamples=None)
+    off = FID(
+        "toy",
+        lambda: reference,
+        cache_dir=str(tmp_path / "stats"),
+        progress=False,
+        interval_resamples=None,
+        extractor=StubExtractor(),
+    )
     assert "fid_ci" not in off(run_dir, prompts, None)
 
 

@@ -21,8 +21,8 @@ from torch import nn
 
 from lantern import REPO_ROOT, checks
 from lantern.errors import ConfigError
-from lantern.files import read_images
 from lantern.metrics.bootstrap import MEAN_RESAMPLES, interval_settings, mean_fields
+from lantern.metrics.features import run_images
 from lantern.models.checkpoint import load_weights
 from lantern.models.world.fashion_mnist import IMAGE_SIZE, NUM_CLASSES, load_split
 
@@ -176,6 +176,6 @@ class PromptFaithfulness:
     def __call__(self, run_dir: Path, prompts: Sequence, labels: Sequence[int] | None) -> dict:
         if self._classifier is None:
             self.check(prompts, labels)
-        predicted = predict(self._classifier, read_images(run_dir, len(prompts)))  # (N,)
+        predicted = predict(self._classifier, run_images(run_dir, len(prompts)).source)  # (N,)
         hits = (predicted == np.asarray(labels)).astype(np.float64)  # (N,) 1 where faithful
         return mean_fields("prompt_accuracy", hits, self.interval_resamples, self.interval_seed)

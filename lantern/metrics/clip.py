@@ -24,8 +24,9 @@ import torch
 
 from lantern import checks
 from lantern.errors import CheckpointError, ConfigError, LanternError
-from lantern.files import note_input, read_images
+from lantern.files import note_input
 from lantern.metrics.bootstrap import MEAN_RESAMPLES, interval_settings, mean_fields
+from lantern.metrics.features import run_images
 from lantern.models.checkpoint import unreadable_reason
 
 CONVENTIONS = {"lantern": ("A photo depicts ", 1.0, False), "torchmetrics": ("", 100.0, True)}
@@ -170,7 +171,7 @@ class CLIPScore:
         return float(CONVENTIONS[self.convention][1] * self.per_prompt(images, captions).mean())
 
     def __call__(self, run_dir: Path, prompts: Sequence, labels: Sequence[int] | None) -> dict:
-        scores = self.per_prompt(read_images(run_dir, len(prompts)), list(prompts))  # (N,)
+        scores = self.per_prompt(run_images(run_dir, len(prompts)).source, list(prompts))  # (N,)
         scale = CONVENTIONS[self.convention][1]
         return {
             **mean_fields("clip_score", scores, self.interval_resamples, self.interval_seed, scale),

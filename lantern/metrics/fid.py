@@ -36,19 +36,20 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 import scipy.linalg
 import torch
-from PIL import Image
 from torch import nn
 from tqdm.auto import tqdm
 
 from lantern import REPO_ROOT, checks
 from lantern.errors import CheckpointError, ConfigError
-from lantern.files import note_input, read_images, write_atomic
+from lantern.files import note_input, write_atomic
+from lantern.metrics import features as shared_features
 from lantern.metrics.bootstrap import SET_RESAMPLES, interval_settings, statistic_fields
+from lantern.metrics.features import ImageSource, as_rgb_batch, iter_batches, list_pngs, read_png
+from lantern.metrics.features import count as count_images
 from lantern.metrics.frechet_bootstrap import ResampledFrechet, significant, symmetric_root
 from lantern.models.devices import resolve_device
 
@@ -62,8 +63,6 @@ FEATURE_NET_ID = "inception-2015-12-05_clean-pil-bicubic-299"
 """Names the network and the preprocessing; part of every cached statistics key."""
 DEFAULT_STATS_DIR = REPO_ROOT / "outputs" / "fid_stats"
 METHODS = ("eigh", "sqrtm")
-
-ImageSource = np.ndarray | str | os.PathLike
 
 
 def inception_path() -> Path:
@@ -109,67 +108,8 @@ def clean_resize(image: np.ndarray) -> np.ndarray:
     return _clean_resizer()(image)
 
 
-def _as_rgb_batch(images: np.ndarray) -> np.ndarray:
-    """Check and normalise an image array to (N, H, W, 3) uint8 (gray (N, H, W[, 1]) is replicated)."""
-    images = np.asarray(images)
-    if images.dtype != np.uint8:
-        raise ConfigError(f"FID images must be uint8 pixels in [0, 255], got dtype {images.dtype}")
-    if images.ndim == 3:
-        images = images[..., None]  # (N, H, W, 1)
-    if images.ndim != 4 or images.shape[-1] not in (1, 3):
-        raise ConfigError(f"FID images must be shaped (N, H, W, 3) (or gray (N, H, W)), got {images.shape}")
-    if images.shape[-1] == 1:
-        images = np.repeat(images, 3, axis=-1)  # (N, H, W, 3)
-    return images
-
-
-def list_pngs(folder: str | os.PathLike) -> list[Path]:
-    """The PNG files under ``folder`` (recursively, like clean-fid), sorted; ConfigError if there are none."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise ConfigError(f"image folder not found: {str(folder)!r}")
-    files = sorted(p for p in folder.rglob("*") if p.suffix.lower() == ".png" and p.is_file())
-    if not files:
-        raise ConfigError(f"no .png images in {str(folder)!r}")
-    return files
-
-
-def _read_png(path: Path) -> np.ndarray:
-    try:
-        with Image.open(path) as image:
-            return np.asarray(image.convert("RGB"))  # (H, W, 3) uint8
-    except OSError as exc:
-        raise ConfigError(f"{str(path)!r} is not a readable image ({exc})") from exc
-
-
-def _count(source: ImageSource) -> int:
-    if isinstance(source, np.ndarray):
-        return len(source)
-    return len(list_pngs(source))
-
-
-def _iter_batches(source: ImageSource, batch_size: int) -> Iterator[Sequence[np.ndarray]]:
-    """Yield batches of (H, W, 3) uint8 images from an array or a PNG folder (read one batch at a time).
-
-    Folder images may differ in size: each is resized on its own, as in clean-fid.
-    """
-    if isinstance(source, np.ndarray):
-        images = _as_rgb_batch(source)
-        for start in range(0, len(images), batch_size):
-            yield images[start : start + batch_size]
-        return
-    files = list_pngs(source)
-    for start in range(0, len(files), batch_size):
-        yield [_read_png(p) for p in files[start : start + batch_size]]
-
-
-class FeatureExtractor(Protocol):
-    """What the statistics cache needs from a feature network."""
-
-    net_id: str
-
-    def features(self, images: ImageSource, batch_size: int = ..., progress: bool = ...) -> np.ndarray:
-        """(N, D) float features of an image array or PNG folder."""
+FeatureExtractor = shared_features.Extractor
+"""What the statistics cache needs from a feature network (a ``net_id`` and ``features``)."""
 
 
 class InceptionFeatures(nn.Module):
@@ -231,10 +171,10 @@ class InceptionFeatures(nn.Module):
         """(N, 2048) float32 features of uint8 (N, H, W, 3) images or a folder of PNGs."""
         if not isinstance(batch_size, int) or batch_size < 1:
             raise checks.refuse("batch_size", batch_size, "an integer >= 1")
-        total = _count(images)
+        total = count_images(images)
         chunks = []
         with tqdm(total=total, desc="FID features", unit="img", disable=not progress, dynamic_ncols=True) as bar:
-            for batch in _iter_batches(images, batch_size):  # B images (H, W, 3) uint8
+            for batch in iter_batches(images, batch_size):  # B images (H, W, 3) uint8
                 resized = np.stack([clean_resize(image) for image in batch])  # (B, 299, 299, 3) float32
                 # A short last batch is padded to the full size: the optimised network is specialised
                 # per input shape, and a new shape costs seconds of re-planning.
@@ -375,26 +315,17 @@ def _source_key_and_fingerprint(name: str, images: ImageSource, feature_net: str
     """The cache key of an image set and a SHA-256 of its pixels (arrays) or file bytes (folders)."""
     if not isinstance(name, str) or not name.strip():
         raise ConfigError(f"reference set name must be a non-empty string, got {name!r}")
-    digest = hashlib.sha256()
     if isinstance(images, np.ndarray):
-        array = np.ascontiguousarray(_as_rgb_batch(images))  # (N, H, W, 3)
-        height, width = array.shape[1:3]
-        count = len(array)
-        digest.update(repr(array.shape).encode())
-        digest.update(array.tobytes())
+        images = as_rgb_batch(images)  # (N, H, W, 3)
+        (height, width), count = images.shape[1:3], len(images)
     else:
         files = list_pngs(images)
-        height, width = _read_png(files[0]).shape[:2]
-        count = len(files)
-        root = Path(images)
-        for path in files:
-            digest.update(str(path.relative_to(root)).encode() + b"\0")
-            digest.update(path.read_bytes())
+        (height, width), count = read_png(files[0]).shape[:2], len(files)
     if height != width:
         raise ConfigError(f"reference images must be square to key their statistics, got {height}x{width}")
     if count < 2:
         raise ConfigError(f"reference set {name!r} needs at least 2 images, got {count}")
-    return StatsKey(name, int(height), feature_net, int(count)), digest.hexdigest()
+    return StatsKey(name, int(height), feature_net, int(count)), shared_features.image_set(images).fingerprint
 
 
 def load_cached_stats(path: str | os.PathLike, key: StatsKey, fingerprint: str | None = None) -> FIDStats | None:
@@ -545,11 +476,45 @@ def image_folder(path: str) -> str:
     return str(path)
 
 
+class SharedInception:
+    """The FID Inception as a lazy extractor: loaded on first use, once per process, path and device.
+
+    FID, KID and IS of a run hold one each and share the network and (through
+    :func:`lantern.metrics.features.features`) the features of every image set.
+    """
+
+    net_id = FEATURE_NET_ID
+
+    def __init__(self, device: str = "cpu", path: str | None = None) -> None:
+        self.device, self.path = device, path
+
+    def network(self) -> InceptionFeatures:
+        """The loaded network (CheckpointError/ConfigError for a missing or altered file)."""
+        device = resolve_device(self.device) if isinstance(self.device, str) else torch.device(self.device)
+        path = Path(self.path) if self.path is not None else inception_path()
+        if self.path is not None and path.is_file():
+            note_input(path, "metric")
+        return shared_features.shared(
+            ("fid-inception", str(path), str(device)), lambda: InceptionFeatures(device, path)
+        )
+
+    def check(self) -> None:
+        """Before the first image: the weights load."""
+        self.network()
+
+    def features(self, images: ImageSource, batch_size: int = 32, progress: bool = True) -> np.ndarray:
+        """(N, 2048) pool features (see :meth:`InceptionFeatures.features`)."""
+        return self.network().features(images, batch_size=batch_size, progress=progress)
+
+
 class FID:
     """FID of the run's images against a reference set, with clean-fid's resize and Inception features.
 
     ``reference`` returns the reference images (uint8 array) or a folder of images; its statistics are
     cached under ``cache_dir`` keyed by ``reference_name``, resolution, feature network and size.
+    ``extractor`` is the feature network (default: :class:`SharedInception` on ``device``; the
+    pytorch-fid variant is :class:`lantern.metrics.pytorch_fid.PytorchFIDInception`), ``method`` the
+    distance's square root (:func:`frechet_distance`).
     ``fid_ci`` resamples the generated features ``interval_resamples`` times against the fixed reference
     statistics (:class:`lantern.metrics.frechet_bootstrap.ResampledFrechet`); None records no interval.
     ``interval_shift`` centres it on the estimate (:func:`lantern.metrics.bootstrap.statistic_fields`).
@@ -566,38 +531,43 @@ class FID:
         interval_resamples: int | None = SET_RESAMPLES,
         interval_seed: int = 0,
         interval_shift: bool = True,
+        extractor: FeatureExtractor | None = None,
+        method: str = "eigh",
     ):
-        self.reference_name, self.reference = reference_name, reference
+        if method not in METHODS:
+            raise checks.refuse("metrics.fid.method", method, "one of " + ", ".join(METHODS))
+        self.reference_name, self.reference, self.method = reference_name, reference, method
         self.interval_shift = checks.flag("metrics.fid.interval_shift", interval_shift)
         self.batch_size, self.cache_dir, self.device, self.progress = batch_size, cache_dir, device, progress
         self.interval_resamples, self.interval_seed = interval_settings(interval_resamples, interval_seed, "fid")
+        self.extractor = SharedInception(device) if extractor is None else extractor
         self._reference = None
 
     def check(self, prompts: Sequence, labels: Sequence[int] | None = None) -> None:
-        """Before the first image: the Inception weights are installed and the reference set is there
-        (a folder must hold PNGs); the reference is kept for :meth:`__call__`."""
-        inception_path()
+        """Before the first image: the feature network loads and the reference set is there (a folder
+        must hold PNGs); the reference is kept for :meth:`__call__`."""
+        if hasattr(self.extractor, "check"):
+            self.extractor.check()
         self._reference = self.reference()
         if not isinstance(self._reference, np.ndarray):
             list_pngs(self._reference)
 
+    def reference_stats(self) -> FIDStats:
+        """The reference set's statistics (cached on disk under ``cache_dir``)."""
+        images = self._reference if self._reference is not None else self.reference()
+        name = f"{self.reference_name}_{len(images)}" if isinstance(images, np.ndarray) else self.reference_name
+        return reference_stats(
+            name, images, self.extractor, self.cache_dir, batch_size=self.batch_size, progress=self.progress
+        )
+
     def __call__(self, run_dir: Path, prompts: Sequence, labels: Sequence[int] | None) -> dict:
         start = time.perf_counter()
-        extractor = InceptionFeatures(self.device)
-        images = read_images(run_dir, len(prompts))
-        reference_images = self._reference if self._reference is not None else self.reference()
-        reference = reference_stats(
-            f"{self.reference_name}_{len(reference_images)}"
-            if isinstance(reference_images, np.ndarray)
-            else self.reference_name,
-            reference_images,
-            extractor,
-            self.cache_dir,
-            batch_size=self.batch_size,
-            progress=self.progress,
-        )
-        features = extractor.features(images, batch_size=self.batch_size, progress=self.progress)  # (N, 2048)
-        value = fid_from_stats(FIDStats.from_features(features), reference)
+        reference = self.reference_stats()
+        generated = shared_features.run_images(run_dir, len(prompts))
+        features = shared_features.features(
+            self.extractor, generated, batch_size=self.batch_size, progress=self.progress
+        )  # (N, D)
+        value = fid_from_stats(FIDStats.from_features(features), reference, self.method)
         resampled = (
             None if self.interval_resamples is None else ResampledFrechet(features, reference.mu, reference.sigma)
         )

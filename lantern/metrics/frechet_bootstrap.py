@@ -41,7 +41,7 @@ class ResampledFrechet:
     """
 
     def __init__(self, features: np.ndarray, mu_ref: np.ndarray, sigma_ref: np.ndarray) -> None:
-        x = torch.from_numpy(np.ascontiguousarray(features, dtype=np.float64))  # (N, D)
+        x = torch.from_numpy(np.array(features, dtype=np.float64))  # (N, D), a writable copy
         if x.ndim != 2 or x.shape[1] != len(mu_ref):
             raise ValueError(f"features {tuple(x.shape)} do not match reference statistics of {len(mu_ref)} dims")
         root = symmetric_root(sigma_ref)  # (D, D)
