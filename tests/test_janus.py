@@ -18,7 +18,7 @@ from lantern.decoding.tree.draft import chain
 from lantern.errors import CheckpointError, ConfigError
 from lantern.models.drafter import Drafter, DrafterConfig
 from lantern.models.janus import hf
-from lantern.models.janus.bundle import JanusBundle
+from lantern.models.janus.bundle import JanusBundle, folder_codebook
 from lantern.models.janus.condition import JanusConditioner, tiny_vocabulary, word_tokenizer
 from lantern.models.janus.model import JanusTarget
 from lantern.models.janus.vq import load_vq, theirs, vq_config
@@ -209,6 +209,8 @@ def test_folders_load_strictly_by_their_own_names(pair, tmp_path):
         ours.model.generation_head.vision_head.weight, reference.model.generation_head.vision_head.weight
     )
     assert set(vq) == {k[len(hf.VQ_PREFIX) :] for k in reference.state_dict() if k.startswith(hf.VQ_PREFIX)}
+    # LANTERN's neighbour tables read the codebook alone, from the shard the index names.
+    assert torch.equal(folder_codebook(folder), reference.model.vqmodel.quantize.embedding.weight)
     broken = tmp_path / "broken"
     broken.mkdir()
     for path in folder.iterdir():
