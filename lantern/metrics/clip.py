@@ -44,7 +44,9 @@ def _quiet() -> Iterator[None]:
         root.setLevel(level)
 
 
-def _load(model: str, pretrained: str, model_config: str | None, device: str):
+def register_config(model: str, model_config: str | None) -> None:
+    """Register ``model_config`` (a JSON named ``<model>.json``) with open_clip; ConfigError unless
+    ``model`` is then an open_clip architecture. The file is noted as an input."""
     import open_clip
 
     if model_config is not None:
@@ -56,8 +58,15 @@ def _load(model: str, pretrained: str, model_config: str | None, device: str):
                 f"set the model name to the file's stem or name the file {model}.json"
             )
         open_clip.add_model_config(model_config)
+        note_input(model_config, "metric")
     if model not in open_clip.list_models():
-        raise ConfigError(f"unknown open_clip model {model!r} (register its JSON with metrics.clip.model_config=FILE)")
+        raise ConfigError(f"unknown open_clip model {model!r} (register its JSON with model_config=FILE)")
+
+
+def _load(model: str, pretrained: str, model_config: str | None, device: str):
+    import open_clip
+
+    register_config(model, model_config)
     local = pretrained[len("local-dir:") :] if pretrained.startswith("local-dir:") else pretrained
     if not os.path.exists(local):
         raise ConfigError(
@@ -68,8 +77,6 @@ def _load(model: str, pretrained: str, model_config: str | None, device: str):
         clip, _, preprocess = open_clip.create_model_and_transforms(model, pretrained=pretrained, device=device)
         tokenizer = open_clip.get_tokenizer(model)
     note_input(local, "metric")
-    if model_config is not None:
-        note_input(model_config, "metric")
     return clip.eval(), preprocess, tokenizer
 
 

@@ -114,8 +114,8 @@ class VGG16Features:
 
 def distances(a: np.ndarray, b: np.ndarray) -> torch.Tensor:
     """(Na, Nb) float64 Euclidean distances between rows of ``a`` (Na, D) and ``b`` (Nb, D)."""
-    x = torch.from_numpy(np.asarray(a, dtype=np.float64))
-    y = torch.from_numpy(np.asarray(b, dtype=np.float64))
+    x = torch.from_numpy(np.array(a, dtype=np.float64))  # copies: shared feature arrays are read-only
+    y = torch.from_numpy(np.array(b, dtype=np.float64))
     return torch.cdist(x, y)
 
 
