@@ -37,6 +37,10 @@ def smoke_overrides(experiment: str, folder: Path) -> list[str]:
     """What an experiment needs to run on the embedded world (checkpoints and data it names are not here)."""
     if experiment == "paper_table_llamagen_coco":
         return ["model=fashion_t2i", f"prompts.path={coco_captions_file(folder)}", "draft=chain"]
+    if experiment == "lantern_table2":  # its protocol's metrics need the 10k reference; the smoke run has none
+        return ["protocol=none"]
+    if experiment == "lantern_table2_latency":  # the speed part pins warm-up 1; the smoke run has none
+        return ["protocol.speed.warmup=0"]
     return []
 
 
@@ -48,7 +52,15 @@ def smoke_overrides(experiment: str, folder: Path) -> list[str]:
         # and built by the fast test below, and the COCO metrics run in the fast test further down; the
         # whole sweeps are in the slow suite.
         pytest.param(e, marks=pytest.mark.slow)
-        if e in ("paper_table", "peers", "paper_table_latency", "paper_table_llamagen_coco")
+        if e
+        in (
+            "paper_table",
+            "peers",
+            "paper_table_latency",
+            "paper_table_llamagen_coco",
+            "lantern_table2",
+            "lantern_table2_latency",
+        )
         else e
         for e in EXPERIMENTS
     ],

@@ -281,8 +281,9 @@ def build_table(records: list[RunRecord], latency: list[RunRecord] | None = None
                 "_order": (settings.order(), record.run_dir),
             }
         )
-    notes += significance_notes(records, runs, rows)
-    rows.sort(key=lambda row: _sortable(row["_order"]))
+    ordered = sorted(zip(records, rows, strict=True), key=lambda pair: _sortable(pair[1]["_order"]))
+    notes += significance_notes(runs, ordered)
+    rows = [row for _, row in ordered]
     for row in rows:
         del row["_order"]
     return Table(rows=rows, notes=notes + protocol_notes(records) + input_notes(records))
@@ -298,11 +299,12 @@ def quality_cells(record: RunRecord) -> dict:
     return cells
 
 
-def significance_notes(records: list[RunRecord], runs: _Runs, rows: list[dict]) -> list[str]:
-    """For each row with an AR run of the same setting (protocol included): the quality figures whose
-    difference from AR's lies within the two intervals (they overlap), marked as not significant."""
+def significance_notes(runs: _Runs, ordered: list[tuple[RunRecord, dict]]) -> list[str]:
+    """For each (record, row) with an AR run of the same setting (protocol included), in table order: the
+    quality figures whose difference from AR's lies within the two intervals (they overlap), marked as not
+    significant."""
     lines = []
-    for record, row in zip(records, rows, strict=True):
+    for record, row in ordered:
         if runs.settings[id(record)].baseline:
             continue
         baseline, _ = runs.baseline_for(record)
