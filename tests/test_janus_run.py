@@ -135,5 +135,7 @@ def test_a_folder_of_another_size_or_a_missing_drafter_is_refused_before_any_rea
     target = {"image_size": 16, "cls_token_num": 24, "architecture": {"n_layer": 24, "dim": 2048}}
     with pytest.raises(CheckpointError, match="has n_layer=2, but this preset is for n_layer=24"):
         load_bundle("janus_pro_1b", str(janus_folder), target)
+    with pytest.raises(ConfigError, match="architecture.layers=24: expected a size named one of n_layer"):
+        load_bundle("janus_pro_1b", str(janus_folder), dict(target, architecture={"layers": 24}))
     with pytest.raises(ConfigError, match="no drafter checkpoint given"):
         load_drafter(None, str(janus_folder), target)

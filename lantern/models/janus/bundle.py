@@ -136,8 +136,14 @@ def random_bundle(
 
 
 def _check_architecture(config: JanusConfig, architecture: Mapping | None, folder: str) -> None:
+    """CheckpointError unless the folder's config has the preset's ``architecture`` sizes."""
+    known = ("n_layer", "n_head", "n_kv_head", "dim", "ffn_hidden", "num_codes", "code_dim", "text_vocab_size")
     for key, want in dict(architecture or {}).items():
-        have = getattr(config, key, None)
+        if key not in known:
+            raise checks.refuse(
+                f"model.bundle.target.architecture.{key}", want, f"a size named one of {', '.join(known)}"
+            )
+        have = getattr(config, key)
         if have != want:
             raise CheckpointError(
                 f"HF folder {folder!r} has {key}={checks.shown(have)}, but this preset is for {key}={checks.shown(want)}"
