@@ -128,7 +128,7 @@ def test_bad_janus_input_is_one_error_line_exit_2_and_writes_nothing(tmp_path, j
         assert not out.exists()
 
 
-def test_a_folder_of_another_size_or_a_missing_drafter_is_refused_before_any_read(janus_folder):
+def test_a_folder_of_another_size_or_a_missing_drafter_is_refused_before_any_read(janus_folder, tmp_path):
     from lantern.errors import CheckpointError, ConfigError
     from lantern.models.janus.bundle import load_bundle, load_drafter
 
@@ -139,3 +139,13 @@ def test_a_folder_of_another_size_or_a_missing_drafter_is_refused_before_any_rea
         load_bundle("janus_pro_1b", str(janus_folder), dict(target, architecture={"layers": 24}))
     with pytest.raises(ConfigError, match="no drafter checkpoint given"):
         load_drafter(None, str(janus_folder), target)
+    # A drafter exported for the folder's target loads for the preset (its sizes read from the folder alone).
+    from test_janus import load
+
+    from lantern.models.drafter import Drafter, DrafterConfig, save_drafter_folder
+
+    model, _ = load(janus_folder)
+    drafter = Drafter(DrafterConfig(model.config))
+    folder = save_drafter_folder(drafter, drafter.config.arch.folder_embeddings(model), tmp_path / "drafter")
+    target = dict(target, architecture=None)
+    assert load_drafter(str(folder), str(janus_folder), target).config == drafter.config
