@@ -50,8 +50,11 @@ def test_greedy_eagle_and_sjd_write_greedy_ars_pngs_on_tiny_random_janus(tmp_pat
 
 
 @pytest.mark.slow
-def test_greedy_dynamic_tree_writes_greedy_ars_pngs_on_tiny_random_janus(tmp_path):
-    greedy_runs(tmp_path, {"eagle_dynamic": ("decoding=eagle", "draft=dynamic_tree")})
+def test_greedy_dynamic_tree_and_full_width_zipar_write_greedy_ars_pngs_on_tiny_random_janus(tmp_path):
+    # ZipAR at window = grid width (8) is raster AR: its row-start masks meet the remapped positions too.
+    greedy_runs(
+        tmp_path, {"eagle_dynamic": ("decoding=eagle", "draft=dynamic_tree"), "zipar": ("decoding=zipar", "window=8")}
+    )
 
 
 def sampled(tmp_path, decodings: tuple[tuple[str, ...], ...], least: float) -> None:
