@@ -2,8 +2,10 @@
 
 * ``lantern`` (LANTERN / LlamaGen papers): captions prefixed with "A photo depicts ", score = mean cosine
   of the image and text embeddings (about 0.3 for good samples), OpenAI ViT-B/32.
-* ``torchmetrics`` (SJD and torchmetrics' ``CLIPScore``): plain captions, score = mean of
-  ``100 * max(cosine, 0)``.
+* ``torchmetrics`` (SJD and torchmetrics' ``CLIPScore``) on open_clip weights: plain captions, score =
+  ``max(mean(100 * cosine), 0)``, torchmetrics 1.9's formula (it clamps the mean, not each image). The SJD
+  protocol itself scores through torchmetrics with an HF CLIPModel:
+  :class:`lantern.metrics.clip_torchmetrics.TorchmetricsCLIPScore`.
 
 Weights are never downloaded: ``pretrained`` is a local open_clip weights file or ``local-dir:FOLDER``.
 ``model_config`` optionally registers an open_clip architecture from a JSON file first (for small CLIPs
@@ -163,25 +165,32 @@ class CLIPScore:
         self.load()
 
     def per_prompt(self, images: np.ndarray, captions: Sequence[str]) -> np.ndarray:
-        """Unscaled score (N,) of each uint8 (N, H, W, 3) image against its caption (cosine, clamped at 0
-        under the torchmetrics convention); the figure is ``scale * mean``."""
+        """Cosine (N,) of each uint8 (N, H, W, 3) image with its (prefixed) caption; the figure is
+        ``scale * mean``, clamped at 0 under the torchmetrics convention."""
         _check_captions(captions)
-        prefix, _, clamp = CONVENTIONS[self.convention]
+        prefix = CONVENTIONS[self.convention][0]
         clip, preprocess, tokenizer = self.load()
-        cosines = clip_cosines(
+        return clip_cosines(
             clip, preprocess, tokenizer, images, [prefix + c for c in captions], self.batch_size, self.device
         )
-        return np.maximum(cosines, 0.0) if clamp else cosines
+
+    def figure(self, scores: np.ndarray) -> float:
+        """The convention's figure of per-prompt cosines (N,)."""
+        _, scale, clamp = CONVENTIONS[self.convention]
+        value = float(scale * np.mean(scores))
+        return max(value, 0.0) if clamp else value
 
     def score(self, images: np.ndarray, captions: Sequence[str]) -> float:
         """Mean score of uint8 (N, H, W, 3) images against their captions."""
-        return float(CONVENTIONS[self.convention][1] * self.per_prompt(images, captions).mean())
+        return self.figure(self.per_prompt(images, captions))
 
     def __call__(self, run_dir: Path, prompts: Sequence, labels: Sequence[int] | None) -> dict:
         scores = self.per_prompt(run_images(run_dir, len(prompts)).source, list(prompts))  # (N,)
-        scale = CONVENTIONS[self.convention][1]
+        fields = mean_fields("clip_score", scores, self.interval_resamples, self.interval_seed,
+                             CONVENTIONS[self.convention][1])  # fmt: skip
         return {
-            **mean_fields("clip_score", scores, self.interval_resamples, self.interval_seed, scale),
+            **fields,
+            "clip_score": self.figure(scores),
             "clip_convention": self.convention,
             "clip_model": self.model,
         }
