@@ -88,7 +88,7 @@ def _lantern_reference_features(weights, images: np.ndarray) -> np.ndarray:
         return model.classifier[:4](model.features(batch).view(-1, 7 * 7 * 512)).numpy()
 
 
-def test_vgg_features_are_lanterns_fc2_and_torch_fidelitys_fc2_relu(vgg_weights):
+def test_vgg_features_are_lanterns_fc2(vgg_weights):
     images = np.random.default_rng(0).integers(0, 256, (3, 32, 32, 3), dtype=np.uint8)
     ours = VGG16Features(str(vgg_weights)).features(images, batch_size=2, progress=False)  # (3, 4096)
     expected = _lantern_reference_features(vgg_weights, images)
@@ -98,6 +98,9 @@ def test_vgg_features_are_lanterns_fc2_and_torch_fidelitys_fc2_relu(vgg_weights)
     wrong_resize = _lantern_reference_features(vgg_weights, nearest)
     assert np.abs(wrong_resize - expected).max() > 100 * np.abs(ours - expected).max()
 
+
+@pytest.mark.slow
+def test_fc2_relu_features_equal_torch_fidelitys_extractor(vgg_weights):
     fidelity = pytest.importorskip("torch_fidelity.feature_extractor_vgg16")
     big = np.random.default_rng(1).integers(0, 256, (2, 224, 224, 3), dtype=np.uint8)  # no resize on either side
     theirs_net = fidelity.FeatureExtractorVGG16("vgg16", ["fc2_relu"], feature_extractor_weights_path=str(vgg_weights))
