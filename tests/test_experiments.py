@@ -92,12 +92,14 @@ def test_every_experiment_smoke_runs_and_writes_its_table(tmp_path, experiment):
 
 
 def test_world_metrics_land_in_the_record(tmp_path):
+    """The world protocol's run: its metrics (recomputed here), their intervals, the protocol in the record and
+    the table (one run for all of it: a run.py process with FID costs ~20 s)."""
     out = tmp_path / "run"
     proc = subprocess.run(
         [
             sys.executable,
             "run.py",
-            "metrics=world",
+            "protocol=world",
             "num_images=4",
             "batch_size=4",
             "warmup=0",
@@ -125,6 +127,19 @@ def test_world_metrics_land_in_the_record(tmp_path):
     captions = [metrics["distinct_prompts"][row["prompt_id"]] for row in metrics["per_image"]]
     assert metrics["clip_score"] == pytest.approx(world_clip_score(images, captions), abs=1e-4)
     assert metrics["clip_score"] != pytest.approx(world_clip_score(images, captions[1:] + captions[:1]), abs=1e-4)
+    # The protocol: named, a subset of its 1,000 prompts, every quality figure inside its interval, shown by the table.
+    from lantern.metrics.protocol import prompt_list_sha256
+    from lantern.results.render import make_tables
+    from lantern.run.prompts import fashion_prompts
+
+    assert metrics["protocol"] == "world" and metrics["protocol_subset"] is True and metrics["schema_version"] == 3
+    assert metrics["protocol_inputs"]["prompts"] == prompt_list_sha256(fashion_prompts(1000).items)
+    for name in ("fid", "clip_score", "prompt_accuracy"):
+        interval = metrics[f"{name}_ci"]
+        assert interval["lo"] <= metrics[name] <= interval["hi"] and interval["resamples"] >= 2
+    _, paths = make_tables([str(out)], out=str(tmp_path / "table"))
+    text = paths["md"].read_text()
+    assert f"{metrics['fid']:.2f} ± " in text and "world (subset)" in text and "bootstrap" in text
 
 
 def run_images(folder: Path, count: int) -> np.ndarray:
