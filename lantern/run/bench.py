@@ -183,7 +183,8 @@ def bench_setting(name: str, base: list[str], rows, args) -> list[dict]:
             stats = {k: sum(r.stats[k] for r in results[label]) for k in results[label][0].stats}
             phases = {k.removesuffix("_time_s"): v for k, v in stats.items() if k.endswith("_time_s")}
             if phases:  # eager runs time each phase (compiled steps are timed as a whole)
-                record["drafter_share"] = phases["drafter"] / max(1e-12, sum(phases.values()))
+                if "drafter" in phases:  # tree decoders; VVS times its step kinds instead
+                    record["drafter_share"] = phases["drafter"] / max(1e-12, sum(phases.values()))
                 record["phase_ms_per_step"] = {k: 1000 * v / steps for k, v in phases.items() if k != "prefill"}
                 outside = sum(v for k, v in record["phase_ms_per_step"].items() if k != "target")
                 record["outside_target_ar_steps"] = outside / ar_token_ms  # drafter + walk + advance per step
