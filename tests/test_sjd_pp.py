@@ -157,6 +157,7 @@ def test_greedy_sjd_pp_pngs_equal_greedy_ar_on_the_world(tmp_path):
     assert metrics["tv_realised_max"] == 0.0
 
 
+@pytest.mark.slow  # ~8 s through run.py; the in-process tests cover the TV bookkeeping
 def test_sampled_sjd_pp_records_its_realised_tv_on_the_world(tmp_path):
     metrics, _ = run_images(tmp_path, "pp", "decoding=sjd_pp")
     assert metrics["acceptance"] == "sjd_pp" and metrics["sjd_pp_threshold"] == 0.5 and metrics["window"] == 16
