@@ -122,6 +122,8 @@ def test_coco_protocol_reads_its_stand_in_files_and_refuses_another_resolution(t
         *(f"model.{key}=unused" for key in ("gpt_ckpt", "vq_ckpt", "text_encoder_path")),  # nothing is built
         f"prompts.path={captions}",
         f"metrics.fid.reference.path={reference}",
+        f"metrics.precision_recall.weights={clip}",  # stand-ins: the check hashes files, it loads none
+        f"metrics.hps.checkpoint={clip}",
         f"metrics.clip.pretrained={clip}",
         "protocol.metrics.clip.sha256=null",  # the stand-in is not OpenAI's file
     ]
@@ -131,6 +133,7 @@ def test_coco_protocol_reads_its_stand_in_files_and_refuses_another_resolution(t
     longest = [f"a photo of thing {i} indeed" for i in range(4)]  # the longest caption per image, image id order
     assert fields["protocol_inputs"]["prompts"] == prompt_list_sha256(longest)
     assert fields["protocol_inputs"]["clip"] == sha256_file(clip) and fields["protocol_subset"] is False
+    assert set(fields["protocol_inputs"]) == {"prompts", "clip", "precision_recall", "hps", "reference"}
     (tmp_path / "small").mkdir()
     _, small, _ = coco_files(tmp_path / "small", size=32)
     with pytest.raises(ConfigError, match="holds 32x32 images .* protocol lantern_coco17_5k compares at 256x256"):
@@ -206,3 +209,34 @@ def test_every_model_preset_states_its_image_size(model):
         cfg = compose("config", overrides=[f"model={model}"])
     size = OmegaConf.select(cfg, "model.image_size")  # what a protocol's image.size is compared with
     assert isinstance(size, int) and size % 16 == 0, size
+
+
+def test_each_coco_and_parti_preset_reads_what_it_pins_from_stand_in_files(tmp_path):
+    captions, reference, weights = coco_files(tmp_path, size=768)
+    (tmp_path / "256").mkdir()
+    _, reference256, _ = coco_files(tmp_path / "256", size=256)
+    parti = tmp_path / "PartiPrompts.tsv"
+    parti.write_text("Prompt\tCategory\n" + "".join(f"a parti prompt {i}\tAnimals\n" for i in range(5)))
+    small = ["protocol.prompts.count=4", "protocol.speed.prompts=4", "num_images=4"]
+    unbuilt = [f"model.{key}=unused" for key in ("gpt_ckpt", "vq_ckpt", "text_encoder_path")]
+    cases = {
+        "sjd_coco17_5k": (
+            ["model=llamagen_t2i_xl_512", "model.bundle.gpt.image_size=768", *unbuilt, f"prompts.path={captions}"]
+            + [f"metrics.fid.reference.path={reference}", f"metrics.fid.extractor.weights={weights}"]
+            + [f"metrics.clip.folder={tmp_path / '256'}"],
+            {"prompts", "fid", "clip", "reference"},
+        ),
+        "llamagen_coco14_30k": (
+            ["model=llamagen_t2i_xl_256", *unbuilt, f"prompts.path={captions}"]
+            + [f"metrics.fid.reference.path={reference256}"],
+            {"prompts", "reference"},
+        ),
+        "parti": (
+            ["model=llamagen_t2i_xl_256", *unbuilt, f"prompts.path={parti}", f"metrics.clip.pretrained={weights}"]
+            + ["protocol.metrics.clip.sha256=null"],
+            {"prompts", "clip"},
+        ),
+    }
+    for name, (overrides, read) in cases.items():
+        fields = checked(f"protocol={name}", *overrides, *small)
+        assert fields["protocol"] == name and set(fields["protocol_inputs"]) == read, (name, fields)
