@@ -105,6 +105,7 @@ def test_world_metrics_land_in_the_record(tmp_path):
             "batch_size=4",
             "warmup=0",
             "metrics.fid.reference.count=64",
+            "protocol.reference.count=64",  # the protocol's pin follows (the record's protocol hash then differs)
             f"metrics.fid.cache_dir={tmp_path / 'fid'}",
             "wandb.mode=disabled",
             f"hydra.run.dir={out}",

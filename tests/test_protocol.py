@@ -94,6 +94,7 @@ def test_world_protocol_pins_its_prompts_weights_and_reference():
         (["~metrics.faithfulness"], "protocol world measures 'faithfulness' but metrics.faithfulness is not"),
         (["metrics.clip._target_=lantern.metrics.fid.FID"], "metrics.clip is 'lantern.metrics.fid.FID'"),
         (["model.bundle.gpt.image_size=64"], "makes 64 px images; protocol world pins 32 px"),
+        (["metrics.fid.reference.count=64"], "reference.count=64: protocol world compares with all 10000 reference"),
         (["~protocol.speed"], "protocol world: the preset gives no 'speed'"),
         (["~protocol.prompts.sha256"], "gives no 'prompts.sha256'"),
     ],
@@ -126,6 +127,7 @@ def test_coco_protocol_reads_its_stand_in_files_and_refuses_another_resolution(t
         f"metrics.hps.checkpoint={clip}",
         f"metrics.clip.pretrained={clip}",
         "protocol.metrics.clip.sha256=null",  # the stand-in is not OpenAI's file
+        "protocol.reference.count=3",  # the stand-in folder's images
     ]
     with pytest.raises(ConfigError, match="hold 6 prompts; protocol lantern_coco17_5k pins 5000"):
         checked(*base)
@@ -153,6 +155,8 @@ def test_coco_protocol_reads_its_stand_in_files_and_refuses_another_resolution(t
             "metrics.fid.reference_name=coco2014_val_256",
         )
     with pytest.raises(ConfigError, match="pins 40d365715913c9da"):  # the real pin refuses the stand-in weights
+        checked(*base[:-2], "protocol.prompts.count=4", "protocol.speed.prompts=4", "num_images=4")
+    with pytest.raises(ConfigError, match="holds 3 images; protocol lantern_coco17_5k compares with 5000"):
         checked(*base[:-1], "protocol.prompts.count=4", "protocol.speed.prompts=4", "num_images=4")
 
 
@@ -223,7 +227,7 @@ def test_each_coco_and_parti_preset_reads_what_it_pins_from_stand_in_files(tmp_p
         "sjd_coco17_5k": (
             ["model=llamagen_t2i_xl_512", "model.bundle.gpt.image_size=768", *unbuilt, f"prompts.path={captions}"]
             + [f"metrics.fid.reference.path={reference}", f"metrics.fid.extractor.weights={weights}"]
-            + [f"metrics.clip.folder={tmp_path / '256'}"],
+            + [f"metrics.clip.folder={tmp_path / '256'}", "protocol.reference.count=3"],
             {"prompts", "fid", "clip", "reference"},
         ),
         "llamagen_coco14_30k": (

@@ -33,7 +33,7 @@ FIELDS = {
     "name": None,
     "description": None,
     "prompts": ("source", "selection", "count", "order", "sha256"),
-    "reference": ("name", "source", "preprocessing", "resolution", "path", "sha256"),  # path: a folder or file
+    "reference": ("name", "source", "preprocessing", "resolution", "count", "path", "sha256"),  # path: a folder or file
     "metrics": None,  # name -> {implementation, weights, sha256}
     "image": ("size", "resize"),
     "seeds": ("seed", "per_sample"),
@@ -199,10 +199,15 @@ class Protocol:
                 raise ConfigError(
                     f"metrics.fid.reference_name={configured!r}: protocol {name} compares with {reference['name']!r}"
                 )
+            count, taken = reference["count"], select(config, "metrics.fid.reference.count")
+            if count is not None and taken is not None and taken != count:  # a shipped set cut short
+                raise ConfigError(
+                    f"metrics.fid.reference.count={taken!r}: protocol {name} compares with all {count} reference images"
+                )
             if reference["path"] is not None:  # the FID reference folder (interpolated) or the shipped file
                 path = _path_of(reference["path"])
                 seen["reference"] = self._file("the FID reference", path, reference["sha256"], "fid reference")
-                _check_resolution("the FID reference", path, reference["resolution"], name)
+                _check_folder("the FID reference", path, reference["resolution"], count, name)
         return {
             "protocol": name,
             "protocol_sha256": self.sha256(),
@@ -224,14 +229,18 @@ class Protocol:
             raise ConfigError(f"the speed part of protocol {name} measures no quality: set metrics=none")
 
 
-def _check_resolution(key: str, path, resolution: int, name: str) -> None:
-    """A reference folder's first image has the protocol's resolution (another protocol's folder is refused)."""
+def _check_folder(key: str, path, resolution: int, count: int | None, name: str) -> None:
+    """A reference folder holds the protocol's number of images, the first at its resolution (another
+    protocol's folder is refused)."""
     folder = Path(str(path))
     if not folder.is_dir():
         return
-    first = next((p for p in sorted(folder.iterdir()) if p.suffix.lower() in (".png", ".jpg", ".jpeg")), None)
-    if first is None:
+    images = sorted(p for p in folder.iterdir() if p.suffix.lower() in (".png", ".jpg", ".jpeg"))
+    if not images:
         raise ConfigError(f"{key}={str(path)!r} holds no images")
+    if count is not None and len(images) != count:
+        raise ConfigError(f"{key}={str(path)!r} holds {len(images)} images; protocol {name} compares with {count}")
+    first = images[0]
     from PIL import Image
 
     with Image.open(first) as image:
