@@ -4,8 +4,9 @@ from conftest import read_layout
 
 from lantern.errors import CheckpointError, ConfigError
 from lantern.models.checkpoint import load_weights
-from lantern.models.llamagen.gpt import Transformer, gpt_config, prefix_causal_mask
+from lantern.models.llamagen.gpt import Transformer, gpt_config
 from lantern.models.llamagen.rope import rope_table_2d
+from lantern.models.target import prefix_causal_mask
 
 
 def layout_of(model):

@@ -13,8 +13,9 @@ from lantern.errors import ConfigError
 from lantern.models.condition import ClassConditioner, TextConditioner
 from lantern.models.drafter import Drafter, DrafterConfig
 from lantern.models.kv_cache import KVCache
-from lantern.models.llamagen.gpt import Transformer, gpt_config, prefix_causal_mask
+from lantern.models.llamagen.gpt import Transformer, gpt_config
 from lantern.models.sampling import SamplingConfig, guided_logits, probabilities
+from lantern.models.target import prefix_causal_mask
 from lantern.rng import keys_tensor
 from lantern.rules.exact import ExactDeterministic, ExactSampled, ExactTest
 from lantern.rules.factory import lantern, lantern_pp

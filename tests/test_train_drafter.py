@@ -8,7 +8,8 @@ from lantern.errors import CheckpointError, ConfigError
 from lantern.models.condition import Condition
 from lantern.models.drafter import VOCAB_KEY, Drafter, DrafterConfig, drafter_metadata, load_drafter
 from lantern.models.kv_cache import NoCache
-from lantern.models.llamagen.gpt import Transformer, gpt_config, prefix_causal_mask
+from lantern.models.llamagen.gpt import Transformer, gpt_config
+from lantern.models.target import prefix_causal_mask
 from lantern.training.drafter import FeatureObjective, evaluate_features
 from lantern.training.drafter_data import module_digest
 from lantern.training.drafter_features import null_rows, teacher_features

@@ -14,6 +14,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from lantern.models.kv_cache import NoCache
+
 
 class TargetShape(Protocol):
     """The shape facts a decoder reads from ``model.config``."""
@@ -89,3 +91,56 @@ def prefix_causal_mask(cond_mask: torch.Tensor, length: int) -> torch.Tensor:
     mask = causal[None] & columns[:, None, :]
     mask |= torch.eye(length, dtype=torch.bool, device=device)[None]
     return mask.unsqueeze(1)
+
+
+class EmbeddingsTarget:
+    """The protocol's methods that every family writes the same way over its own ``forward_embeddings``,
+    ``embed_tokens`` and ``head``: prefill, feeding tokens, and the teacher-forced passes of training and checks.
+    A family's target inherits them (before ``nn.Module``) and supplies those three and ``new_cache``."""
+
+    def prefill(self, cond_emb: torch.Tensor, mask: torch.Tensor, cache) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the condition (B, T, D) into cache slots ``0..T-1`` under ``mask`` (B, 1, T, L).
+
+        Returns the fp32 logits (B, V) and the hidden state (B, D) at the last condition position, which
+        predict image token 0.
+        """
+        batch, seq = cond_emb.shape[:2]
+        index = torch.arange(seq, device=cond_emb.device)
+        hidden = self.forward_embeddings(cond_emb, index, index.expand(batch, seq), mask, cache)[:, -1]
+        return self.head(hidden), hidden
+
+    def forward_tokens(
+        self, tokens, positions, slots, mask, cache, taps: tuple[int, ...] = ()
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed image tokens (B, S) at ``positions`` and ``slots``; return logits (B, S, V) and features.
+
+        See the family's ``forward_embeddings`` for the arguments. Tree verification passes depth-based
+        positions and a tree mask; plain decoding passes one token with a causal row. The logits always
+        come from the final-norm state; the features are that state (B, S, D) without ``taps``, else the
+        tapped layers' inputs (B, S, len(taps) * D), so a drafter's caller reads one tensor either way.
+        """
+        states = self.forward_embeddings(self.embed_tokens(tokens), positions, slots, mask, cache, taps)
+        hidden, features = states if taps else (states, states)
+        return self.head(hidden), features
+
+    def teacher_hidden(
+        self, cond_emb: torch.Tensor, tokens: torch.Tensor, cond_mask: torch.Tensor, taps: tuple[int, ...] = ()
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Teacher-forced pass without a cache over condition (B, T, D) then tokens (B, N).
+
+        Returns the final-norm hidden states of every position, (B, T + N - 1, D); the last image
+        token is not fed. Drafter training reads the condition positions too. With ``taps`` it returns
+        ``(hidden, features)``, features (B, T + N - 1, len(taps) * D) as ``forward_embeddings`` taps them.
+        """
+        x = torch.cat([cond_emb, self.embed_tokens(tokens[:, :-1])], dim=1)  # (B, T + N - 1, D)
+        seq = x.shape[1]
+        positions = torch.arange(seq, device=x.device)
+        mask = prefix_causal_mask(cond_mask, seq)
+        return self.forward_embeddings(x, positions, positions.expand(x.shape[0], seq), mask, NoCache(), taps)
+
+    def forward_teacher(self, cond_emb: torch.Tensor, tokens: torch.Tensor, cond_mask: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced hidden states (B, N, D) where row ``n`` predicts image token ``n``.
+
+        The last condition position predicts token 0; see :meth:`teacher_hidden`.
+        """
+        return self.teacher_hidden(cond_emb, tokens, cond_mask)[:, cond_emb.shape[1] - 1 :]

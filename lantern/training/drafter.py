@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from lantern.models.drafter import Drafter
 from lantern.models.kv_cache import NoCache
-from lantern.models.llamagen.gpt import prefix_causal_mask
+from lantern.models.target import prefix_causal_mask
 from lantern.training.shards import ShardStore
 
 FEATURE_NAMES = ["hidden", "cond", "mask", "codes"]

@@ -46,8 +46,8 @@ from torch import nn
 
 from lantern import checks
 from lantern.errors import CheckpointError, ConfigError
-from lantern.models.kv_cache import KVCache, NoCache
-from lantern.models.target import prefix_causal_mask
+from lantern.models.kv_cache import KVCache
+from lantern.models.target import EmbeddingsTarget
 
 QK_NORM_EPS = 1e-5  # transformers' ChameleonLayerNorm ignores the config's eps
 ARCHITECTURE = "ChameleonForConditionalGeneration"
@@ -272,7 +272,7 @@ def _inv_freq(config: ChameleonConfig) -> torch.Tensor:
     return 1.0 / (config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float) / hd))  # (hd/2,) fp32
 
 
-class ChameleonTarget(nn.Module):
+class ChameleonTarget(EmbeddingsTarget, nn.Module):
     """A Chameleon decoder over image codes; no I/O here (see :mod:`lantern.models.chameleon.hf`).
 
     Sequence layout as every target: condition slots ``0 .. T-1`` hold the left-padded prompt context
@@ -355,44 +355,12 @@ class ChameleonTarget(nn.Module):
         return self.lm_head(hidden).float()
 
     # ----- decoding -----------------------------------------------------------------------------
-    def prefill(self, cond_emb: torch.Tensor, mask: torch.Tensor, cache) -> tuple[torch.Tensor, torch.Tensor]:
-        """The condition (B, T, D) into slots ``0..T-1`` under ``mask`` (B, 1, T, L); logits (B, K) and the
-        hidden state (B, D) at the image-start slot, which predict image token 0."""
-        batch, seq = cond_emb.shape[:2]
-        index = torch.arange(seq, device=cond_emb.device)
-        hidden = self.forward_embeddings(cond_emb, index, index.expand(batch, seq), mask, cache)[:, -1]
-        return self.head(hidden), hidden
-
-    def forward_tokens(
-        self, tokens, positions, slots, mask, cache, taps: tuple[int, ...] = ()
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Image codes (B, S) -> fp32 logits (B, S, K) and features (see :meth:`forward_embeddings`)."""
-        states = self.forward_embeddings(self.embed_tokens(tokens), positions, slots, mask, cache, taps)
-        hidden, features = states if taps else (states, states)
-        return self.head(hidden), features
-
     def new_cache(self, batch: int, max_len: int | None = None) -> ChameleonCache:
         cfg = self.config
         weight = self.model.embed_tokens.weight
         return ChameleonCache.allocate(
             cfg.n_layer, batch, cfg.n_kv_head, max_len or cfg.max_seq_len, cfg.head_dim, weight.dtype, weight.device
         )
-
-    # ----- training / checks --------------------------------------------------------------------
-    def teacher_hidden(
-        self, cond_emb: torch.Tensor, tokens: torch.Tensor, cond_mask: torch.Tensor, taps: tuple[int, ...] = ()
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Teacher-forced final-norm states of condition (B, T, D) then codes (B, N) without the last code:
-        (B, T + N - 1, D) (or ``(hidden, features)`` with ``taps``)."""
-        x = torch.cat([cond_emb, self.embed_tokens(tokens[:, :-1])], dim=1)  # (B, T + N - 1, D)
-        seq = x.shape[1]
-        positions = torch.arange(seq, device=x.device)
-        mask = prefix_causal_mask(cond_mask, seq)
-        return self.forward_embeddings(x, positions, positions.expand(x.shape[0], seq), mask, NoCache(), taps)
-
-    def forward_teacher(self, cond_emb: torch.Tensor, tokens: torch.Tensor, cond_mask: torch.Tensor) -> torch.Tensor:
-        """Teacher-forced states (B, N, D), row ``n`` predicting code ``n``."""
-        return self.teacher_hidden(cond_emb, tokens, cond_mask)[:, cond_emb.shape[1] - 1 :]
 
 
 def _check_taps(taps, n_layer: int) -> tuple[int, ...]:

@@ -16,9 +16,9 @@ from torch import nn
 
 from lantern import checks
 from lantern.errors import ConfigError
-from lantern.models.kv_cache import KVCache, NoCache
+from lantern.models.kv_cache import KVCache
 from lantern.models.llamagen.rope import apply_rope, rope_table_2d
-from lantern.models.target import prefix_causal_mask
+from lantern.models.target import EmbeddingsTarget
 
 MODEL_TYPES = ("c2i", "t2i")
 
@@ -234,7 +234,7 @@ class TransformerBlock(nn.Module):
         return h + self.feed_forward(self.ffn_norm(h))
 
 
-class Transformer(nn.Module):
+class Transformer(EmbeddingsTarget, nn.Module):
     """LlamaGen GPT. Build with :func:`gpt_config`; no I/O happens here (see ``lantern.models.checkpoint``).
 
     Sequence layout: slots ``0 .. T-1`` hold the ``T = cls_token_num`` condition tokens; image token
@@ -314,31 +314,6 @@ class Transformer(nn.Module):
         return self.output(hidden).float()
 
     # ----- decoding -----------------------------------------------------------------------------
-    def prefill(self, cond_emb: torch.Tensor, mask: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write the condition (B, T, D) into cache slots ``0..T-1``.
-
-        ``mask`` (B, 1, T, T) is the condition's attention mask. Returns the fp32 logits (B, V) and the
-        hidden state (B, D) at the last condition position, which predict image token 0.
-        """
-        batch, seq = cond_emb.shape[:2]
-        index = torch.arange(seq, device=cond_emb.device)
-        hidden = self.forward_embeddings(cond_emb, index, index.expand(batch, seq), mask, cache)[:, -1]
-        return self.head(hidden), hidden
-
-    def forward_tokens(
-        self, tokens, positions, slots, mask, cache, taps: tuple[int, ...] = ()
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Feed image tokens (B, S) at ``positions`` and ``slots``; return logits (B, S, V) and features.
-
-        See :meth:`forward_embeddings` for the arguments. Tree verification passes depth-based
-        positions and a tree mask; plain decoding passes one token with a causal row. The logits always
-        come from the final-norm state; the features are that state (B, S, D) without ``taps``, else the
-        tapped layers' inputs (B, S, len(taps) * D), so a drafter's caller reads one tensor either way.
-        """
-        states = self.forward_embeddings(self.embed_tokens(tokens), positions, slots, mask, cache, taps)
-        hidden, features = states if taps else (states, states)
-        return self.head(hidden), features
-
     def new_cache(self, batch: int, max_len: int | None = None) -> KVCache:
         """A zeroed cache for ``batch`` rows and ``max_len`` slots (default: the full sequence)."""
         cfg = self.config
@@ -346,26 +321,3 @@ class Transformer(nn.Module):
         return KVCache.allocate(
             cfg.n_layer, batch, cfg.n_head, max_len or cfg.max_seq_len, cfg.head_dim, weight.dtype, weight.device
         )
-
-    # ----- training -----------------------------------------------------------------------------
-    def teacher_hidden(
-        self, cond_emb: torch.Tensor, tokens: torch.Tensor, cond_mask: torch.Tensor, taps: tuple[int, ...] = ()
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Teacher-forced pass without a cache over condition (B, T, D) then tokens (B, N).
-
-        Returns the final-norm hidden states of every position, (B, T + N - 1, D); the last image
-        token is not fed. Drafter training reads the condition positions too. With ``taps`` it returns
-        ``(hidden, features)``, features (B, T + N - 1, len(taps) * D) as :meth:`forward_embeddings` taps them.
-        """
-        x = torch.cat([cond_emb, self.embed_tokens(tokens[:, :-1])], dim=1)  # (B, T + N - 1, D)
-        seq = x.shape[1]
-        positions = torch.arange(seq, device=x.device)
-        mask = prefix_causal_mask(cond_mask, seq)
-        return self.forward_embeddings(x, positions, positions.expand(x.shape[0], seq), mask, NoCache(), taps)
-
-    def forward_teacher(self, cond_emb: torch.Tensor, tokens: torch.Tensor, cond_mask: torch.Tensor) -> torch.Tensor:
-        """Teacher-forced hidden states (B, N, D) where row ``n`` predicts image token ``n``.
-
-        The last condition position predicts token 0; see :meth:`teacher_hidden`.
-        """
-        return self.teacher_hidden(cond_emb, tokens, cond_mask)[:, cond_emb.shape[1] - 1 :]
