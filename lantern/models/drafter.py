@@ -107,6 +107,52 @@ class DrafterArch(Protocol):
         ...
 
 
+class ConfigSizes:
+    """The sizes a :class:`DrafterArch` reports, read from a family's target config ``self.config`` that names them
+    as Chameleon's and Janus's do (``dim``, ``n_head``, ``n_kv_head``, ``head_dim``, ``num_codes``, ``grid_size``,
+    ``cls_token_num``, ``n_layer``, ``norm_eps``). A family overrides what differs (``embedding_rows``)."""
+
+    @property
+    def dim(self) -> int:
+        return self.config.dim
+
+    @property
+    def n_head(self) -> int:
+        return self.config.n_head
+
+    @property
+    def n_kv_head(self) -> int:
+        return self.config.n_kv_head
+
+    @property
+    def head_dim(self) -> int:
+        return self.config.head_dim
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.num_codes
+
+    @property
+    def grid_size(self) -> int:
+        return self.config.grid_size
+
+    @property
+    def cls_token_num(self) -> int:
+        return self.config.cls_token_num
+
+    @property
+    def n_layer(self) -> int:
+        return self.config.n_layer
+
+    @property
+    def embedding_rows(self) -> int:
+        return self.config.num_codes
+
+    @property
+    def norm_eps(self) -> float:
+        return self.config.norm_eps
+
+
 @dataclass(frozen=True)
 class LlamaGenArch:
     """LlamaGen's drafter: its :class:`~lantern.models.llamagen.gpt.TransformerBlock`, its 2D RoPE table (row

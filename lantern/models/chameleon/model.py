@@ -46,6 +46,7 @@ from torch import nn
 
 from lantern import checks
 from lantern.errors import CheckpointError, ConfigError
+from lantern.models.drafter import ConfigSizes
 from lantern.models.kv_cache import KVCache
 from lantern.models.target import EmbeddingsTarget
 
@@ -427,51 +428,15 @@ class DrafterLayer(DecoderLayer):
 
 
 @dataclass(frozen=True)
-class ChameleonDrafterArch:
+class ChameleonDrafterArch(ConfigSizes):
     """The :class:`~lantern.models.drafter.DrafterArch` of a Chameleon target (see the module docstring)."""
 
     config: ChameleonConfig
     first_norm: str = ""  # layer 0 keeps input_layernorm, as the release
 
     @property
-    def dim(self) -> int:
-        return self.config.dim
-
-    @property
-    def n_head(self) -> int:
-        return self.config.n_head
-
-    @property
-    def n_kv_head(self) -> int:
-        return self.config.n_kv_head
-
-    @property
-    def head_dim(self) -> int:
-        return self.config.head_dim
-
-    @property
-    def vocab_size(self) -> int:
-        return self.config.num_codes
-
-    @property
-    def grid_size(self) -> int:
-        return self.config.grid_size
-
-    @property
-    def cls_token_num(self) -> int:
-        return self.config.cls_token_num
-
-    @property
-    def n_layer(self) -> int:
-        return self.config.n_layer
-
-    @property
     def embedding_rows(self) -> int:
         return self.config.text_vocab_size  # their drafter keeps the whole vocabulary's table
-
-    @property
-    def norm_eps(self) -> float:
-        return self.config.norm_eps  # their drafter's RMSNorm takes the config's rms_norm_eps
 
     def block(self, norm_eps: float) -> nn.Module:
         return DrafterLayer(replace(self.config, norm_eps=norm_eps))

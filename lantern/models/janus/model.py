@@ -44,6 +44,7 @@ from torch import nn
 from lantern import checks
 from lantern.errors import CheckpointError, ConfigError
 from lantern.models.chameleon.model import MLP, RMSNorm, rope_angles
+from lantern.models.drafter import ConfigSizes
 from lantern.models.kv_cache import KVCache
 from lantern.models.llamagen.gpt import check_taps
 from lantern.models.target import EmbeddingsTarget
@@ -331,51 +332,11 @@ class DrafterLayer(DecoderLayer):
 
 
 @dataclass(frozen=True)
-class JanusDrafterArch:
+class JanusDrafterArch(ConfigSizes):
     """The :class:`~lantern.models.drafter.DrafterArch` of a Janus target (see the comment above)."""
 
     config: JanusConfig
     first_norm: str = ""
-
-    @property
-    def dim(self) -> int:
-        return self.config.dim
-
-    @property
-    def n_head(self) -> int:
-        return self.config.n_head
-
-    @property
-    def n_kv_head(self) -> int:
-        return self.config.n_kv_head
-
-    @property
-    def head_dim(self) -> int:
-        return self.config.head_dim
-
-    @property
-    def vocab_size(self) -> int:
-        return self.config.num_codes
-
-    @property
-    def grid_size(self) -> int:
-        return self.config.grid_size
-
-    @property
-    def cls_token_num(self) -> int:
-        return self.config.cls_token_num
-
-    @property
-    def n_layer(self) -> int:
-        return self.config.n_layer
-
-    @property
-    def embedding_rows(self) -> int:
-        return self.config.num_codes
-
-    @property
-    def norm_eps(self) -> float:
-        return self.config.norm_eps
 
     def block(self, norm_eps: float) -> nn.Module:
         return DrafterLayer(replace(self.config, norm_eps=norm_eps))
