@@ -103,8 +103,9 @@ def test_teacher_forced_logits_match_chameleonforconditionalgeneration_with_cfg_
     assert not condition.mask.all() and condition.mask[:, -1].all()
     codes = torch.randint(0, CODES, (len(PROMPTS), GRID * GRID), generator=torch.Generator().manual_seed(1))
     null = ours.null_condition(len(PROMPTS))
-    # Ours as every decoder calls it: [cond; uncond] rows, the conditional mask on both halves.
-    values, mask = torch.cat([condition.values, null]), torch.cat([condition.mask, condition.mask])
+    # Ours as every decoder calls it: [cond; uncond] rows, each half under its own mask.
+    values = torch.cat([condition.values, null])
+    mask = torch.cat([condition.mask, ours.null_condition_mask(condition.mask)])
     hidden = ours.teacher_hidden(ours.embed_condition(values), torch.cat([codes, codes]), mask)
     logits = ours.head(hidden[:, SLOTS - 1 :])  # (2B, N, K): row n predicts code n
     # Theirs: LANTERN's inputs, the unconditional context masked to its own two tokens.

@@ -17,13 +17,14 @@ from lantern.models.target import Target, prefix_causal_mask
 def guided_inputs(model: Target, condition: Condition, sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """Condition embeddings and mask for the model batch: (B, T, D), (B, T), or (2B, ...) as ``[cond; uncond]``.
 
-    With CFG the unconditional half uses the null condition and the same caption mask as its
-    conditional row, as in the reference.
+    With CFG the unconditional half uses the null condition under its own mask
+    (:meth:`~lantern.models.target.Target.null_condition_mask`; LlamaGen's is its conditional row's, as in
+    the reference).
     """
     values, mask = condition.values, condition.mask
     if sampling.uses_cfg:
         values = torch.cat([values, model.null_condition(len(condition)).to(values.dtype)])
-        mask = torch.cat([mask, mask])
+        mask = torch.cat([mask, model.null_condition_mask(mask)])
     return model.embed_condition(values), mask
 
 

@@ -41,6 +41,11 @@ class Target(Protocol):
         """The unconditional input of classifier-free guidance, in the form :meth:`embed_condition` takes."""
         ...
 
+    def null_condition_mask(self, mask: torch.Tensor) -> torch.Tensor:
+        """Which slots (B, T) of :meth:`null_condition` hold real inputs in the unconditional rows whose
+        conditional rows have the mask ``mask`` (B, T). Decoders mask each CFG half with its own mask."""
+        ...
+
     def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         """Image token ids (B, S) -> input embeddings (B, S, D)."""
         ...
@@ -97,6 +102,11 @@ class EmbeddingsTarget:
     """The protocol's methods that every family writes the same way over its own ``forward_embeddings``,
     ``embed_tokens`` and ``head``: prefill, feeding tokens, and the teacher-forced passes of training and checks.
     A family's target inherits them (before ``nn.Module``) and supplies those three and ``new_cache``."""
+
+    def null_condition_mask(self, mask: torch.Tensor) -> torch.Tensor:
+        """The null condition under its conditional row's mask (B, T), as LlamaGen's reference masks its null
+        caption (the world's one class slot is always real); a family whose null context differs overrides it."""
+        return mask
 
     def prefill(self, cond_emb: torch.Tensor, mask: torch.Tensor, cache) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the condition (B, T, D) into cache slots ``0..T-1`` under ``mask`` (B, 1, T, L).

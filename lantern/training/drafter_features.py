@@ -8,11 +8,12 @@ shard rows hold what a drafter step needs without the target:
 * ``cond`` (S, T, D) and ``mask`` (S, T): the condition embeddings and mask (condition entries read them);
 * ``codes`` (S, N) int32, ``row`` (S,) the data row, ``null`` (S,) whether the row took the null condition.
 
-Condition dropout is decided per row, not per step: row ``i`` takes the target's null condition (with
-its caption's mask, as in training the target) when the counter-based uniform of ``(seed, i)`` is below
-``cond_dropout``. A row's features therefore never change with batching, resumption or the number of
-rows, and the stored states are the ones the drafter is trained on (EAGLE's recipe draws dropout per
-step; a fixed share of the rows stores half as much as both streams of every row).
+Condition dropout is decided per row, not per step: row ``i`` takes the target's null condition under
+its own mask (``null_condition_mask``; LlamaGen's is the caption's, as in training the target) when the
+counter-based uniform of ``(seed, i)`` is below ``cond_dropout``. A row's features therefore never change
+with batching, resumption or the number of rows, and the stored states are the ones the drafter is trained
+on (EAGLE's recipe draws dropout per step; a fixed share of the rows stores half as much as both streams of
+every row).
 
 Storage per row: ``(2T + N - 1) * D`` numbers in ``dtype`` (fp16 by default): 24 KB for the world,
 ~1.2 MB for a t2i GPT-XL at 256 px (T = 120), so 100k rows stream from disk instead of RAM.
@@ -99,20 +100,22 @@ def teacher_features(
             null = null_rows(seed, rows, cond_dropout)  # (b,)
             values = condition.values
             blank = target.null_condition(len(rows)).to(device=values.device, dtype=values.dtype)
-            values = torch.where(null.to(device).view(-1, *([1] * (values.dim() - 1))), blank, values)
+            dropped = null.to(device)
+            values = torch.where(dropped.view(-1, *([1] * (values.dim() - 1))), blank, values)
+            mask = torch.where(dropped[:, None], target.null_condition_mask(condition.mask), condition.mask)
             cond_emb = target.embed_condition(values)  # (b, T, D)
             extra = {}
             if taps:
-                hidden, tapped = target.teacher_hidden(cond_emb, codes, condition.mask, taps=taps)
+                hidden, tapped = target.teacher_hidden(cond_emb, codes, mask, taps=taps)
                 extra["taps"] = tapped.to(dtype)  # (b, T+N-1, len(taps) * D)
             else:
-                hidden = target.teacher_hidden(cond_emb, codes, condition.mask)  # (b, T+N-1, D)
+                hidden = target.teacher_hidden(cond_emb, codes, mask)  # (b, T+N-1, D)
             store.append(
                 {
                     **extra,
                     "hidden": hidden.to(dtype),
                     "cond": cond_emb.to(dtype),
-                    "mask": condition.mask.cpu(),
+                    "mask": mask.cpu(),
                     "codes": codes.to(torch.int32).cpu(),
                     "row": torch.arange(rows.start, rows.stop),
                     "null": null,

@@ -25,9 +25,9 @@ def draw_conditions(
     """Condition values (B, ...), masks (B, T) and dropout flags (B,) bool (on the CPU) for samples ``indices`` (B,).
 
     Each sample takes one of its K conditions ``caption_ids`` (M, K) at random, then a share
-    ``cond_dropout`` of the samples take the model's null condition (what CFG needs), with the
-    caption's mask. Draws use the global torch generator (checkpointed by the trainer), in this
-    order: choice, then dropout.
+    ``cond_dropout`` of the samples take the model's null condition (what CFG needs) under its mask
+    (``null_condition_mask``: LlamaGen's is the caption's). Draws use the global torch generator
+    (checkpointed by the trainer), in this order: choice, then dropout.
     """
     batch = indices.shape[0]
     choice = torch.randint(0, caption_ids.shape[1], (batch,))
@@ -35,7 +35,9 @@ def draw_conditions(
     values, mask = states[caption].to(device), masks[caption].to(device)  # (B, ...), (B, T)
     drop = torch.rand(batch) < cond_dropout
     null = model.null_condition(batch).to(device=values.device, dtype=values.dtype)
-    return torch.where(drop.to(device).view(-1, *([1] * (values.dim() - 1))), null, values), mask, drop
+    dropped = drop.to(device)
+    values = torch.where(dropped.view(-1, *([1] * (values.dim() - 1))), null, values)
+    return values, torch.where(dropped[:, None], model.null_condition_mask(mask), mask), drop
 
 
 class GPTObjective:

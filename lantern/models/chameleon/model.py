@@ -27,11 +27,13 @@ differences: a left-padded row whose positions start at its pads gives the refer
 positions start at the first real token (and the unconditional row of CFG, whose context is shorter,
 likewise), up to fp rounding of the angles.
 
-Padded condition slots: decoders mask the condition columns with the conditional row's mask for both CFG
-halves (``lantern.decoding.batch.guided_inputs``), but the unconditional context is shorter than the
-conditional one. The model therefore also hides every key whose input was the pad token's embedding: the
-cache keeps which slots hold real keys (:class:`ChameleonCache`), so each row sees exactly its own context.
-A query always sees its own slot (a padded query row stays finite; its output is never read).
+Padded condition slots: the unconditional context of CFG is shorter than the conditional one, so the null
+condition comes with its own mask (:meth:`ChameleonTarget.null_condition_mask`, its two real slots), which
+the prefill applies to the unconditional rows (``lantern.decoding.batch.guided_inputs``). Later steps of some
+decoders build the condition columns of both CFG halves from the conditional row's validity, so the cache
+keeps which slots hold real keys as the prefill's mask stated them (:class:`ChameleonCache`) and every call
+hides the others: each row sees exactly its own context. A query always sees its own slot (a padded query
+row stays finite; its output is never read).
 """
 
 from __future__ import annotations
@@ -131,7 +133,7 @@ class ChameleonConfig:
 
 class ChameleonCache(KVCache):
     """A :class:`KVCache` that also keeps which slots hold real keys: ``valid`` (B, max_len) bool, True except
-    where a padded condition slot was written. Image tokens and draft nodes are never pads."""
+    where the prefill's mask hid a condition slot. Image tokens and draft nodes are never pads."""
 
     def __init__(self, keys, values, valid: torch.Tensor):
         super().__init__(keys, values)
@@ -153,13 +155,22 @@ class ChameleonCache(KVCache):
         for cache in self.keys + self.values:
             cache.scatter_(2, target, cache.gather(2, index))
 
-    def write_valid(self, slots: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """Record ``valid`` (B, S) at ``slots`` (B, S); return the validity of every slot (B, max_len)."""
+    def write_valid(self, slots: torch.Tensor, mask: torch.Tensor, cond_len: int) -> torch.Tensor:
+        """Record which keys written at ``slots`` (B, S) under ``mask`` (B, 1, S, L) are real; return the
+        validity of every slot (B, max_len).
+
+        Only the prefill writes condition slots (``< cond_len``); there the query at the last one (the
+        image-start token, always real) sees exactly its row's real condition slots, so its mask row is
+        their validity. Every other slot written is an image token or a draft node: real.
+        """
+        last = slots == cond_len - 1  # (B, S) the query at the last condition slot, when this call has it
+        seen = (mask[:, 0] & last[:, :, None]).any(1)  # (B, L) the columns that query sees
+        real = (slots >= cond_len) | seen.gather(1, slots.clamp_max(seen.shape[1] - 1))  # (B, S)
         if torch.compiler.is_compiling():  # in place at a fixed address (see LayerCache.update)
             rows = torch.arange(slots.shape[0], device=slots.device)[:, None]
-            self.valid.index_put_((rows, slots), valid)
+            self.valid.index_put_((rows, slots), real)
         else:
-            self.valid.scatter_(1, slots, valid)
+            self.valid.scatter_(1, slots, real)
         return self.valid
 
 
@@ -305,6 +316,12 @@ class ChameleonTarget(EmbeddingsTarget, nn.Module):
         ids[:, -2], ids[:, -1] = cfg.bos_id, cfg.boi_id
         return ids
 
+    def null_condition_mask(self, mask: torch.Tensor) -> torch.Tensor:
+        """(B, T): only the null context's last two slots (BOS, BOI) are real, whatever the prompt's ``mask``."""
+        null = torch.zeros_like(mask)
+        null[:, -2:] = True
+        return null
+
     def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         """Image codes (B, S) -> embeddings of their vocabulary ids (B, S, D)."""
         return self.model.embed_tokens(tokens + self.config.code_offset)
@@ -313,10 +330,6 @@ class ChameleonTarget(EmbeddingsTarget, nn.Module):
         """The image codes' rows of the embedding table (K, D), a view."""
         cfg = self.config
         return self.model.embed_tokens.weight.narrow(0, cfg.code_offset, cfg.num_codes)
-
-    def pad_embedding(self) -> torch.Tensor:
-        """The pad token's embedding (D,): inputs equal to it are padded slots."""
-        return self.model.embed_tokens.weight[self.config.pad_id]
 
     # ----- core ---------------------------------------------------------------------------------
     def forward_embeddings(
@@ -328,14 +341,11 @@ class ChameleonTarget(EmbeddingsTarget, nn.Module):
         taps = _check_taps(taps, self.config.n_layer) if taps else ()
         cos, sin = rope_angles(positions, self.inv_freq, x.dtype)
         cos, sin = (cos[None, None], sin[None, None]) if cos.dim() == 2 else (cos[:, None], sin[:, None])
-        real = (x != self.pad_embedding()).any(-1)  # (B, S) inputs that are not the pad token
-        length = mask.shape[-1]
-        if isinstance(cache, ChameleonCache):
-            valid = cache.write_valid(slots, real)[:, :length]  # (B, L)
-        else:  # no cache: the keys are x's own positions
-            valid = real
-        own = torch.arange(length, device=x.device)[None, None, :] == slots[:, :, None]  # (B, S, L)
-        mask = mask & (valid[:, None, None, :] | own[:, None])
+        if isinstance(cache, ChameleonCache):  # hide the slots the prefill's mask hid (module docstring)
+            length = mask.shape[-1]
+            valid = cache.write_valid(slots, mask, self.config.cls_token_num)[:, :length]  # (B, L)
+            own = torch.arange(length, device=x.device)[None, None, :] == slots[:, :, None]  # (B, S, L)
+            mask = mask & (valid[:, None, None, :] | own[:, None])
         states: dict[int, torch.Tensor] = {}
         for index, layer in enumerate(self.model.layers):
             if index in taps:

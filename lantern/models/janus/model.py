@@ -22,8 +22,9 @@ Condition layout (how one batch holds prompts of different lengths and the refer
 DeepSeek's ``generation_inference.py`` runs one prompt of L tokens unpadded: the conditional row is
 ``[BOS, text..., BOI]`` and the unconditional row the same length with every token but the first and last
 replaced by the pad token, ``[BOS, pad x (L-2), BOI]``, all attended, at positions ``0 .. L-1``; image token
-``n`` is at position ``L + n``. Decoders give both CFG rows the conditional row's mask and one fixed null
-condition (:func:`lantern.decoding.batch.guided_inputs`), so here a prompt fills the T condition slots as
+``n`` is at position ``L + n``. The null condition is one fixed tensor and its mask is its conditional row's
+(the default :meth:`~lantern.models.target.EmbeddingsTarget.null_condition_mask`, which
+:func:`lantern.decoding.batch.guided_inputs` applies), so here a prompt fills the T condition slots as
 ``[BOS, (T - L masked slots), text..., BOI]``: BOS in slot 0, the rest right-aligned. The null condition
 ``[BOS, pad x (T - 2), BOI]`` under that mask is then exactly the reference's unconditional row. RoPE positions
 are not the slots: every key and query is rotated by its slot minus the masked condition slots before it
