@@ -9,11 +9,9 @@ import json
 
 import pytest
 import torch
-from test_compile import CountingBackend
+from family_helpers import check_greedy_chain_equals_ar_in_one_graph
 
 from lantern.decoding.ar import ARDecoder
-from lantern.decoding.tree.decoder import SpeculativeDecoder
-from lantern.decoding.tree.draft import chain
 from lantern.errors import CheckpointError, ConfigError
 from lantern.models.chameleon import hf
 from lantern.models.chameleon.bundle import random_target
@@ -21,11 +19,9 @@ from lantern.models.chameleon.condition import ChameleonConditioner
 from lantern.models.chameleon.model import ChameleonTarget
 from lantern.models.chameleon.vocab import TINY_WORDS, image_token_name, read_layout, tiny_vocabulary, word_tokenizer
 from lantern.models.chameleon.vqgan import ChameleonVQGAN, VQGANConfig
-from lantern.models.drafter import Drafter, DrafterConfig
 from lantern.models.sampling import SamplingConfig
 from lantern.models.target import Target, prefix_causal_mask
 from lantern.rng import keys_tensor
-from lantern.rules.exact import ExactDeterministic
 
 transformers = pytest.importorskip("transformers")
 from transformers import ChameleonConfig as HFConfig  # noqa: E402
@@ -192,21 +188,7 @@ def test_greedy_ar_matches_a_reference_loop_over_their_model_token_for_token(pai
 
 def test_greedy_speculative_chain_equals_greedy_ar_and_captures_as_one_graph(pair):
     _, ours, _, _ = pair
-    condition = conditioner(ours).encode(PROMPTS)
-    keys = keys_tensor(0, range(len(PROMPTS)))
-    sampling = SamplingConfig(temperature=0, cfg_scale=3.0)
-    torch.manual_seed(0)
-    drafter = Drafter(DrafterConfig(ours.config)).eval()
-    expected = ARDecoder(sampling).generate(ours, condition, keys).codes
-    backend = CountingBackend()
-    ar = ARDecoder(sampling, compile="default", backend=backend)
-    for _ in range(2):  # a second batch of the same shape reuses the graph
-        assert torch.equal(ar.generate(ours, condition, keys).codes, expected)
-    assert backend.graphs == 1
-    backend = CountingBackend()
-    spec = SpeculativeDecoder(sampling, drafter, chain(3), ExactDeterministic(), compile="default", backend=backend)
-    assert torch.equal(spec.generate(ours, condition, keys).codes, expected)
-    assert backend.graphs == 1
+    check_greedy_chain_equals_ar_in_one_graph(ours, conditioner(ours).encode(PROMPTS), 3.0)
 
 
 def test_the_target_satisfies_the_protocol_and_maps_codes_to_vocabulary_ids(pair):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from family_helpers import tiny_preset
 from scipy.stats import kstest
 from test_chameleon import GRID, SLOTS, VQ, hf_model, save_folder
 
@@ -22,16 +23,16 @@ from lantern.decoding.tree.draft import DynamicTree, chain
 from lantern.errors import CheckpointError, ConfigError
 from lantern.models.chameleon import bundle as chameleon
 from lantern.models.chameleon import hf
-from lantern.models.chameleon.model import ChameleonDrafterArch, DrafterLayer, _inv_freq, rope_angles
+from lantern.models.chameleon.model import ChameleonDrafterArch, DrafterLayer
 from lantern.models.drafter import Drafter, DrafterConfig, LlamaGenArch, load_drafter_for, save_drafter_folder
 from lantern.models.kv_cache import NoCache
+from lantern.models.llama_parts import inv_freq, rope_angles
 from lantern.models.llamagen.gpt import gpt_config
 from lantern.models.sampling import SamplingConfig, guided_logits_at, probabilities
 from lantern.models.target import prefix_causal_mask
 from lantern.rng import keys_tensor
 from lantern.rules.exact import ExactSampled
 from lantern.rules.factory import lantern
-from lantern.rules.neighbours import CodebookNeighbours
 
 transformers = pytest.importorskip("transformers")
 from transformers import ChameleonForConditionalGeneration  # noqa: E402, F401 - the architecture the layout is of
@@ -146,7 +147,9 @@ def test_the_drafters_positions_are_the_targets_1d_rope_of_its_input_token(targe
     arch = DrafterConfig(ours.config).arch
     assert isinstance(arch, ChameleonDrafterArch)
     table = arch.rope_table()  # (T + N - 1, hd, 2)
-    cos, sin = rope_angles(torch.arange(ours.config.max_seq_len), _inv_freq(ours.config), torch.float32)
+    cos, sin = rope_angles(
+        torch.arange(ours.config.max_seq_len), inv_freq(ours.config.head_dim, ours.config.rope_theta), torch.float32
+    )
     assert table.shape == (ours.config.max_seq_len - 1, ours.config.head_dim, 2)
     assert torch.equal(table[..., 0], cos[1:]) and torch.equal(table[..., 1], sin[1:])  # entry i: position i + 1
     # LlamaGen's drafter is described as before: its 2D table and no input norm on layer 0.
@@ -259,18 +262,8 @@ def pit_values(probs: torch.Tensor, codes: torch.Tensor, seed: int = 7) -> torch
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """The tiny_random_chameleon preset's target, drafter and codebook neighbours, and its prompts' conditions."""
-    from omegaconf import OmegaConf
-
-    node = OmegaConf.to_container(OmegaConf.load(REPO / "conf/model/tiny_random_chameleon.yaml"), resolve=False)
-    target, vq = node["bundle"]["target"], node["bundle"]["vq"]
-    model_bundle = chameleon.random_bundle("tiny_random_chameleon", target, vq)
-    drafter = chameleon.random_drafter(target, vq)
-    neighbours = CodebookNeighbours(
-        codebook=chameleon.random_codebook(vq), k_max=1024, cache_dir=tmp_path_factory.mktemp("neighbours")
-    )
-    captions = node["default_prompts"]["captions"]
-    return model_bundle, drafter, neighbours, captions
+    """The tiny_random_chameleon preset's bundle, drafter and codebook neighbours, and its prompts."""
+    return tiny_preset("tiny_random_chameleon", chameleon, tmp_path_factory.mktemp("neighbours"))
 
 
 def ks_pvalue(tiny, decoder, images: int = 64) -> float:

@@ -5,31 +5,15 @@ with bad folders refused in one line."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from family_helpers import pngs, run, tau
 from test_chameleon import CODES, VQ, hf_model, save_folder
 
 from lantern.models.chameleon.vqgan import ChameleonVQGAN, VQGANConfig
 
 pytest.importorskip("transformers")
-REPO = Path(__file__).resolve().parents[1]
-
-
-def run(out: Path, *overrides: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "run.py", f"hydra.run.dir={out}", "wandb.mode=disabled", "warmup=0", *overrides]
-    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
-
-
-def pngs(folder: Path) -> dict[str, bytes]:
-    return {path.name: path.read_bytes() for path in sorted(folder.glob("0*.png"))}
-
-
-def tau(folder: Path) -> float:
-    return json.loads((folder / "metrics.json").read_text())["mean_accepted_length"]
 
 
 def test_greedy_eagle_and_sjd_write_greedy_ars_pngs_on_tiny_random_chameleon(tmp_path):

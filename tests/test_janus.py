@@ -10,13 +10,10 @@ import json
 
 import pytest
 import torch
-from test_compile import CountingBackend
+from family_helpers import check_greedy_chain_equals_ar_in_one_graph
 
 from lantern.decoding.ar import ARDecoder
-from lantern.decoding.tree.decoder import SpeculativeDecoder
-from lantern.decoding.tree.draft import chain
 from lantern.errors import CheckpointError, ConfigError
-from lantern.models.drafter import Drafter, DrafterConfig
 from lantern.models.janus import hf
 from lantern.models.janus.bundle import JanusBundle, folder_codebook
 from lantern.models.janus.condition import JanusConditioner, tiny_vocabulary, word_tokenizer
@@ -25,7 +22,6 @@ from lantern.models.janus.vq import load_vq, theirs, vq_config
 from lantern.models.sampling import SamplingConfig
 from lantern.models.target import Target
 from lantern.rng import keys_tensor
-from lantern.rules.exact import ExactDeterministic
 
 transformers = pytest.importorskip("transformers")
 from transformers import JanusConfig as HFConfig  # noqa: E402
@@ -157,21 +153,7 @@ def test_greedy_ar_matches_generation_inference_token_for_token(pair):
 
 def test_greedy_speculative_chain_equals_greedy_ar_and_captures_as_one_graph(pair):
     _, ours, _, _ = pair
-    condition = conditioner(ours).encode(PROMPTS)
-    keys = keys_tensor(0, range(len(PROMPTS)))
-    sampling = SamplingConfig(temperature=0, cfg_scale=CFG)
-    torch.manual_seed(0)
-    drafter = Drafter(DrafterConfig(ours.config)).eval()
-    expected = ARDecoder(sampling).generate(ours, condition, keys).codes
-    backend = CountingBackend()
-    ar = ARDecoder(sampling, compile="default", backend=backend)
-    for _ in range(2):  # a second batch of the same shape reuses the graph
-        assert torch.equal(ar.generate(ours, condition, keys).codes, expected)
-    assert backend.graphs == 1
-    backend = CountingBackend()
-    spec = SpeculativeDecoder(sampling, drafter, chain(3), ExactDeterministic(), compile="default", backend=backend)
-    assert torch.equal(spec.generate(ours, condition, keys).codes, expected)
-    assert backend.graphs == 1
+    check_greedy_chain_equals_ar_in_one_graph(ours, conditioner(ours).encode(PROMPTS), CFG)
 
 
 def test_the_target_satisfies_the_protocol_and_lays_out_the_reference_rows(pair):

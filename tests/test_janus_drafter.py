@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from family_helpers import tiny_preset
 from test_chameleon_drafter import FAIL, PASS, SAMPLING, ks_pvalue
 
 from lantern.decoding.tree.decoder import SpeculativeDecoder
@@ -20,11 +21,11 @@ from lantern.decoding.tree.draft import DynamicTree, chain
 from lantern.errors import CheckpointError, ConfigError
 from lantern.models.drafter import Drafter, DrafterConfig, load_drafter_for, save_drafter_folder
 from lantern.models.janus import bundle as janus
-from lantern.models.janus.model import JanusDrafterArch, _inv_freq, rope_angles
+from lantern.models.janus.model import JanusDrafterArch
 from lantern.models.kv_cache import NoCache
+from lantern.models.llama_parts import inv_freq, rope_angles
 from lantern.rules.exact import ExactSampled
 from lantern.rules.factory import lantern
-from lantern.rules.neighbours import CodebookNeighbours
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.llama import modeling_llama  # noqa: E402
@@ -35,16 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """The tiny_random_janus preset's bundle, drafter and codebook neighbours, and its prompts."""
-    from omegaconf import OmegaConf
-
-    node = OmegaConf.to_container(OmegaConf.load(REPO / "conf/model/tiny_random_janus.yaml"), resolve=False)
-    target, vq = node["bundle"]["target"], node["bundle"]["vq"]
-    model_bundle = janus.random_bundle("tiny_random_janus", target, vq)
-    drafter = janus.random_drafter(target, vq)
-    neighbours = CodebookNeighbours(
-        codebook=janus.random_codebook(vq), k_max=1024, cache_dir=tmp_path_factory.mktemp("neighbours")
-    )
-    return model_bundle, drafter, neighbours, node["default_prompts"]["captions"]
+    return tiny_preset("tiny_random_janus", janus, tmp_path_factory.mktemp("neighbours"))
 
 
 @torch.no_grad()
@@ -68,7 +60,9 @@ def test_the_drafters_layer_is_transformers_llama_decoder_layer(tiny):
     rope = drafter.rope[entries]
     mask = torch.ones(7, 7, dtype=torch.bool).tril()[None, None].expand(2, 1, 7, 7)
     mine = layer(x, rope, mask, entries.expand(2, -1), NoCache())
-    cos, sin = rope_angles(entries + 1, _inv_freq(config), torch.float32)  # entry i at position i + 1
+    cos, sin = rope_angles(
+        entries + 1, inv_freq(config.head_dim, config.rope_theta), torch.float32
+    )  # entry i at position i + 1
     additive = torch.zeros(2, 1, 7, 7).masked_fill(~mask, float("-inf"))
     out = theirs(x, attention_mask=additive, position_embeddings=(cos[None], sin[None]))
     out = out[0] if isinstance(out, tuple) else out

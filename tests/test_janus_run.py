@@ -5,28 +5,12 @@ refused in one line."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from family_helpers import pngs, run, tau
 from test_janus import hf_model, save_folder
 
 pytest.importorskip("transformers")
-REPO = Path(__file__).resolve().parents[1]
-
-
-def run(out: Path, *overrides: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "run.py", f"hydra.run.dir={out}", "wandb.mode=disabled", "warmup=0", *overrides]
-    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
-
-
-def pngs(folder: Path) -> dict[str, bytes]:
-    return {path.name: path.read_bytes() for path in sorted(folder.glob("0*.png"))}
-
-
-def tau(folder: Path) -> float:
-    return json.loads((folder / "metrics.json").read_text())["mean_accepted_length"]
 
 
 GREEDY = ("model=tiny_random_janus", "num_images=3", "batch_size=3", "temperature=0", "speedup_baseline=null")

@@ -150,3 +150,31 @@ def random_gpt(preset: str, model_type: str, image_size: int, init_seed: int = 0
 def load_vq(preset: str, path: str | os.PathLike, **overrides) -> VQModel:
     """A tokenizer of a named preset loaded strictly from ``path`` (its input noted as the tokenizer)."""
     return load_weights(VQModel(vq_config(preset, **overrides)), path, expected=preset, role="tokenizer").eval()
+
+
+# ----- helpers the HF-folder families (Chameleon, Janus) share ------------------------------------------------
+def finish_family_bundle(bundle_class, name, target, vq_model, conditioner, device, dtype) -> ModelBundle:
+    """The conditioner checked against ``target``'s config, both models on ``device`` in eval mode (the target in
+    ``dtype``, the tokenizer's VQ as it is), as a ``bundle_class`` (a :class:`ModelBundle`)."""
+    conditioner.check_model(target.config)
+    target = target.to(device=device, dtype=dtype).eval()
+    return bundle_class(name, target, vq_model.to(device=device).eval(), conditioner, device)
+
+
+def require_folder(gpt_ckpt, architecture: str, contents: str = "config.json, weights, tokenizer.json") -> str:
+    """``model.gpt_ckpt`` as a string; CheckpointError unless it is a folder (of an HF ``architecture``)."""
+    if gpt_ckpt is None or not os.path.isdir(os.fspath(gpt_ckpt)):
+        raise CheckpointError(f"model.gpt_ckpt={gpt_ckpt!r}: expected the folder of a {architecture} ({contents})")
+    return os.fspath(gpt_ckpt)
+
+
+def family_drafter(config, path, name: str, init_seed: int = 0, device: str = "cpu", dtype: str = "float32"):
+    """The drafter at ``path`` for a target of ``config`` (a folder or file, loaded strictly), or with no ``path``
+    a seeded random one-layer drafter of the family's own kind (``config.drafter_arch()``)."""
+    from lantern.models.drafter import Drafter, DrafterConfig, load_drafter_for
+
+    if path is not None:
+        return load_drafter_for(path, config, name, device, dtype)
+    torch.manual_seed(init_seed)
+    drafter = Drafter(DrafterConfig(config))
+    return drafter.to(device=resolve_device(device), dtype=resolve_dtype(dtype)).eval()

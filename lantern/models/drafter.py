@@ -49,9 +49,10 @@ from lantern.models.checkpoint import check_shapes, check_state_dict, read_state
 from lantern.models.devices import resolve_device, resolve_dtype
 from lantern.models.kv_cache import KVCache
 from lantern.models.llamagen import hf_layout
-from lantern.models.llamagen.gpt import GPTConfig, TransformerBlock, check_taps, gpt_config
+from lantern.models.llamagen.gpt import GPTConfig, TransformerBlock, gpt_config
 from lantern.models.llamagen.rope import rope_table_2d
 from lantern.models.llamagen.vq import vq_config
+from lantern.models.target import check_taps
 
 VOCAB_KEY = "lantern.vocab_size"
 # What the drafter reads as the "next input" at condition entries: the target's condition embeddings

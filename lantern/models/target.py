@@ -14,6 +14,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from lantern import checks
 from lantern.models.kv_cache import NoCache
 
 
@@ -80,6 +81,20 @@ class Target(Protocol):
     def new_cache(self, batch: int, max_len: int | None = None):
         """A zeroed static cache for ``batch`` rows and ``max_len`` slots."""
         ...
+
+
+def check_taps(taps, n_layer: int, name: str = "taps") -> tuple[int, ...]:
+    """``taps`` as a tuple of ints, each a layer index in ``1 .. n_layer - 1``, none repeated; else a
+    ConfigError naming the bad one (``name`` says where the taps come from). Tap ``i`` is the residual
+    stream entering layer ``i``: 0 would be the token embeddings and ``n_layer`` the un-normed last state."""
+    taps = tuple(taps)
+    for tap in taps:
+        note = f"{name}={checks.shown(list(taps))}: the input of one of the target's layers 1..{n_layer - 1}"
+        checks.integer("tap", tap, 1, n_layer - 1, note=note)
+    repeated = sorted({tap for tap in taps if taps.count(tap) > 1})
+    if repeated:
+        raise checks.refuse(name, list(taps), "distinct layer indices", f"tap {repeated[0]} is repeated")
+    return tuple(int(tap) for tap in taps)
 
 
 def prefix_causal_mask(cond_mask: torch.Tensor, length: int) -> torch.Tensor:

@@ -14,14 +14,15 @@ import torch
 
 from lantern import checks
 from lantern.errors import CheckpointError, ConfigError
-from lantern.models.bundle import ModelBundle
+from lantern.models.bundle import ModelBundle, family_drafter, finish_family_bundle, require_folder
 from lantern.models.chameleon import hf
-from lantern.models.chameleon.condition import ChameleonConditioner, load_tokenizer
+from lantern.models.chameleon.condition import ChameleonConditioner
 from lantern.models.chameleon.model import ChameleonConfig, ChameleonTarget
 from lantern.models.chameleon.vocab import TINY_WORDS, read_layout, tiny_vocabulary, word_tokenizer
 from lantern.models.chameleon.vqgan import ChameleonVQGAN, VQGANConfig
 from lantern.models.checkpoint import check_state_dict, read_state_dict
 from lantern.models.devices import resolve_device, resolve_dtype
+from lantern.models.prompt_ids import load_tokenizer
 
 
 def vq_config(vq: Mapping) -> VQGANConfig:
@@ -90,12 +91,6 @@ def load_vqgan(path: str | os.PathLike, vq: VQGANConfig) -> ChameleonVQGAN:
     return model
 
 
-def _finish(name, target, vq_model, conditioner, device, dtype) -> ModelBundle:
-    conditioner.check_model(target.config)
-    target = target.to(device=device, dtype=dtype).eval()
-    return ModelBundle(name, target, vq_model.to(device=device).eval(), conditioner, device)
-
-
 def random_bundle(
     name: str,
     target: Mapping,
@@ -118,7 +113,7 @@ def random_bundle(
             raise CheckpointError(f"HF folder {os.fspath(gpt_ckpt)!r} is not the random preset's architecture")
         model = loaded
     conditioner = ChameleonConditioner.for_model(word_tokenizer(vocab), config, template, device)
-    return _finish(name, model, random_vqgan(vq_cfg, init_seed), conditioner, device, dtype)
+    return finish_family_bundle(ModelBundle, name, model, random_vqgan(vq_cfg, init_seed), conditioner, device, dtype)
 
 
 def load_bundle(
@@ -133,10 +128,7 @@ def load_bundle(
 ) -> ModelBundle:
     """A Chameleon target from an HF folder (``model.gpt_ckpt``) with Meta's VQGAN (``model.vq_ckpt``,
     ``vqgan.ckpt``) and the folder's tokenizer."""
-    if gpt_ckpt is None or not os.path.isdir(os.fspath(gpt_ckpt)):
-        raise CheckpointError(
-            f"model.gpt_ckpt={gpt_ckpt!r}: expected the folder of a {hf.ARCHITECTURE} (config.json, weights, tokenizer.json)"
-        )
+    require_folder(gpt_ckpt, hf.ARCHITECTURE)
     device, dtype = resolve_device(device), resolve_dtype(dtype)
     vq_cfg = vq_config(vq)
     cls_token_num = checks.integer("model.cls_token_num", target["cls_token_num"], 2)
@@ -153,7 +145,7 @@ def load_bundle(
     vq_model = load_vqgan(vq_ckpt, vq_cfg)
     model, _ = hf.load_target(gpt_ckpt, grid, cls_token_num)
     conditioner = ChameleonConditioner.for_model(tokenizer, model.config, template, device)
-    return _finish(name, model, vq_model, conditioner, device, dtype)
+    return finish_family_bundle(ModelBundle, name, model, vq_model, conditioner, device, dtype)
 
 
 # ----- drafters and neighbours -----------------------------------------------------------------------------
@@ -170,14 +162,8 @@ def random_drafter(
     ``path`` is given, the drafter loaded from it (an HF folder in ``jadohu/anole_drafter``'s layout, e.g. one
     ``scripts/train_drafter.py`` exported, or the trainer's ``drafter.safetensors``). Either way a drafter of
     Chameleon's own layer and 1D RoPE (:class:`~lantern.models.chameleon.model.ChameleonDrafterArch`)."""
-    from lantern.models.drafter import Drafter, DrafterConfig, load_drafter_for
-
     config, _ = random_config(target, vq_config(vq))
-    if path is not None:
-        return load_drafter_for(path, config, name, device, dtype)
-    torch.manual_seed(init_seed)
-    drafter = Drafter(DrafterConfig(config))
-    return drafter.to(device=resolve_device(device), dtype=resolve_dtype(dtype)).eval()
+    return family_drafter(config, path, name, init_seed, device, dtype)
 
 
 def load_drafter(
@@ -192,10 +178,7 @@ def load_drafter(
             "no drafter checkpoint given: pass model.drafter_ckpt=PATH (LANTERN's jadohu/anole_drafter folder, or "
             "one scripts/train_drafter.py exported); decoding=ar, sjd and gsd need no drafter"
         )
-    if gpt_ckpt is None or not os.path.isdir(os.fspath(gpt_ckpt)):
-        raise CheckpointError(
-            f"model.gpt_ckpt={gpt_ckpt!r}: expected the folder of a {hf.ARCHITECTURE} (config.json, weights, tokenizer.json)"
-        )
+    require_folder(gpt_ckpt, hf.ARCHITECTURE)
     cls_token_num = checks.integer("model.cls_token_num", target["cls_token_num"], 2)
     config = hf.check_folder(gpt_ckpt, _grid(target, vq_config(vq)), cls_token_num)
     return load_drafter_for(path, config, name, device, dtype)

@@ -20,7 +20,7 @@ import torch
 from lantern import checks
 from lantern.errors import CheckpointError
 from lantern.files import note_input
-from lantern.models.chameleon.model import ARCHITECTURE, ChameleonConfig, ChameleonTarget, rope_theta_of
+from lantern.models.chameleon.model import ARCHITECTURE, ChameleonConfig, ChameleonTarget
 from lantern.models.chameleon.vocab import read_layout
 from lantern.models.checkpoint import (
     INDEX_SUFFIX,
@@ -30,6 +30,7 @@ from lantern.models.checkpoint import (
     read_hf_config,
     read_hf_weights,
 )
+from lantern.models.llama_parts import rope_theta_of
 
 VQ_PREFIX = "model.vqmodel."
 TOKENIZER_NAME = "tokenizer.json"

@@ -50,14 +50,28 @@ from lantern import checks
 from lantern.errors import CheckpointError, ConfigError
 from lantern.models.drafter import ConfigSizes
 from lantern.models.kv_cache import KVCache
-from lantern.models.target import EmbeddingsTarget
+from lantern.models.llama_parts import (
+    EMBED_KEY,
+    Attention,
+    DecoderLayer,
+    LlamaShape,
+    RMSNorm,
+    RopeTarget,
+    check_folder_keys,
+    drafter_cos_sin,
+    drafter_rope_table,
+    own_keys,
+    rope_angles,
+    rope_theta_of,
+    split_folder,
+)
 
 QK_NORM_EPS = 1e-5  # transformers' ChameleonLayerNorm ignores the config's eps
 ARCHITECTURE = "ChameleonForConditionalGeneration"
 
 
 @dataclass(frozen=True)
-class ChameleonConfig:
+class ChameleonConfig(LlamaShape):
     """Architecture and token layout of a Chameleon target.
 
     ``text_vocab_size`` is the full vocabulary (65536 for the 7B models) and ``vocab_size`` the image codes the
@@ -88,16 +102,7 @@ class ChameleonConfig:
     model_type: str = "t2i"  # what the condition is (text); the decoders never read it
 
     def __post_init__(self):
-        for name in ("n_layer", "n_head", "dim", "ffn_hidden", "text_vocab_size", "num_codes", "grid_size"):
-            checks.integer(name, getattr(self, name), 1)
-        checks.integer("cls_token_num", self.cls_token_num, 2, note="a prompt context needs at least BOS and BOI")
-        if self.n_kv_head == 0:
-            object.__setattr__(self, "n_kv_head", self.n_head)
-        if self.dim % self.n_head or (self.dim // self.n_head) % 2 or self.n_head % self.n_kv_head:
-            raise ConfigError(
-                f"hidden size {self.dim} must split into {self.n_head} heads of even size, "
-                f"and {self.n_head} heads into {self.n_kv_head} key/value heads"
-            )
+        self.check_shape(("n_layer", "n_head", "dim", "ffn_hidden", "text_vocab_size", "num_codes", "grid_size"))
         if not 0 <= self.code_offset <= self.text_vocab_size - self.num_codes:
             raise ConfigError(
                 f"image codes {self.code_offset}..{self.code_offset + self.num_codes - 1} do not fit the "
@@ -107,23 +112,6 @@ class ChameleonConfig:
             value = checks.integer(name, getattr(self, name), 0, self.text_vocab_size - 1)
             if self.code_offset <= value < self.code_offset + self.num_codes:
                 raise ConfigError(f"{name}={value} is one of the image codes' vocabulary ids")
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_head
-
-    @property
-    def vocab_size(self) -> int:
-        """What decoders sample from: the image codes."""
-        return self.num_codes
-
-    @property
-    def num_image_tokens(self) -> int:
-        return self.grid_size * self.grid_size
-
-    @property
-    def max_seq_len(self) -> int:
-        return self.cls_token_num + self.num_image_tokens
 
     def drafter_arch(self) -> ChameleonDrafterArch:
         """What an EAGLE drafter for this target is (:class:`~lantern.models.drafter.DrafterArch`): Chameleon's
@@ -174,20 +162,6 @@ class ChameleonCache(KVCache):
         return self.valid
 
 
-class RMSNorm(nn.Module):
-    """transformers' ChameleonRMSNorm: normalised in fp32, cast back, then scaled."""
-
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * normed.to(x.dtype)
-
-
 class HeadNorm(nn.Module):
     """qk-norm: LayerNorm over each head's channels (no affine, eps 1e-5), then a per-head affine (H, hd)."""
 
@@ -200,73 +174,33 @@ class HeadNorm(nn.Module):
         return F.layer_norm(x, x.shape[-1:], None, None, eps=QK_NORM_EPS) * self.weight + self.bias
 
 
-def rope_angles(
-    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin (S, hd) or (B, S, hd) for ``positions`` (S,) or (B, S), computed as transformers does."""
-    freqs = positions[..., None].float() * inv_freq  # (..., S, hd/2)
-    angles = torch.cat([freqs, freqs], dim=-1)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+class ChameleonAttention(Attention):
+    """Llama attention with Chameleon's qk-norm (``self_attn.{q,k}_norm``) on q and k before RoPE."""
 
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    first, second = x.chunk(2, dim=-1)
-    return torch.cat([-second, first], dim=-1)
-
-
-class Attention(nn.Module):
     def __init__(self, config: ChameleonConfig):
-        super().__init__()
-        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
-        kv_dim = config.n_kv_head * config.head_dim
-        self.q_proj = nn.Linear(config.dim, config.dim, bias=False)
-        self.k_proj = nn.Linear(config.dim, kv_dim, bias=False)
-        self.v_proj = nn.Linear(config.dim, kv_dim, bias=False)
-        self.o_proj = nn.Linear(config.dim, config.dim, bias=False)
+        super().__init__(config)
         self.q_norm = HeadNorm(config.n_head, config.head_dim)
         self.k_norm = HeadNorm(config.n_kv_head, config.head_dim)
 
-    def forward(self, x, cos, sin, mask, slots, kv) -> torch.Tensor:
-        batch, seq, dim = x.shape
-        q = self.q_norm(self.q_proj(x).view(batch, seq, self.n_head, self.head_dim)).transpose(1, 2)  # (B, H, S, hd)
-        k = self.k_norm(self.k_proj(x).view(batch, seq, self.n_kv_head, self.head_dim)).transpose(1, 2)
-        v = self.v_proj(x).view(batch, seq, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, S, hd)
-        q = q * cos + _rotate_half(q) * sin  # cos, sin broadcast as (1 or B, 1, S, hd)
-        k = k * cos + _rotate_half(k) * sin
-        keys, values = kv.update(slots, k, v, mask.shape[-1])  # (B, Hkv, L, hd)
-        if self.n_kv_head != self.n_head:
-            groups = self.n_head // self.n_kv_head
-            keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # (B, H, S, hd)
-        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, dim))
+    def normed(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.q_norm(q), self.k_norm(k)  # (B, S, H, hd), (B, S, Hkv, hd)
 
 
-class MLP(nn.Module):
+class ChameleonLayer(DecoderLayer):
+    """Llama's block with Chameleon's attention; with ``swin_norm`` the norms follow the sublayers
+    (Chameleon-30B's layout)."""
+
+    attention = ChameleonAttention
+
     def __init__(self, config: ChameleonConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(config.dim, config.ffn_hidden, bias=False)
-        self.up_proj = nn.Linear(config.dim, config.ffn_hidden, bias=False)
-        self.down_proj = nn.Linear(config.ffn_hidden, config.dim, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class DecoderLayer(nn.Module):
-    def __init__(self, config: ChameleonConfig):
-        super().__init__()
+        super().__init__(config)
         self.swin_norm = config.swin_norm
-        self.self_attn = Attention(config)
-        self.mlp = MLP(config)
-        self.input_layernorm = RMSNorm(config.dim, config.norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.dim, config.norm_eps)
 
     def forward(self, x, cos, sin, mask, slots, kv) -> torch.Tensor:
-        if self.swin_norm:  # norms after the sublayers (Chameleon-30B's layout)
-            h = x + self.input_layernorm(self.self_attn(x, cos, sin, mask, slots, kv))
-            return h + self.post_attention_layernorm(self.mlp(h))
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, slots, kv)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        if not self.swin_norm:
+            return super().forward(x, cos, sin, mask, slots, kv)
+        h = x + self.input_layernorm(self.self_attn(x, cos, sin, mask, slots, kv))
+        return h + self.post_attention_layernorm(self.mlp(h))
 
 
 class ChameleonBody(nn.Module):
@@ -275,16 +209,11 @@ class ChameleonBody(nn.Module):
     def __init__(self, config: ChameleonConfig):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.text_vocab_size, config.dim)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.n_layer))
+        self.layers = nn.ModuleList(ChameleonLayer(config) for _ in range(config.n_layer))
         self.norm = RMSNorm(config.dim, config.norm_eps)
 
 
-def _inv_freq(config: ChameleonConfig) -> torch.Tensor:
-    hd = config.head_dim
-    return 1.0 / (config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float) / hd))  # (hd/2,) fp32
-
-
-class ChameleonTarget(EmbeddingsTarget, nn.Module):
+class ChameleonTarget(RopeTarget, nn.Module):
     """A Chameleon decoder over image codes; no I/O here (see :mod:`lantern.models.chameleon.hf`).
 
     Sequence layout as every target: condition slots ``0 .. T-1`` hold the left-padded prompt context
@@ -296,13 +225,7 @@ class ChameleonTarget(EmbeddingsTarget, nn.Module):
         self.config = config
         self.model = ChameleonBody(config)
         self.lm_head = nn.Linear(config.dim, config.text_vocab_size, bias=False)
-        self.register_buffer("inv_freq", _inv_freq(config), persistent=False)
-
-    def _apply(self, fn, recurse=True):
-        # The RoPE frequencies stay fp32 whatever dtype the weights take (a non-persistent fp32 buffer in theirs).
-        super()._apply(fn, recurse)
-        self.inv_freq = _inv_freq(self.config).to(self.inv_freq.device)
-        return self
+        self.init_rope()
 
     # ----- inputs -------------------------------------------------------------------------------
     def embed_condition(self, condition: torch.Tensor) -> torch.Tensor:
@@ -338,7 +261,6 @@ class ChameleonTarget(EmbeddingsTarget, nn.Module):
         """Run the layers over ``x`` (B, S, D) at ``positions`` (S,) or (B, S), writing cache ``slots``
         (B, S) under ``mask`` (B, 1, S, L); return final-norm states (B, S, D), or with ``taps`` the pair
         ``(hidden, features)``, features (B, S, len(taps) * D) the residual streams entering those layers."""
-        taps = _check_taps(taps, self.config.n_layer) if taps else ()
         cos, sin = rope_angles(positions, self.inv_freq, x.dtype)
         cos, sin = (cos[None, None], sin[None, None]) if cos.dim() == 2 else (cos[:, None], sin[:, None])
         if isinstance(cache, ChameleonCache):  # hide the slots the prefill's mask hid (module docstring)
@@ -346,15 +268,7 @@ class ChameleonTarget(EmbeddingsTarget, nn.Module):
             valid = cache.write_valid(slots, mask, self.config.cls_token_num)[:, :length]  # (B, L)
             own = torch.arange(length, device=x.device)[None, None, :] == slots[:, :, None]  # (B, S, L)
             mask = mask & (valid[:, None, None, :] | own[:, None])
-        states: dict[int, torch.Tensor] = {}
-        for index, layer in enumerate(self.model.layers):
-            if index in taps:
-                states[index] = x
-            x = layer(x, cos, sin, mask, slots, cache.layer(index))
-        hidden = self.model.norm(x)
-        if not taps:
-            return hidden
-        return hidden, torch.cat([states[tap] for tap in taps], dim=-1)
+        return self.run_layers(x, cos, sin, mask, slots, cache, taps)
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Hidden states (..., D) -> fp32 logits over the image codes (..., K)."""
@@ -366,32 +280,13 @@ class ChameleonTarget(EmbeddingsTarget, nn.Module):
         return self.lm_head(hidden).float()
 
     # ----- decoding -----------------------------------------------------------------------------
-    def new_cache(self, batch: int, max_len: int | None = None) -> ChameleonCache:
-        cfg = self.config
-        weight = self.model.embed_tokens.weight
-        return ChameleonCache.allocate(
-            cfg.n_layer, batch, cfg.n_kv_head, max_len or cfg.max_seq_len, cfg.head_dim, weight.dtype, weight.device
-        )
+    cache_class = ChameleonCache
 
+    def layers_and_norm(self) -> tuple[nn.ModuleList, nn.Module]:
+        return self.model.layers, self.model.norm
 
-def _check_taps(taps, n_layer: int) -> tuple[int, ...]:
-    taps = tuple(taps)
-    for tap in taps:
-        checks.integer("tap", tap, 1, n_layer - 1, note=f"the input of one of the target's layers 1..{n_layer - 1}")
-    if len(set(taps)) != len(taps):
-        raise checks.refuse("taps", list(taps), "distinct layer indices")
-    return tuple(int(tap) for tap in taps)
-
-
-def rope_theta_of(config: Mapping, source: str) -> float:
-    """The RoPE theta an HF ``config.json`` states (5.x ``rope_parameters`` or 4.x ``rope_theta``); only the default RoPE."""
-    rope = config.get("rope_parameters") or {}
-    kind = rope.get("rope_type", "default") if isinstance(rope, Mapping) else "default"
-    scaling = config.get("rope_scaling")
-    if kind != "default" or (isinstance(scaling, Mapping) and scaling.get("rope_type", "default") != "default"):
-        raise CheckpointError(f"{source}: config.json asks for RoPE type {kind!r}; only the default RoPE is supported")
-    theta = rope.get("rope_theta", config.get("rope_theta", 10000.0)) if isinstance(rope, Mapping) else 10000.0
-    return float(theta)
+    def cache_weight(self) -> torch.Tensor:
+        return self.model.embed_tokens.weight
 
 
 # ----- drafters -----------------------------------------------------------------------------------------------
@@ -417,24 +312,13 @@ def rope_theta_of(config: Mapping, source: str) -> float:
 # The target's head already restricts logits to the image codes, as their ``non_image_tokens`` mask does; what
 # condition entries read is the prompt tokens' embeddings (``condition_input: embedding``), as theirs.
 
-EMBED_KEY = "embed_tokens.weight"
-# Our own config.json keys (the same names as LlamaGen's drafter folders): what condition entries read, the
-# tapped target layers; their loader ignores both.
-CONDITION_KEY = "lantern_condition_input"
-TAPS_KEY = "lantern_taps"
 
-
-class DrafterLayer(DecoderLayer):
+class DrafterLayer(ChameleonLayer):
     """Chameleon's decoder layer as a drafter layer: ``rope`` rows (S, hd, 2) or (B, S, hd, 2) of fp32
     ``[cos, sin]`` (:meth:`ChameleonDrafterArch.rope_table`), cast to the activations' dtype as the target does."""
 
     def forward(self, x, rope, mask, slots, kv) -> torch.Tensor:
-        cos, sin = rope[..., 0].to(x.dtype), rope[..., 1].to(x.dtype)  # (S, hd) or (B, S, hd)
-        if cos.dim() == 2:
-            cos, sin = cos[None, None], sin[None, None]  # (1, 1, S, hd): broadcast over rows and heads
-        else:
-            cos, sin = cos[:, None], sin[:, None]  # (B, 1, S, hd)
-        return super().forward(x, cos, sin, mask, slots, kv)
+        return super().forward(x, *drafter_cos_sin(rope, x.dtype), mask, slots, kv)
 
 
 @dataclass(frozen=True)
@@ -453,10 +337,7 @@ class ChameleonDrafterArch(ConfigSizes):
 
     def rope_table(self) -> torch.Tensor:
         """(T + N - 1, hd, 2) fp32 ``[cos, sin]``: entry ``i`` at position ``i + 1``, angles as the target's."""
-        cfg = self.config
-        positions = torch.arange(1, cfg.max_seq_len)
-        cos, sin = rope_angles(positions, _inv_freq(cfg), torch.float32)  # (T + N - 1, hd) each
-        return torch.stack([cos, sin], dim=-1)
+        return drafter_rope_table(self.config)
 
     # ----- the HF folder ---------------------------------------------------------------------------------
     def folder_config(self, n_layer: int, norm_eps: float, condition_input: str, taps: tuple[int, ...]) -> dict:
@@ -490,11 +371,7 @@ class ChameleonDrafterArch(ConfigSizes):
             "cls_token_num": cfg.cls_token_num,
             "block_size": cfg.num_image_tokens,
         }
-        if condition_input:
-            config[CONDITION_KEY] = condition_input
-        if taps:
-            config[TAPS_KEY] = [int(tap) for tap in taps]
-        return config
+        return own_keys(config, condition_input, taps)
 
     def check_folder_config(self, config: Mapping, norm_eps: float, source: str, what: str) -> None:
         """CheckpointError unless ``config.json`` describes a Chameleon; ConfigError naming the first key whose
@@ -525,16 +402,7 @@ class ChameleonDrafterArch(ConfigSizes):
             "block_size": cfg.num_image_tokens,
         }
         required = ("hidden_size", "num_attention_heads", "vocab_size")
-        for key, want in expected.items():
-            if key not in config or (key == "num_key_value_heads" and config[key] is None):
-                if key in required:
-                    raise ConfigError(f"{source}: config.json has no {key!r}; expected {checks.shown(want)} for {what}")
-                continue
-            if not _same(config[key], want):
-                raise ConfigError(
-                    f"{source}: config.json has {key}={checks.shown(config[key])}, expected {checks.shown(want)} "
-                    f"for {what}"
-                )
+        check_folder_keys(config, expected, required, source, what, nullable=("num_key_value_heads",))
 
     def to_folder(self, state_dict: Mapping[str, torch.Tensor], embeddings: torch.Tensor) -> dict:
         """Our drafter's tensors (already the release's names) and the frozen table ``embeddings`` (V, D)."""
@@ -550,17 +418,8 @@ class ChameleonDrafterArch(ConfigSizes):
         self, state_dict: Mapping[str, torch.Tensor], source: str
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
         """A folder's (or file's) tensors under our names, and its frozen table (or None), only checked."""
-        return {k: v for k, v in state_dict.items() if k != EMBED_KEY}, state_dict.get(EMBED_KEY)
+        return split_folder(state_dict)
 
     def folder_embeddings(self, target) -> torch.Tensor:
         """The target's whole embedding table (V, D)."""
         return target.model.embed_tokens.weight
-
-
-def _same(have, want) -> bool:
-    """Equal as JSON values: numbers by value (``1e-05`` is ``1e-5``), a bool or a string only to its kind."""
-    if isinstance(want, (bool, str)):
-        return type(have) is type(want) and have == want
-    if checks.is_number(want):
-        return checks.is_number(have) and math.isclose(float(have), float(want), rel_tol=1e-9, abs_tol=0.0)
-    return have == want

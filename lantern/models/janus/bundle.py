@@ -17,13 +17,14 @@ import torch
 
 from lantern import checks
 from lantern.errors import CheckpointError, ConfigError
-from lantern.models.bundle import ModelBundle
+from lantern.models.bundle import ModelBundle, family_drafter, finish_family_bundle, require_folder
 from lantern.models.devices import resolve_device, resolve_dtype
 from lantern.models.janus import hf
-from lantern.models.janus.condition import TINY_WORDS, JanusConditioner, load_tokenizer, tiny_vocabulary, word_tokenizer
+from lantern.models.janus.condition import TINY_WORDS, JanusConditioner, tiny_vocabulary, word_tokenizer
 from lantern.models.janus.model import JanusConfig, JanusTarget
 from lantern.models.janus.vq import load_vq, random_vq, vq_config
 from lantern.models.llamagen.vq import VQConfig
+from lantern.models.prompt_ids import load_tokenizer
 
 CODEBOOK_KEY = hf.VQ_PREFIX + "quantize.embedding.weight"
 
@@ -94,19 +95,8 @@ def random_target(config: JanusConfig, init_seed: int = 0) -> JanusTarget:
     return model
 
 
-def _finish(name, target, vq_model, conditioner, device, dtype) -> JanusBundle:
-    conditioner.check_model(target.config)
-    target = target.to(device=device, dtype=dtype).eval()
-    return JanusBundle(name, target, vq_model.to(device=device).eval(), conditioner, device)
-
-
 def _folder(gpt_ckpt) -> str:
-    if gpt_ckpt is None or not os.path.isdir(os.fspath(gpt_ckpt)):
-        raise CheckpointError(
-            f"model.gpt_ckpt={gpt_ckpt!r}: expected the folder of a {hf.ARCHITECTURE} "
-            "(config.json, safetensors weights, tokenizer.json)"
-        )
-    return os.fspath(gpt_ckpt)
+    return require_folder(gpt_ckpt, hf.ARCHITECTURE, "config.json, safetensors weights, tokenizer.json")
 
 
 def random_bundle(
@@ -132,7 +122,9 @@ def random_bundle(
             raise CheckpointError(f"HF folder {folder!r} is not the random preset's architecture")
         model, _ = hf.load_target(folder, loaded)
     conditioner = JanusConditioner.for_model(tokenizer, config, template, device)
-    return _finish(name, model, random_vq(vq_config(vq), init_seed), conditioner, device, dtype)
+    return finish_family_bundle(
+        JanusBundle, name, model, random_vq(vq_config(vq), init_seed), conditioner, device, dtype
+    )
 
 
 def _check_architecture(config: JanusConfig, architecture: Mapping | None, folder: str) -> None:
@@ -178,7 +170,7 @@ def load_bundle(
     model, vq_state = hf.load_target(folder, config)
     vq_model = load_vq(vq_state, vq_cfg, folder)
     conditioner = JanusConditioner.for_model(tokenizer, model.config, template, device)
-    return _finish(name, model, vq_model, conditioner, device, dtype)
+    return finish_family_bundle(JanusBundle, name, model, vq_model, conditioner, device, dtype)
 
 
 # ----- drafters and neighbours -----------------------------------------------------------------------------
@@ -193,14 +185,8 @@ def random_drafter(
 ):
     """A seeded random one-layer drafter for the random preset, or, when ``path`` is given, the drafter loaded
     from it (a folder ``scripts/train_drafter.py`` exported, or the trainer's ``drafter.safetensors``)."""
-    from lantern.models.drafter import Drafter, DrafterConfig, load_drafter_for
-
     config, _ = random_config(target, vq)
-    if path is not None:
-        return load_drafter_for(path, config, name, device, dtype)
-    torch.manual_seed(init_seed)
-    drafter = Drafter(DrafterConfig(config))
-    return drafter.to(device=resolve_device(device), dtype=resolve_dtype(dtype)).eval()
+    return family_drafter(config, path, name, init_seed, device, dtype)
 
 
 def load_drafter(path, gpt_ckpt, target: Mapping, device: str = "cpu", dtype: str = "float32", name: str = "janus"):

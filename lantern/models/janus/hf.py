@@ -22,7 +22,6 @@ import torch
 from lantern import checks
 from lantern.errors import CheckpointError
 from lantern.files import note_input
-from lantern.models.chameleon.model import rope_theta_of
 from lantern.models.checkpoint import (
     INDEX_SUFFIX,
     WEIGHT_FILES,
@@ -32,6 +31,7 @@ from lantern.models.checkpoint import (
     read_hf_weights,
 )
 from lantern.models.janus.model import ARCHITECTURE, JanusConfig, JanusTarget
+from lantern.models.llama_parts import rope_theta_of
 
 VQ_PREFIX = "model.vqmodel."
 SET_ASIDE = ("model.vision_model.", "model.aligner.", "lm_head.")  # understanding path and text head

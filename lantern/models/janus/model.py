@@ -15,8 +15,8 @@ Facts checked against transformers 5.x ``modeling_janus.py`` / ``modeling_llama.
 * the LM's last normed state goes through ``gen_head``: ``proj_out`` (D -> D), GELU, ``vision_head`` (D -> K);
   the text ``lm_head`` is never used while an image is generated;
 * Llama blocks: pre-norm, fp32 RMSNorm cast back then scaled, 1D half-split RoPE with cos and sin computed in
-  fp32 from the positions and cast to the model dtype, SwiGLU, no biases (the norm, MLP and RoPE angles are
-  :mod:`lantern.models.chameleon.model`'s, which are transformers' Llama ones; Janus has no qk-norm).
+  fp32 from the positions and cast to the model dtype, SwiGLU, no biases (the norm, MLP, attention and RoPE code
+  is :mod:`lantern.models.llama_parts`, which the Chameleon family shares; Janus has no qk-norm).
 
 Condition layout (how one batch holds prompts of different lengths and the reference's unconditional rows).
 DeepSeek's ``generation_inference.py`` runs one prompt of L tokens unpadded: the conditional row is
@@ -34,7 +34,6 @@ both rows, so scores equal the reference's with every decoder unchanged.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
@@ -43,18 +42,27 @@ import torch.nn.functional as F
 from torch import nn
 
 from lantern import checks
-from lantern.errors import CheckpointError, ConfigError
-from lantern.models.chameleon.model import MLP, RMSNorm, rope_angles
+from lantern.errors import CheckpointError
 from lantern.models.drafter import ConfigSizes
-from lantern.models.kv_cache import KVCache
-from lantern.models.llamagen.gpt import check_taps
-from lantern.models.target import EmbeddingsTarget
+from lantern.models.llama_parts import (
+    EMBED_KEY,
+    DecoderLayer,
+    LlamaShape,
+    RMSNorm,
+    RopeTarget,
+    check_folder_keys,
+    drafter_cos_sin,
+    drafter_rope_table,
+    own_keys,
+    rope_angles,
+    split_folder,
+)
 
 ARCHITECTURE = "JanusForConditionalGeneration"
 
 
 @dataclass(frozen=True)
-class JanusConfig:
+class JanusConfig(LlamaShape):
     """Architecture and token layout of a Janus target.
 
     ``dim`` is the LM width, which the aligner's output and the head's input also have (transformers'
@@ -83,36 +91,12 @@ class JanusConfig:
     model_type: str = "t2i"  # what the condition is (text); the decoders never read it
 
     def __post_init__(self):
-        for name in ("n_layer", "n_head", "dim", "ffn_hidden", "text_vocab_size", "num_codes", "code_dim", "grid_size"):
-            checks.integer(name, getattr(self, name), 1)
+        self.check_shape(
+            ("n_layer", "n_head", "dim", "ffn_hidden", "text_vocab_size", "num_codes", "code_dim", "grid_size")
+        )
         checks.integer("aligner_depth", self.aligner_depth, 1)
-        checks.integer("cls_token_num", self.cls_token_num, 2, note="a prompt context needs at least BOS and BOI")
-        if self.n_kv_head == 0:
-            object.__setattr__(self, "n_kv_head", self.n_head)
-        if self.dim % self.n_head or (self.dim // self.n_head) % 2 or self.n_head % self.n_kv_head:
-            raise ConfigError(
-                f"hidden size {self.dim} must split into {self.n_head} heads of even size, "
-                f"and {self.n_head} heads into {self.n_kv_head} key/value heads"
-            )
         for name in ("bos_id", "pad_id", "boi_id"):
             checks.integer(name, getattr(self, name), 0, self.text_vocab_size - 1)
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_head
-
-    @property
-    def vocab_size(self) -> int:
-        """What decoders sample from: the image codes (the generation head's outputs)."""
-        return self.num_codes
-
-    @property
-    def num_image_tokens(self) -> int:
-        return self.grid_size * self.grid_size
-
-    @property
-    def max_seq_len(self) -> int:
-        return self.cls_token_num + self.num_image_tokens
 
     def drafter_arch(self) -> JanusDrafterArch:
         """What an EAGLE drafter for this target is (:class:`~lantern.models.drafter.DrafterArch`)."""
@@ -128,53 +112,6 @@ def rope_positions(positions: torch.Tensor, mask: torch.Tensor, cls_token_num: i
     columns = torch.arange(width, device=mask.device)
     hidden = ~mask[:, 0, :, :width] & (columns < positions[..., None])  # (B, S, T) masked slots before it
     return positions - hidden.sum(-1)
-
-
-class Attention(nn.Module):
-    """Llama attention (no qk-norm, no biases) over a static cache."""
-
-    def __init__(self, config: JanusConfig):
-        super().__init__()
-        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
-        kv_dim = config.n_kv_head * config.head_dim
-        self.q_proj = nn.Linear(config.dim, config.dim, bias=False)
-        self.k_proj = nn.Linear(config.dim, kv_dim, bias=False)
-        self.v_proj = nn.Linear(config.dim, kv_dim, bias=False)
-        self.o_proj = nn.Linear(config.dim, config.dim, bias=False)
-
-    def forward(self, x, cos, sin, mask, slots, kv) -> torch.Tensor:
-        batch, seq, dim = x.shape
-        q = self.q_proj(x).view(batch, seq, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, S, hd)
-        k = self.k_proj(x).view(batch, seq, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, S, hd)
-        v = self.v_proj(x).view(batch, seq, self.n_kv_head, self.head_dim).transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin  # cos, sin (1 or B, 1, S, hd)
-        k = k * cos + _rotate_half(k) * sin
-        keys, values = kv.update(slots, k, v, mask.shape[-1])  # (B, Hkv, L, hd)
-        if self.n_kv_head != self.n_head:
-            groups = self.n_head // self.n_kv_head
-            keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # (B, H, S, hd)
-        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, dim))
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    first, second = x.chunk(2, dim=-1)
-    return torch.cat([-second, first], dim=-1)
-
-
-class DecoderLayer(nn.Module):
-    """Llama's pre-norm block: ``h = x + attn(in_norm(x))``, ``out = h + mlp(post_norm(h))``."""
-
-    def __init__(self, config: JanusConfig):
-        super().__init__()
-        self.self_attn = Attention(config)
-        self.mlp = MLP(config)
-        self.input_layernorm = RMSNorm(config.dim, config.norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.dim, config.norm_eps)
-
-    def forward(self, x, cos, sin, mask, slots, kv) -> torch.Tensor:
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, slots, kv)
-        return h + self.mlp(self.post_attention_layernorm(h))
 
 
 class LanguageModel(nn.Module):
@@ -225,25 +162,14 @@ class JanusBody(nn.Module):
         self.generation_head = GenerationHead(config)
 
 
-def _inv_freq(config: JanusConfig) -> torch.Tensor:
-    hd = config.head_dim
-    return 1.0 / (config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float) / hd))  # (hd/2,) fp32
-
-
-class JanusTarget(EmbeddingsTarget, nn.Module):
+class JanusTarget(RopeTarget, nn.Module):
     """Janus's LM over image codes; no I/O here (see :mod:`lantern.models.janus.hf`)."""
 
     def __init__(self, config: JanusConfig):
         super().__init__()
         self.config = config
         self.model = JanusBody(config)
-        self.register_buffer("inv_freq", _inv_freq(config), persistent=False)
-
-    def _apply(self, fn, recurse=True):
-        # The RoPE frequencies stay fp32 whatever dtype the weights take (a non-persistent fp32 buffer in theirs).
-        super()._apply(fn, recurse)
-        self.inv_freq = _inv_freq(self.config).to(self.inv_freq.device)
-        return self
+        self.init_rope()
 
     # ----- inputs -------------------------------------------------------------------------------
     def embed_condition(self, condition: torch.Tensor) -> torch.Tensor:
@@ -278,30 +204,20 @@ class JanusTarget(EmbeddingsTarget, nn.Module):
         """Run the layers over ``x`` (B, S, D) at ``positions`` (S,) or (B, S), writing cache ``slots``
         (B, S) under ``mask`` (B, 1, S, L); final-norm states (B, S, D), or with ``taps`` the pair
         ``(hidden, features)``, features (B, S, len(taps) * D) the residual streams entering those layers."""
-        taps = check_taps(taps, self.config.n_layer) if taps else ()
         cos, sin = rope_angles(rope_positions(positions, mask, self.config.cls_token_num), self.inv_freq, x.dtype)
         cos, sin = cos[:, None], sin[:, None]  # (B, 1, S, hd)
-        states: dict[int, torch.Tensor] = {}
-        for index, layer in enumerate(self.model.language_model.layers):
-            if index in taps:
-                states[index] = x
-            x = layer(x, cos, sin, mask, slots, cache.layer(index))
-        hidden = self.model.language_model.norm(x)
-        if not taps:
-            return hidden
-        return hidden, torch.cat([states[tap] for tap in taps], dim=-1)
+        return self.run_layers(x, cos, sin, mask, slots, cache, taps)
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Hidden states (..., D) -> fp32 logits over the image codes (..., K) from the generation head."""
         return self.model.generation_head(hidden).float()
 
     # ----- decoding -----------------------------------------------------------------------------
-    def new_cache(self, batch: int, max_len: int | None = None) -> KVCache:
-        cfg = self.config
-        weight = self.model.language_model.embed_tokens.weight
-        return KVCache.allocate(
-            cfg.n_layer, batch, cfg.n_kv_head, max_len or cfg.max_seq_len, cfg.head_dim, weight.dtype, weight.device
-        )
+    def layers_and_norm(self) -> tuple[nn.ModuleList, nn.Module]:
+        return self.model.language_model.layers, self.model.language_model.norm
+
+    def cache_weight(self) -> torch.Tensor:
+        return self.model.language_model.embed_tokens.weight
 
 
 # ----- drafters -----------------------------------------------------------------------------------------------
@@ -314,9 +230,6 @@ class JanusTarget(EmbeddingsTarget, nn.Module):
 # position ``i + 1``) reads RoPE position ``i + 1``: slots, not the target's remapped positions; the drafter
 # is trained and run in the same layout, and its attention over the condition is masked as the target's.
 
-EMBED_KEY = "embed_tokens.weight"
-CONDITION_KEY = "lantern_condition_input"
-TAPS_KEY = "lantern_taps"
 DRAFTER_ARCHITECTURE = "LlamaForCausalLM"
 
 
@@ -324,12 +237,7 @@ class DrafterLayer(DecoderLayer):
     """Janus's Llama layer as a drafter layer: ``rope`` rows (S, hd, 2) or (B, S, hd, 2) of fp32 ``[cos, sin]``."""
 
     def forward(self, x, rope, mask, slots, kv) -> torch.Tensor:
-        cos, sin = rope[..., 0].to(x.dtype), rope[..., 1].to(x.dtype)
-        if cos.dim() == 2:
-            cos, sin = cos[None, None], sin[None, None]  # (1, 1, S, hd)
-        else:
-            cos, sin = cos[:, None], sin[:, None]  # (B, 1, S, hd)
-        return super().forward(x, cos, sin, mask, slots, kv)
+        return super().forward(x, *drafter_cos_sin(rope, x.dtype), mask, slots, kv)
 
 
 @dataclass(frozen=True)
@@ -344,9 +252,7 @@ class JanusDrafterArch(ConfigSizes):
 
     def rope_table(self) -> torch.Tensor:
         """(T + N - 1, hd, 2) fp32 ``[cos, sin]``: entry ``i`` at position ``i + 1``."""
-        cfg = self.config
-        cos, sin = rope_angles(torch.arange(1, cfg.max_seq_len), _inv_freq(cfg), torch.float32)
-        return torch.stack([cos, sin], dim=-1)
+        return drafter_rope_table(self.config)
 
     def folder_config(self, n_layer: int, norm_eps: float, condition_input: str, taps: tuple[int, ...]) -> dict:
         cfg = self.config
@@ -369,11 +275,7 @@ class JanusDrafterArch(ConfigSizes):
             "cls_token_num": cfg.cls_token_num,
             "block_size": cfg.num_image_tokens,
         }
-        if condition_input:
-            config[CONDITION_KEY] = condition_input
-        if taps:
-            config[TAPS_KEY] = [int(tap) for tap in taps]
-        return config
+        return own_keys(config, condition_input, taps)
 
     def check_folder_config(self, config: Mapping, norm_eps: float, source: str, what: str) -> None:
         """CheckpointError unless ``config.json`` describes a Llama drafter; ConfigError naming the first key
@@ -396,16 +298,7 @@ class JanusDrafterArch(ConfigSizes):
             "cls_token_num": cfg.cls_token_num,
             "block_size": cfg.num_image_tokens,
         }
-        for key, want in expected.items():
-            if key not in config:
-                if key in ("hidden_size", "num_attention_heads", "vocab_size"):
-                    raise ConfigError(f"{source}: config.json has no {key!r}; expected {checks.shown(want)} for {what}")
-                continue
-            have = config[key]
-            if not (checks.is_number(have) and math.isclose(float(have), float(want), rel_tol=1e-9)):
-                raise ConfigError(
-                    f"{source}: config.json has {key}={checks.shown(have)}, expected {checks.shown(want)} for {what}"
-                )
+        check_folder_keys(config, expected, ("hidden_size", "num_attention_heads", "vocab_size"), source, what)
 
     def to_folder(self, state_dict: Mapping[str, torch.Tensor], embeddings: torch.Tensor) -> dict:
         return {EMBED_KEY: embeddings, **state_dict}
@@ -413,7 +306,7 @@ class JanusDrafterArch(ConfigSizes):
     def from_folder(
         self, state_dict: Mapping[str, torch.Tensor], source: str
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
-        return {k: v for k, v in state_dict.items() if k != EMBED_KEY}, state_dict.get(EMBED_KEY)
+        return split_folder(state_dict)
 
     def folder_embeddings(self, target) -> torch.Tensor:
         """Every code's LM input (K, D) (:meth:`JanusTarget.aligned_embeddings`)."""

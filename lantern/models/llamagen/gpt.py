@@ -18,7 +18,7 @@ from lantern import checks
 from lantern.errors import ConfigError
 from lantern.models.kv_cache import KVCache
 from lantern.models.llamagen.rope import apply_rope, rope_table_2d
-from lantern.models.target import EmbeddingsTarget
+from lantern.models.target import EmbeddingsTarget, check_taps
 
 MODEL_TYPES = ("c2i", "t2i")
 
@@ -98,20 +98,6 @@ def default_taps(n_layer: int) -> tuple[int, ...]:
     """
     n_layer = checks.integer("n_layer", n_layer, 2, note="a target with taps needs a state between two layers")
     return tuple(sorted({min(max(tap, 1), n_layer - 1) for tap in (2, n_layer // 2, n_layer - 3)}))
-
-
-def check_taps(taps, n_layer: int, name: str = "taps") -> tuple[int, ...]:
-    """``taps`` as a tuple of ints, each a layer index in ``1 .. n_layer - 1``, none repeated; else a
-    ConfigError naming the bad one (``name`` says where the taps come from). Tap ``i`` is the residual
-    stream entering layer ``i``: 0 would be the token embeddings and ``n_layer`` the un-normed last state."""
-    taps = tuple(taps)
-    for tap in taps:
-        note = f"{name}={checks.shown(list(taps))}: the input of one of the target's layers 1..{n_layer - 1}"
-        checks.integer("tap", tap, 1, n_layer - 1, note=note)
-    repeated = sorted({tap for tap in taps if taps.count(tap) > 1})
-    if repeated:
-        raise checks.refuse(name, list(taps), "distinct layer indices", f"tap {repeated[0]} is repeated")
-    return tuple(int(tap) for tap in taps)
 
 
 def gpt_config(preset: str, model_type: str, image_size: int, downsample: int = 16, **overrides) -> GPTConfig:

@@ -1,0 +1,290 @@
+"""The Llama-style pieces the Chameleon and Janus families share (transformers' ``modeling_llama`` /
+``modeling_chameleon`` maths), so each family's ``model.py`` keeps only what differs.
+
+* :class:`RMSNorm` (normalised in fp32, cast back, then scaled), :class:`MLP` (SwiGLU, no biases),
+  1D half-split RoPE (:func:`inv_freq`, :func:`rope_angles`: cos and sin computed in fp32 from the positions
+  and cast to the model dtype, as theirs);
+* :class:`Attention` over a static cache (no biases, grouped key/value heads; a family adds qk-norm through
+  :meth:`Attention.normed`) and the pre-norm :class:`DecoderLayer` (``self_attn``, ``mlp``,
+  ``input_layernorm``, ``post_attention_layernorm``: the HF names, so folders load by name);
+* :class:`LlamaShape`, the shape facts and checks both configs state the same way; :class:`RopeTarget`, the
+  protocol's methods both targets write the same way over their layers (fp32 RoPE frequencies, the layer loop
+  with taps, the static cache);
+* for EAGLE-style drafters: :func:`drafter_cos_sin` (the drafter's RoPE rows), :func:`drafter_rope_table`,
+  :func:`check_folder_keys` and the folder keys of our own.
+
+Nothing here is a family: it holds no layout of prompts, vocabularies or folders.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lantern import checks
+from lantern.errors import CheckpointError, ConfigError
+from lantern.models.kv_cache import KVCache
+from lantern.models.target import EmbeddingsTarget, check_taps
+
+# Our own drafter config.json keys (the same names as LlamaGen's drafter folders): what condition entries read,
+# the tapped target layers; the releases' loaders ignore both. EMBED_KEY: the frozen token table of a folder.
+EMBED_KEY = "embed_tokens.weight"
+CONDITION_KEY = "lantern_condition_input"
+TAPS_KEY = "lantern_taps"
+
+
+class RMSNorm(nn.Module):
+    """transformers' Llama/Chameleon RMSNorm: normalised in fp32, cast back, then scaled."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+class MLP(nn.Module):
+    """SwiGLU ``down(silu(gate(x)) * up(x))``, no biases; ``config`` has ``dim`` and ``ffn_hidden``."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.dim, config.ffn_hidden, bias=False)
+        self.up_proj = nn.Linear(config.dim, config.ffn_hidden, bias=False)
+        self.down_proj = nn.Linear(config.ffn_hidden, config.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def inv_freq(head_dim: int, theta: float) -> torch.Tensor:
+    """(hd/2,) fp32 RoPE frequencies ``theta^(-2j/hd)``."""
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+
+
+def rope_angles(
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin (S, hd) or (B, S, hd) for ``positions`` (S,) or (B, S), computed as transformers does."""
+    freqs = positions[..., None].float() * inv_freq  # (..., S, hd/2)
+    angles = torch.cat([freqs, freqs], dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat([-second, first], dim=-1)
+
+
+def rope_theta_of(config: Mapping, source: str) -> float:
+    """The RoPE theta an HF ``config.json`` states (5.x ``rope_parameters`` or 4.x ``rope_theta``); only the default RoPE."""
+    rope = config.get("rope_parameters") or {}
+    kind = rope.get("rope_type", "default") if isinstance(rope, Mapping) else "default"
+    scaling = config.get("rope_scaling")
+    if kind != "default" or (isinstance(scaling, Mapping) and scaling.get("rope_type", "default") != "default"):
+        raise CheckpointError(f"{source}: config.json asks for RoPE type {kind!r}; only the default RoPE is supported")
+    theta = rope.get("rope_theta", config.get("rope_theta", 10000.0)) if isinstance(rope, Mapping) else 10000.0
+    return float(theta)
+
+
+class Attention(nn.Module):
+    """Attention without biases over a static cache, grouped key/value heads; ``normed`` is where a family's
+    qk-norm goes (none here)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
+        kv_dim = config.n_kv_head * config.head_dim
+        self.q_proj = nn.Linear(config.dim, config.dim, bias=False)
+        self.k_proj = nn.Linear(config.dim, kv_dim, bias=False)
+        self.v_proj = nn.Linear(config.dim, kv_dim, bias=False)
+        self.o_proj = nn.Linear(config.dim, config.dim, bias=False)
+
+    def normed(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q (B, S, H, hd) and k (B, S, Hkv, hd) before RoPE: as they are."""
+        return q, k
+
+    def forward(self, x, cos, sin, mask, slots, kv) -> torch.Tensor:
+        batch, seq, dim = x.shape
+        q = self.q_proj(x).view(batch, seq, self.n_head, self.head_dim)
+        k = self.k_proj(x).view(batch, seq, self.n_kv_head, self.head_dim)
+        q, k = self.normed(q, k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, S, hd), (B, Hkv, S, hd)
+        v = self.v_proj(x).view(batch, seq, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, S, hd)
+        q = q * cos + rotate_half(q) * sin  # cos, sin broadcast as (1 or B, 1, S, hd)
+        k = k * cos + rotate_half(k) * sin
+        keys, values = kv.update(slots, k, v, mask.shape[-1])  # (B, Hkv, L, hd)
+        if self.n_kv_head != self.n_head:
+            groups = self.n_head // self.n_kv_head
+            keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # (B, H, S, hd)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, dim))
+
+
+class DecoderLayer(nn.Module):
+    """Llama's pre-norm block: ``h = x + attn(in_norm(x))``, ``out = h + mlp(post_norm(h))``; a family picks its
+    attention class (``attention``)."""
+
+    attention = Attention
+
+    def __init__(self, config):
+        super().__init__()
+        self.self_attn = self.attention(config)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.dim, config.norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.dim, config.norm_eps)
+
+    def forward(self, x, cos, sin, mask, slots, kv) -> torch.Tensor:
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, slots, kv)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LlamaShape:
+    """Shape facts and checks of a family config with ``n_layer``, ``n_head``, ``n_kv_head``, ``dim``,
+    ``num_codes``, ``grid_size``, ``cls_token_num`` (a frozen dataclass mixing this in calls
+    :meth:`check_shape` from its ``__post_init__``)."""
+
+    def check_shape(self, integers: tuple[str, ...]) -> None:
+        """ConfigError unless ``integers`` are positive, the condition holds BOS and BOI and the width splits
+        into heads; ``n_kv_head`` 0 becomes ``n_head``."""
+        for name in integers:
+            checks.integer(name, getattr(self, name), 1)
+        checks.integer("cls_token_num", self.cls_token_num, 2, note="a prompt context needs at least BOS and BOI")
+        if self.n_kv_head == 0:
+            object.__setattr__(self, "n_kv_head", self.n_head)
+        if self.dim % self.n_head or (self.dim // self.n_head) % 2 or self.n_head % self.n_kv_head:
+            raise ConfigError(
+                f"hidden size {self.dim} must split into {self.n_head} heads of even size, "
+                f"and {self.n_head} heads into {self.n_kv_head} key/value heads"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_head
+
+    @property
+    def vocab_size(self) -> int:
+        """What decoders sample from: the image codes."""
+        return self.num_codes
+
+    @property
+    def num_image_tokens(self) -> int:
+        return self.grid_size * self.grid_size
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.cls_token_num + self.num_image_tokens
+
+
+class RopeTarget(EmbeddingsTarget):
+    """What a family target over :class:`DecoderLayer` layers writes the same way: the fp32 ``inv_freq`` buffer,
+    the layer loop with taps and the static cache. A family sets ``cache_class``, calls :meth:`init_rope` in
+    its ``__init__`` and gives :meth:`layers_and_norm` and :meth:`cache_weight` (its dtype and device are the
+    cache's). Inherited before ``nn.Module``."""
+
+    cache_class = KVCache
+
+    def init_rope(self) -> None:
+        self.register_buffer("inv_freq", inv_freq(self.config.head_dim, self.config.rope_theta), persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        # The RoPE frequencies stay fp32 whatever dtype the weights take (a non-persistent fp32 buffer in theirs).
+        super()._apply(fn, recurse)
+        self.inv_freq = inv_freq(self.config.head_dim, self.config.rope_theta).to(self.inv_freq.device)
+        return self
+
+    def layers_and_norm(self) -> tuple[nn.ModuleList, nn.Module]:
+        raise NotImplementedError
+
+    def cache_weight(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def run_layers(self, x, cos, sin, mask, slots, cache, taps: tuple[int, ...] = ()):
+        """The layers over ``x`` (B, S, D) with RoPE ``cos``, ``sin`` (1 or B, 1, S, hd): final-norm states
+        (B, S, D), or with ``taps`` the pair ``(hidden, features)``, features (B, S, len(taps) * D) the residual
+        streams entering those layers."""
+        layers, norm = self.layers_and_norm()
+        taps = check_taps(taps, len(layers)) if taps else ()
+        states: dict[int, torch.Tensor] = {}
+        for index, layer in enumerate(layers):
+            if index in taps:
+                states[index] = x
+            x = layer(x, cos, sin, mask, slots, cache.layer(index))
+        hidden = norm(x)
+        if not taps:
+            return hidden
+        return hidden, torch.cat([states[tap] for tap in taps], dim=-1)
+
+    def new_cache(self, batch: int, max_len: int | None = None):
+        cfg, weight = self.config, self.cache_weight()
+        return self.cache_class.allocate(
+            cfg.n_layer, batch, cfg.n_kv_head, max_len or cfg.max_seq_len, cfg.head_dim, weight.dtype, weight.device
+        )
+
+
+# ----- drafters -----------------------------------------------------------------------------------------------
+def drafter_cos_sin(rope: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """A drafter's RoPE rows ``rope`` (S, hd, 2) or (B, S, hd, 2) fp32 ``[cos, sin]`` -> cos, sin in ``dtype``
+    shaped to broadcast as the target's: (1, 1, S, hd) or (B, 1, S, hd)."""
+    cos, sin = rope[..., 0].to(dtype), rope[..., 1].to(dtype)
+    if cos.dim() == 2:
+        return cos[None, None], sin[None, None]
+    return cos[:, None], sin[:, None]
+
+
+def drafter_rope_table(config) -> torch.Tensor:
+    """(T + N - 1, hd, 2) fp32 ``[cos, sin]``: drafter entry ``i`` at position ``i + 1``, angles as the target's."""
+    positions = torch.arange(1, config.max_seq_len)
+    cos, sin = rope_angles(positions, inv_freq(config.head_dim, config.rope_theta), torch.float32)
+    return torch.stack([cos, sin], dim=-1)
+
+
+def own_keys(config: dict, condition_input: str, taps: tuple[int, ...]) -> dict:
+    """``config`` with our own keys (condition entries' input, taps) where they are set."""
+    if condition_input:
+        config[CONDITION_KEY] = condition_input
+    if taps:
+        config[TAPS_KEY] = [int(tap) for tap in taps]
+    return config
+
+
+def split_folder(state_dict: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+    """A drafter folder's tensors under our names, and its frozen table (or None)."""
+    return {k: v for k, v in state_dict.items() if k != EMBED_KEY}, state_dict.get(EMBED_KEY)
+
+
+def same_json(have, want) -> bool:
+    """Equal as JSON values: numbers by value (``1e-05`` is ``1e-5``), a bool or a string only to its kind."""
+    if isinstance(want, (bool, str)):
+        return type(have) is type(want) and have == want
+    if checks.is_number(want):
+        return checks.is_number(have) and math.isclose(float(have), float(want), rel_tol=1e-9, abs_tol=0.0)
+    return have == want
+
+
+def check_folder_keys(
+    config: Mapping,
+    expected: Mapping,
+    required: tuple[str, ...],
+    source: str,
+    what: str,
+    nullable: tuple[str, ...] = (),
+) -> None:
+    """ConfigError naming the first key of ``expected`` whose value in ``config`` does not fit (a key of
+    ``required`` must be there; the others, or a key of ``nullable`` set to null, are checked when present)."""
+    for key, want in expected.items():
+        if key not in config or (key in nullable and config[key] is None):
+            if key in required:
+                raise ConfigError(f"{source}: config.json has no {key!r}; expected {checks.shown(want)} for {what}")
+            continue
+        if not same_json(config[key], want):
+            raise ConfigError(
+                f"{source}: config.json has {key}={checks.shown(config[key])}, expected {checks.shown(want)} for {what}"
+            )
