@@ -1,6 +1,7 @@
 """The GPU check: AR vs exact vs LANTERN, compiled, bf16, with no host sync inside a decode step.
 
     python scripts/gpu_check.py                                   # on a CUDA machine: writes results/gpu_check.{md,json}
+    python scripts/gpu_check.py --targets anole_7b,janus_pro_7b --images 2 --out results/gpu_check_7b   # the 7B presets
     python scripts/gpu_check.py --device cpu --dtype float32 --compile none --tiny --out /tmp/g   # its CPU form (tests)
 
 What it times and checks, and on which targets: :mod:`lantern.run.gpu_check`.
@@ -28,8 +29,15 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--compile", default="reduce-overhead", choices=COMPILE_MODES)
     parser.add_argument("--images", type=int, default=6)
-    parser.add_argument("--targets", default="world,llamagen", help="world and/or llamagen (random-weight GPT-XL t2i)")
-    parser.add_argument("--tiny", action="store_true", help="GPT-nano sizes instead of GPT-XL (the CPU form)")
+    parser.add_argument(
+        "--targets",
+        default="world,llamagen",
+        help="comma list of world, llamagen (random-weight GPT-XL t2i), anole_7b, janus_pro_7b (random weights, "
+        "the presets' full architectures)",
+    )
+    parser.add_argument(
+        "--tiny", action="store_true", help="GPT-nano and the tiny family presets' sizes instead (the CPU form)"
+    )
     parser.add_argument("--out", default="results/gpu_check", help="writes OUT.md and OUT.json")
     args = parser.parse(argv)
     args.argv = sys.argv[1:] if argv is None else argv

@@ -47,3 +47,41 @@ def test_gpu_check_without_a_gpu_is_one_line(capsys):
     assert exit_info.value.code == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ")
+
+
+def test_gpu_check_cpu_form_times_the_family_presets_on_their_tiny_sizes(tmp_path):
+    script = load_script("gpu_check")
+    out = tmp_path / "families"
+    argv = ["--device", "cpu", "--dtype", "float32", "--compile", "none", "--tiny", "--images", "2"]
+    assert script.main([*argv, "--targets", "anole_7b,janus_pro_7b", "--out", str(out)]) == 0
+    report = json.loads(out.with_suffix(".json").read_text())
+    names = [r["target"] for r in report["results"]]
+    assert "tiny_random_chameleon" in names[0] and "tiny_random_janus" in names[1]
+    for result in report["results"]:
+        assert result["tokens"] == 64  # both tiny presets: 8 x 8 codes
+        assert [row["mode"] for row in result["rows"]] == ["ar eager", "ar none", "lantern d=0.1 chain3 sampled"]
+        assert result["greedy_tokens_equal_compiled_vs_eager"] == 1.0
+        assert all(row["s_per_image"] > 0 and row["tau"] >= 1.0 for row in result["rows"])
+
+
+# Anole: 32 layers of 4 x 4096^2 + 3 x 4096 x 11008, embeddings and lm_head of 65536 rows: 7.01e9. Janus: 30 such
+# layers, 102400 embedding rows, no text head (never used), the generation embeddings, aligner and head: 6.59e9.
+@pytest.mark.parametrize(("preset", "billions"), [("anole_7b", 7.01), ("janus_pro_7b", 6.59)])
+def test_the_7b_timing_nodes_build_the_full_architecture_in_bf16_without_memory(preset, billions):
+    """The presets' timing nodes on the meta device: the release's parameter count, every tensor bf16, and the
+    drafter one layer of the family's kind (nothing is allocated; on a GPU the same build is materialised)."""
+    import torch
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    from lantern import REPO_ROOT
+
+    with initialize_config_dir(version_base="1.3", config_dir=str(REPO_ROOT / "conf")):
+        cfg = compose("config", overrides=[f"model={preset}", "dtype=bfloat16"])
+    parts = instantiate(cfg.model.timing, device="meta")
+    count = sum(p.numel() for p in parts.target.parameters())
+    assert abs(count / 1e9 - billions) < 0.01, count
+    tensors = [*parts.target.parameters(), *parts.drafter.parameters()]
+    assert all(t.device.type == "meta" and t.dtype == torch.bfloat16 for t in tensors)
+    assert parts.target.inv_freq.dtype == torch.float32 and len(parts.drafter.layers) == 1
+    assert len(parts.conditions) == 64 and parts.conditions[5].mask.shape == (1, 128)

@@ -178,3 +178,50 @@ def family_drafter(config, path, name: str, init_seed: int = 0, device: str = "c
     torch.manual_seed(init_seed)
     drafter = Drafter(DrafterConfig(config))
     return drafter.to(device=resolve_device(device), dtype=resolve_dtype(dtype)).eval()
+
+
+def random_on_device(build: Callable[[], torch.nn.Module], device, dtype, init_seed: int = 0, std: float = 0.02):
+    """``build()`` with random weights, made on the meta device and materialised on ``device`` directly in
+    ``dtype``: a 7B model never exists in fp32 or on the host. Norm weights are 1, biases 0, every other
+    parameter normal with ``std`` (drawn on ``device``); buffers a module recomputes in ``_apply`` (RoPE
+    tables) are recomputed there. For timing, not quality (``scripts/gpu_check.py``). ``device="meta"`` stops
+    before any memory is taken (what a preset's sizes come to, for checks)."""
+    dtype = resolve_dtype(dtype)
+    with torch.device("meta"):
+        model = build().to(dtype=dtype)
+    if str(device) == "meta":
+        return model.eval()
+    device = resolve_device(device)
+    model = model.to_empty(device=device)
+    generator = torch.Generator(device=device).manual_seed(init_seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+                param.fill_(1.0)
+            elif name.endswith("bias"):
+                param.zero_()
+            else:
+                param.normal_(0.0, std, generator=generator)
+    return model.eval()
+
+
+@dataclass
+class TimingParts:
+    """What the GPU check times on a family preset: a random-weight target of the preset's architecture, a
+    random one-layer drafter of the family's kind, prompt conditions of varied lengths and the codes' count."""
+
+    target: torch.nn.Module
+    drafter: torch.nn.Module
+    conditions: list
+    num_codes: int
+
+
+def timing_parts(target_class, config, conditioner, device, dtype, init_seed: int = 0, count: int = 64) -> TimingParts:
+    """:class:`TimingParts` for a ``target_class(config)`` whose prompts ``conditioner`` lays out (its
+    ``random_condition``), on ``device`` in ``dtype``."""
+    from lantern.models.drafter import Drafter, DrafterConfig
+
+    target = random_on_device(lambda: target_class(config), device, dtype, init_seed)
+    drafter = random_on_device(lambda: Drafter(DrafterConfig(config)), device, dtype, init_seed + 1)
+    conditions = [conditioner.random_condition(i, config.text_vocab_size) for i in range(count)]
+    return TimingParts(target, drafter, conditions, config.num_codes)

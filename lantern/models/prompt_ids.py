@@ -57,6 +57,17 @@ class PromptConditioner:
         """Write one prompt context ``ids`` into its row's slots ``values`` (T,) and ``mask`` (T,) (pads, False)."""
         raise NotImplementedError
 
+    def random_condition(self, index: int, vocab: int) -> Condition:
+        """A stand-in prompt (1, T) for timing: ``[BOS, random ids..., BOI]`` of a length that varies with
+        ``index`` (2 .. T), laid out as this family's prompts, the ids drawn from ``vocab`` seeded by ``index``."""
+        length = 2 + (7 * index) % (self.cls_token_num - 1)
+        generator = torch.Generator().manual_seed(index)
+        text = torch.randint(0, vocab, (length - 2,), generator=generator).tolist()
+        values = torch.full((1, self.cls_token_num), self.pad_id, dtype=torch.long)
+        mask = torch.zeros(1, self.cls_token_num, dtype=torch.bool)
+        self.place(values[0], mask[0], [self.bos_id, *text, self.boi_id])
+        return Condition(values.to(self.device), mask.to(self.device))
+
     def check(self, prompt) -> None:
         """ConfigError unless ``prompt`` is a non-empty caption whose context fits the condition slots."""
         if not isinstance(prompt, str) or not prompt.strip():

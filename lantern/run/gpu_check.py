@@ -3,14 +3,21 @@
     python scripts/gpu_check.py                                   # on a CUDA machine: writes results/gpu_check.{md,json}
     python scripts/gpu_check.py --device cpu --dtype float32 --compile none --tiny --out /tmp/g   # its CPU form (tests)
 
-Two targets: the embedded world (with its trained drafter) and a random-weight LlamaGen GPT-XL t2i at
-256 px (official layout and sizes: 36 x 1280, 120 caption tokens of 2048, V = 16384) with a random
-one-layer drafter, so verification and drafting costs are LlamaGen's even where acceptance is not.
-For each: eager AR, compiled AR, exact chain decoding and LANTERN (delta 0.1 and 0.4) on chains,
-compiled alike, batch 1, interleaved image by image after warm-up (compilation happens there),
-median latency per mode. Timed steps run under ``torch.cuda.set_sync_debug_mode("error")``, so any
+Targets (``--targets``): the embedded world (with its trained drafter), a random-weight LlamaGen GPT-XL
+t2i at 256 px (official layout and sizes: 36 x 1280, 120 caption tokens of 2048, V = 16384) with a random
+one-layer drafter, and the 7B family presets ``anole_7b`` (Chameleon-7B: 32 x 4096, 65536 ids, 32 x 32
+codes of 8192, 128 prompt slots) and ``janus_pro_7b`` (30 x 4096, 24 x 24 codes of 16384): random weights of
+the preset's full architecture (its ``timing`` node) made on the meta device and materialised on the
+device directly in ``--dtype`` (a 7B target is never built in fp32: ~14 GB in bf16 plus a ~0.4 GB drafter),
+a random one-layer drafter of the family's own kind, random prompts of varied length and a random codebook's
+neighbour table. So verification and drafting costs are the real architecture's even where acceptance is not.
+For the world and LlamaGen: eager AR, compiled AR, exact chain decoding and LANTERN (delta 0.1 and 0.4) on
+chains; for the 7B presets eager AR, compiled AR and LANTERN delta 0.1 on a chain (a 1024-token image takes
+seconds); compiled alike, batch 1, interleaved image by image after warm-up (compilation happens there),
+median latency per mode (``latency_ms`` and ``s_per_image``). Timed steps run under ``torch.cuda.set_sync_debug_mode("error")``, so any
 host synchronisation inside a step fails the check. Greedy tokens of compiled and eager AR are
-compared too. ``--tiny`` swaps GPT-XL for GPT-nano sizes (the CPU form, which the tests run).
+compared too. ``--tiny`` swaps GPT-XL for GPT-nano sizes and the 7B presets for ``tiny_random_chameleon`` /
+``tiny_random_janus`` (their ``timing`` nodes: the same code path; the CPU form, which the tests run).
 """
 
 from __future__ import annotations
@@ -87,13 +94,35 @@ def random_llamagen(device, dtype, tiny: bool):
     return model, drafter, neighbours, conditions, {"cfg_scale": 7.5, "temperature": 1.0, "top_k": 1000, "top_p": 1.0}
 
 
-def decoders(drafter, neighbours, sampling, mode, guard, k):
-    """The compared modes (label -> decoder); AR eager and AR compiled are both there."""
+FAMILY_PRESETS = {"anole_7b": "tiny_random_chameleon", "janus_pro_7b": "tiny_random_janus"}  # --tiny: the right
+TARGETS = ("world", "llamagen", *FAMILY_PRESETS)
+
+
+def family_target(preset: str, device, dtype, tiny: bool):
+    """A family preset's ``timing`` node (random weights of its architecture on ``device`` in ``dtype``), a
+    random codebook's neighbours and its recommended sampling; with ``tiny`` the tiny preset of that family."""
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    name = FAMILY_PRESETS[preset] if tiny else preset
+    overrides = [f"model={name}", f"device={device.type}", f"dtype={str(dtype).removeprefix('torch.')}"]
+    with initialize_config_dir(version_base="1.3", config_dir=str(REPO_ROOT / "conf")):
+        cfg = compose("config", overrides=overrides)
+    parts = instantiate(cfg.model.timing)
+    codebook = torch.randn(parts.num_codes, 8, generator=torch.Generator().manual_seed(0))
+    neighbours = CodebookNeighbours(codebook=codebook, k_max=64 if tiny else 1024)
+    return parts.target, parts.drafter, neighbours, parts.conditions, dict(cfg.model.recommended)
+
+
+def decoders(drafter, neighbours, sampling, mode, guard, k, full: bool = True):
+    """The compared modes (label -> decoder); AR eager and AR compiled are always there, exact chain and
+    LANTERN delta 0.4 only when ``full``."""
     modes = {"ar eager": ARDecoder(sampling), f"ar {mode}": ARDecoder(sampling, compile=mode, guard=guard)}
-    modes["exact chain3 sampled"] = SpeculativeDecoder(
-        sampling, drafter, chain(3, "sampled"), ExactSampled(), "eagle", mode, guard=guard
-    )
-    for delta in (0.1, 0.4):
+    if full:
+        modes["exact chain3 sampled"] = SpeculativeDecoder(
+            sampling, drafter, chain(3, "sampled"), ExactSampled(), "eagle", mode, guard=guard
+        )
+    for delta in (0.1, 0.4) if full else (0.1,):
         modes[f"lantern d={delta} chain3 sampled"] = SpeculativeDecoder(
             sampling, drafter, chain(3, "sampled"), lantern(k, delta, neighbours), "lantern", mode, guard=guard
         )
@@ -110,11 +139,11 @@ def timed(decoder, model, condition, keys, device):
     return time.perf_counter() - start, result
 
 
-def check(name, model, drafter, neighbours, conditions, recommended, args, device) -> dict:
+def check(name, model, drafter, neighbours, conditions, recommended, args, device, full: bool = True) -> dict:
     sampling = SamplingConfig(**{key: recommended[key] for key in ("cfg_scale", "temperature", "top_k", "top_p")})
     guard = lambda: no_host_sync(device)  # noqa: E731
     k = min(1000, neighbours.k_max - 1)  # the bounded rule needs k <= k_max
-    modes = decoders(drafter, neighbours, sampling, args.compile, guard, k)
+    modes = decoders(drafter, neighbours, sampling, args.compile, guard, k, full)
     keys = [keys_tensor(0, [i], device) for i in range(args.images)]
     compile_s = {}
     for label, decoder in modes.items():  # warm-up: compilation, CUDA graph capture, tables
@@ -141,6 +170,7 @@ def check(name, model, drafter, neighbours, conditions, recommended, args, devic
             {
                 "mode": label,
                 "latency_ms": latency * 1000,
+                "s_per_image": latency,
                 "min_ms": spread[0] * 1000,
                 "max_ms": spread[1] * 1000,
                 "tau": statistics.mean(taus[label]),
@@ -197,7 +227,7 @@ def run_gpu_check(args) -> list[dict]:
         )
     device = resolve_device(args.device)
     checks.integer("--images", args.images, 2)
-    targets = [checks.choice("--targets", t, ("world", "llamagen")) for t in args.targets.split(",")]
+    targets = [checks.choice("--targets", t, TARGETS) for t in args.targets.split(",")]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     dtype = getattr(torch, args.dtype)
@@ -205,6 +235,15 @@ def run_gpu_check(args) -> list[dict]:
     for target in targets:
         if target == "world":
             results.append(check("embedded world (GPT, 8x8 tokens)", *world_target(device, dtype), args, device))
+        elif target in FAMILY_PRESETS:
+            name = (
+                f"random {FAMILY_PRESETS[target]} (tiny form of {target})" if args.tiny else f"random-weight {target}"
+            )
+            parts = family_target(target, device, dtype, args.tiny)
+            results.append(check(name, *parts, args, device, full=False))
+            del parts  # a 7B target's memory goes before the next is built
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
         else:
             name = "random GPT-nano t2i (tiny form)" if args.tiny else "random-weight LlamaGen GPT-XL t2i 256 px"
             results.append(check(name, *random_llamagen(device, dtype, args.tiny), args, device))

@@ -14,7 +14,14 @@ import torch
 
 from lantern import checks
 from lantern.errors import CheckpointError, ConfigError
-from lantern.models.bundle import ModelBundle, family_drafter, finish_family_bundle, require_folder
+from lantern.models.bundle import (
+    ModelBundle,
+    TimingParts,
+    family_drafter,
+    finish_family_bundle,
+    require_folder,
+    timing_parts,
+)
 from lantern.models.chameleon import hf
 from lantern.models.chameleon.condition import ChameleonConditioner
 from lantern.models.chameleon.model import ChameleonConfig, ChameleonTarget
@@ -188,3 +195,25 @@ def random_codebook(vq: Mapping, init_seed: int = 0) -> torch.Tensor:
     """The random preset's VQGAN codebook (K, D): LANTERN's neighbour tables over the codes (code c is the
     decoder's token c, so the table needs no id map)."""
     return random_vqgan(vq_config(vq), init_seed).raw_codebook().detach()
+
+
+# ----- timing (scripts/gpu_check.py) ------------------------------------------------------------------------
+def timing(
+    architecture: Mapping | None,
+    target: Mapping,
+    vq: Mapping,
+    device: str = "cpu",
+    dtype: str = "float32",
+    init_seed: int = 0,
+) -> TimingParts:
+    """Random-weight parts of a preset for the GPU check: a target of ``architecture`` (the fields of
+    :class:`ChameleonConfig` but ``grid_size`` and ``cls_token_num``, which ``target`` and ``vq`` give; null:
+    the random preset's own) and a one-layer drafter, both made directly on ``device`` in ``dtype``."""
+    vq_cfg = vq_config(vq)
+    if architecture is None:
+        config, _ = random_config(target, vq_cfg)
+    else:
+        cls_token_num = checks.integer("model.cls_token_num", target["cls_token_num"], 2)
+        config = ChameleonConfig(**dict(architecture), grid_size=_grid(target, vq_cfg), cls_token_num=cls_token_num)
+    conditioner = ChameleonConditioner.for_model(None, config, device=device)
+    return timing_parts(ChameleonTarget, config, conditioner, device, dtype, init_seed)

@@ -17,7 +17,14 @@ import torch
 
 from lantern import checks
 from lantern.errors import CheckpointError, ConfigError
-from lantern.models.bundle import ModelBundle, family_drafter, finish_family_bundle, require_folder
+from lantern.models.bundle import (
+    ModelBundle,
+    TimingParts,
+    family_drafter,
+    finish_family_bundle,
+    require_folder,
+    timing_parts,
+)
 from lantern.models.devices import resolve_device, resolve_dtype
 from lantern.models.janus import hf
 from lantern.models.janus.condition import TINY_WORDS, JanusConditioner, tiny_vocabulary, word_tokenizer
@@ -210,3 +217,26 @@ def random_codebook(vq: Mapping, init_seed: int = 0) -> torch.Tensor:
 def folder_codebook(folder: str | os.PathLike) -> torch.Tensor:
     """A folder's VQ codebook (K, 8) (``model.vqmodel.quantize.embedding.weight``), read alone."""
     return hf.read_tensor(_folder(folder), CODEBOOK_KEY).float()
+
+
+# ----- timing (scripts/gpu_check.py) ------------------------------------------------------------------------
+def timing(
+    architecture: Mapping | None,
+    target: Mapping,
+    vq: Mapping | None = None,
+    device: str = "cpu",
+    dtype: str = "float32",
+    init_seed: int = 0,
+) -> TimingParts:
+    """Random-weight parts of a preset for the GPU check: a target of ``architecture`` (the fields of
+    :class:`JanusConfig` but ``grid_size`` and ``cls_token_num``, which ``target`` and ``vq`` give, ``vq``
+    null the release's VQ-16; ``architecture`` null: the random preset's own) and a one-layer drafter, both
+    made directly on ``device`` in ``dtype``."""
+    if architecture is None:
+        config, _ = random_config(target, vq or {})
+    else:
+        cls_token_num = checks.integer("model.cls_token_num", target["cls_token_num"], 2)
+        grid = _grid(target, vq_config(vq or {}))
+        config = JanusConfig(**dict(architecture), grid_size=grid, cls_token_num=cls_token_num)
+    conditioner = JanusConditioner.for_model(None, config, device=device)
+    return timing_parts(JanusTarget, config, conditioner, device, dtype, init_seed)
