@@ -140,7 +140,8 @@ def test_prefix_mask_hides_padded_caption_columns_and_keeps_diagonal():
     assert not mask[1, 2]  # causal
 
 
-def test_kv_cache_move_compacts_per_row():
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "inductor"])
+def test_kv_cache_move_compacts_per_row(compiled):
     model = _tiny("c2i")
     cache = model.new_cache(2, 8)
     for buffer in cache.tensors():  # one (B, H, L, hd) tensor per layer and kind
@@ -148,7 +149,9 @@ def test_kv_cache_move_compacts_per_row():
     src = torch.tensor([[4, 6], [3, 7]])  # row 1 overlaps: slot 3 is read before it is written
     dst = torch.tensor([[2, 3], [2, 3]])
     before = {"k": cache.k.clone(), "v": cache.v.clone()}  # (layers, B, H, L, hd) each
-    cache.move(src, dst)
+    # compiled, the move is an index_put_ in place (the eager path is a scatter_): both must move alike
+    move = torch.compile(cache.move, fullgraph=True, dynamic=False) if compiled else cache.move
+    move(src, dst)
     for name, old in before.items():  # keys and values move alike
         expected = old.clone()
         for row in range(2):

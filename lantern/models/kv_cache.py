@@ -70,16 +70,24 @@ class KVCache:
         return LayerCache(self.keys[index], self.values[index])
 
     def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        """Copy slots ``src`` to ``dst`` in every layer, per row: ``src``, ``dst`` are (B, n) long.
+        """Copy slots ``src`` to ``dst`` in every layer's keys and values, per row: ``src``, ``dst`` are (B, n) long.
 
         Used after a speculative step to move the accepted path's entries into contiguous positions.
         ``src`` and ``dst`` may overlap when ``dst <= src`` elementwise (values are gathered first).
         """
         batch, n_head, _, head_dim = self.keys[0].shape
-        index = src[:, None, :, None].expand(batch, n_head, src.shape[1], head_dim)  # (B, H, n, hd)
-        target = dst[:, None, :, None].expand_as(index)
-        for cache in self.tensors():
-            cache.scatter_(2, target, cache.gather(2, index))
+        if not torch.compiler.is_compiling():  # eager: gather + scatter_, as in LayerCache.update
+            index = src[:, None, :, None].expand(batch, n_head, src.shape[1], head_dim)  # (B, H, n, hd)
+            target = dst[:, None, :, None].expand_as(index)
+            for cache in self.keys + self.values:
+                cache.scatter_(2, target, cache.gather(2, index))
+            return
+        # Compiled: index_put_ writes the n moved slots in place; a scatter_ into a step's input would be
+        # computed into a copy of every layer's whole cache and copied back (see LayerCache.update).
+        rows = torch.arange(batch, device=src.device)[:, None, None]  # (B, 1, 1)
+        head = torch.arange(n_head, device=src.device)[None, :, None]  # (1, H, 1)
+        for cache in self.keys + self.values:
+            cache.index_put_((rows, head, dst[:, None, :]), cache[rows, head, src[:, None, :]])  # (B, H, n, hd)
 
 
 class LayerCache:

@@ -135,14 +135,6 @@ class ChameleonCache(KVCache):
     def tensors(self) -> list[torch.Tensor]:
         return self.keys + self.values + [self.valid]
 
-    def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        """As :meth:`KVCache.move`, over keys and values only (moved slots are image tokens: valid)."""
-        batch, n_head, _, head_dim = self.keys[0].shape
-        index = src[:, None, :, None].expand(batch, n_head, src.shape[1], head_dim)  # (B, H, n, hd)
-        target = dst[:, None, :, None].expand_as(index)
-        for cache in self.keys + self.values:
-            cache.scatter_(2, target, cache.gather(2, index))
-
     def write_valid(self, slots: torch.Tensor, mask: torch.Tensor, cond_len: int) -> torch.Tensor:
         """Record which keys written at ``slots`` (B, S) under ``mask`` (B, 1, S, L) are real; return the
         validity of every slot (B, max_len).
