@@ -11,7 +11,7 @@ from test_speculative import text_condition, tiny
 from torch import nn
 
 from lantern.decoding.ar import ARDecoder
-from lantern.decoding.compile import check_compile
+from lantern.decoding.compile import check_compile, inductor_options
 from lantern.decoding.tree.decoder import SpeculativeDecoder
 from lantern.decoding.tree.draft import DynamicTree, chain, prior_tree
 from lantern.errors import ConfigError
@@ -107,6 +107,45 @@ def test_a_smaller_last_batch_adds_one_graph_only():
     for prompts in (("a", "b c", "d"), ("e f", "g", "h"), ("i",)):
         decoder.generate(model, text_condition(prompts), keys_tensor(0, range(len(prompts))))
     assert backend.graphs == 2
+
+
+def test_decoders_sharing_a_step_alternate_without_rerunning_every_guard():
+    """After its first guarded call per context, a compiled step runs under Dynamo's
+    ``skip_guard_eval_unsafe`` (only the guards that tell cache entries apart). Two decoders whose steps
+    are the same function (exact and LANTERN chains) and an audited step, called in turn on one backend,
+    must still each run their own graph: every batch equals its eager decode."""
+    model, drafter = tiny()
+    sampling = SamplingConfig(temperature=1.0, cfg_scale=3.0)
+    table = CodebookNeighbours(codebook=torch.randn(8, 4), k_max=7)
+    rules = {
+        "exact": ExactSampled(),
+        "lantern": lantern(4, 0.3, table),
+        "reference": lantern(4, 0.3, table, semantics="reference", tv_audit_every=3),
+    }
+    backend = CountingBackend()
+    decoders = {
+        name: (
+            SpeculativeDecoder(sampling, drafter, chain(2, "sampled"), rule),
+            SpeculativeDecoder(sampling, drafter, chain(2, "sampled"), rule, compile="default", backend=backend),
+        )
+        for name, rule in rules.items()
+    }
+    cond = text_condition()
+    for seed in range(3):
+        keys = keys_tensor(seed, range(4))
+        for name, (eager, compiled) in decoders.items():
+            expected = eager.generate(model, cond, keys)
+            result = compiled.generate(model, cond, keys)
+            assert torch.equal(result.codes, expected.codes), (seed, name)
+            assert torch.equal(result.per_sample["tv_measured"], expected.per_sample["tv_measured"]), (seed, name)
+    assert backend.graphs == 4  # exact, lantern, reference unaudited and audited
+
+
+def test_cpu_steps_compile_with_a_cpp_wrapper():
+    assert inductor_options("default", "cpu") == {"options": {"cpp_wrapper": True, "max_autotune": False}}
+    assert inductor_options("max-autotune", "cpu")["options"]["max_autotune"]
+    assert inductor_options("reduce-overhead", "cuda") == {"mode": "reduce-overhead"}
+    assert inductor_options("default", "cuda") == {}
 
 
 def test_inductor_compiled_ar_equals_eager():

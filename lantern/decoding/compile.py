@@ -40,21 +40,82 @@ def check_compile(mode: str, device: torch.device | str | None = None, backend: 
     return mode
 
 
+def inductor_options(mode: str, device_type: str) -> dict:
+    """torch.compile's keyword arguments for an Inductor ``mode`` on a device type.
+
+    On the CPU the graph's host code is C++ (Inductor's ``cpp_wrapper``): the Python wrapper that otherwise
+    calls a decode step's few hundred kernels costs about as much as a third of the world's AR step and
+    more of a speculative step (docs/speed.md). The kernels are the same, so the tokens are too. CUDA
+    keeps torch.compile's own mode (``reduce-overhead`` replays CUDA graphs).
+    """
+    if device_type != "cpu":
+        return {} if mode == "default" else {"mode": mode}
+    return {"options": {"cpp_wrapper": True, "max_autotune": mode == "max-autotune"}}
+
+
+class Compiled:
+    """A step function compiled with ``fullgraph=True`` once per device type it is called on.
+
+    Calls are ``step(ctx, state, *rest)``. The first call for each ``(ctx, *rest)`` runs Dynamo's guards
+    (it may compile); later calls for the same context and arguments run under
+    ``skip_guard_eval_unsafe``, so Dynamo only evaluates the guards that tell its cache entries apart
+    (which step, which context's rule and shapes) rather than every guard on every model parameter
+    (0.6 ms of an AR step, 1-2 ms of a speculative step that shares its code with other decoders on the
+    world). That is safe here because a context fixes the models, caches and shapes, and a state of a
+    context always has the same tensor shapes and dtypes: nothing a skipped guard checks can change
+    between calls with the same key. ``ctx`` must be the same object for the whole decode.
+    """
+
+    def __init__(self, fn, mode: str, backend: str):
+        self.fn, self.mode, self.backend = fn, mode, backend
+        self._by_device: dict[str, object] = {}
+        # id(ctx) -> (ctx, the argument tuples whose first call ran guarded); ctx is held so its id is not reused
+        self._guarded: dict[int, tuple[object, set]] = {}
+
+    def _build(self, device_type: str):
+        # Dynamo keeps its compiled graphs per function; every decoder (structure, rule, batch shape)
+        # is a specialisation of the same step function, and a test session builds many decoders.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 4096)
+        options = {"fullgraph": True, "dynamic": False, "backend": self.backend}
+        if self.backend == "inductor":
+            options.update(inductor_options(self.mode, device_type))
+        return torch.compile(self.fn, **options)
+
+    def __call__(self, ctx, state, *rest):
+        device_type = _device_type(state)
+        step = self._by_device.get(device_type)
+        if step is None:
+            step = self._by_device[device_type] = self._build(device_type)
+        seen = self._guarded.setdefault(id(ctx), (ctx, set()))[1]
+        key = (device_type, *rest)
+        if key not in seen:
+            out = step(ctx, state, *rest)
+            seen.add(key)
+            return out
+        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+            return step(ctx, state, *rest)
+
+
+def _device_type(state) -> str:
+    """The device type of the first tensor in ``state`` (a tensor or a tuple of them; CPU if none)."""
+    for leaf in state if isinstance(state, tuple) else (state,):
+        if isinstance(leaf, torch.Tensor):
+            return leaf.device.type
+        if isinstance(leaf, tuple):
+            return _device_type(leaf)
+    return "cpu"
+
+
 def compiled(fn, mode: str, backend: str = "inductor"):
-    """``fn`` compiled with ``fullgraph=True`` as ``mode`` says (``fn`` itself for ``none``).
+    """``fn(ctx, state, *rest)`` compiled with ``fullgraph=True`` as ``mode`` says (``fn`` itself for ``none``);
+    see :class:`Compiled`.
 
     ``backend`` other than ``inductor`` (``eager``, ``aot_eager``) only checks capture: tests use it.
     """
     if mode == "none":
         return fn
-    # Dynamo keeps its compiled graphs per function; every decoder (structure, rule, batch shape)
-    # is a specialisation of the same step function, and a test session builds many decoders.
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-    torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 4096)
-    options = {"fullgraph": True, "dynamic": False, "backend": backend}
-    if backend == "inductor" and mode != "default":
-        options["mode"] = mode
-    return torch.compile(fn, **options)
+    return Compiled(fn, mode, backend)
 
 
 def mark_static(*tensors: torch.Tensor) -> None:

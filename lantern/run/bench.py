@@ -114,18 +114,19 @@ def target_forward_ms(bundle, sampling: SamplingConfig, count: int, compile_mode
     mask = torch.arange(capacity, device=bundle.device) < base + count  # (capacity,)
     mask = mask.expand(rows, 1, count, capacity).contiguous()  # (rows, 1, count, W)
 
-    def forward(tokens, positions, slots, mask):
-        return model.forward_tokens(tokens, positions, slots, mask, cache)
+    def forward(_, inputs):  # a step's (ctx, state) convention, as lantern.decoding.compile.compiled calls it
+        return model.forward_tokens(*inputs, cache)
 
     step = compiled(forward, compile_mode)
+    inputs = (tokens, positions, slots, mask)
     with torch.inference_mode():
         for _ in range(3):  # compiles once; warms the allocator
-            step(tokens, positions, slots, mask)
+            step(None, inputs)
         times = []
         for _ in range(repeats):
             synchronize(bundle.device)
             start = time.perf_counter()
-            step(tokens, positions, slots, mask)
+            step(None, inputs)
             synchronize(bundle.device)
             times.append(time.perf_counter() - start)
     return 1000 * statistics.median(times)
