@@ -78,7 +78,8 @@ def test_our_export_reads_back_identically_and_misfits_are_refused(tmp_path, tin
     arch = drafter.config.arch
     assert isinstance(arch, JanusDrafterArch)
     table = arch.folder_embeddings(target)
-    assert torch.allclose(table[:3], target.embed_tokens(torch.arange(3)[None])[0])  # aligner(gen_embed(c))
+    # aligner(gen_embed(c)); the whole table is one matmul over every code, so its fp32 rounding may differ
+    assert torch.allclose(table[:3], target.embed_tokens(torch.arange(3)[None])[0], atol=1e-6)
     folder = save_drafter_folder(drafter, table, tmp_path / "drafter", dtype=torch.float32)
     config = json.loads((folder / "config.json").read_text())
     their = transformers.LlamaConfig(**config)
