@@ -84,10 +84,16 @@ class KVCache:
             return
         # Compiled: index_put_ writes the n moved slots in place; a scatter_ into a step's input would be
         # computed into a copy of every layer's whole cache and copied back (see LayerCache.update).
-        rows = torch.arange(batch, device=src.device)[:, None, None]  # (B, 1, 1)
-        head = torch.arange(n_head, device=src.device)[None, :, None]  # (1, H, 1)
+        rows, head = row_head_index(batch, n_head, src.device)
         for cache in self.keys + self.values:
             cache.index_put_((rows, head, dst[:, None, :]), cache[rows, head, src[:, None, :]])  # (B, H, n, hd)
+
+
+def row_head_index(batch: int, heads: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row (B, 1, 1) and head (1, H, 1) indices that, with per-row slots (B, 1, S), address (B, H, S) cache entries."""
+    rows = torch.arange(batch, device=device)[:, None, None]
+    head = torch.arange(heads, device=device)[None, :, None]
+    return rows, head
 
 
 class LayerCache:
@@ -111,9 +117,7 @@ class LayerCache:
             return self.k[:, :, :length], self.v[:, :, :length]
         # Compiled: an index_put_, which Inductor writes into the cache in place, whereas a scatter_ into a
         # step's input is computed into a copy of the whole cache and copied back.
-        batch, heads = k.shape[:2]
-        rows = torch.arange(batch, device=slots.device)[:, None, None]  # (B, 1, 1)
-        head = torch.arange(heads, device=slots.device)[None, :, None]  # (1, H, 1)
+        rows, head = row_head_index(*k.shape[:2], slots.device)
         index = (rows, head, slots[:, None, :])  # broadcasts to (B, H, S)
         self.k.index_put_(index, k)
         self.v.index_put_(index, v)
