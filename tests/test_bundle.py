@@ -26,6 +26,7 @@ def test_t2i_run_loads_official_format_files_and_a_local_t5(tmp_path):
     out = tmp_path / "run"
     overrides = [
         "model=llamagen_t2i_xl_256",
+        "decoding=ar",  # official GPT/VQ/T5 files; no drafter
         f"model.gpt_ckpt={tmp_path / 'gpt.pt'}",
         f"model.vq_ckpt={tmp_path / 'vq.pt'}",
         f"model.text_encoder_path={t5}",

@@ -75,7 +75,7 @@ def test_the_new_users_command_gives_a_drafter_that_speeds_up_greedy_decoding(tm
     assert report["training"]["steps"] == 40 and report["data"]["rows"] == 64 and report["held_out"]["rows"] == 4
     assert 0.0 <= report["held_out"]["top1"] <= report["held_out"]["top5"] <= 1.0
     assert "held-out top-1 agreement" in proc.stdout
-    ar, ar_png = run_images(tmp_path, "ar", "temperature=0")
+    ar, ar_png = run_images(tmp_path, "ar", "decoding=ar", "temperature=0")
     eagle, eagle_png = run_images(
         tmp_path, "eagle", "temperature=0", "decoding=eagle", f"model.drafter_ckpt={out / 'drafter'}"
     )
@@ -286,7 +286,7 @@ def test_an_eagle3_drafter_exports_with_its_taps_and_decodes_losslessly(tmp_path
     assert (out / "features_taps-1").is_dir() and not (out / "features").exists()
     report = json.loads((out / "report.json").read_text())
     assert report["drafter_config"]["kind"] == "eagle3" and report["drafter_config"]["taps"] == [1]
-    ar, ar_png = run_images(tmp_path, "ar", "temperature=0")
+    ar, ar_png = run_images(tmp_path, "ar", "decoding=ar", "temperature=0")
     _, eagle_png = run_images(
         tmp_path, "e3", "temperature=0", "decoding=eagle", f"model.drafter_ckpt={out / 'drafter'}"
     )

@@ -267,7 +267,7 @@ def run_images(tmp_path, name: str, *overrides: str) -> tuple[dict, list[bytes]]
 
 
 def test_greedy_mc_sjd_pngs_equal_greedy_ar_on_the_world(tmp_path):
-    _, ar = run_images(tmp_path, "ar", "temperature=0")
+    _, ar = run_images(tmp_path, "ar", "decoding=ar", "temperature=0")
     metrics, mc = run_images(tmp_path, "mc", "temperature=0", "decoding=sjd", "coupling=mc")
     assert mc == ar
     assert metrics["coupling"] == "mc" and metrics["decoding"] == "sjd" and metrics["mean_accepted_length"] > 1.0

@@ -36,7 +36,7 @@ def test_run_writes_images_grid_and_metrics(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in out.glob("*.png")) == [f"{i:06d}.png" for i in range(5)] + ["grid.png"]
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["num_images"] == 5 and metrics["decoding"] == "ar" and metrics["seed"] == 3
+    assert metrics["num_images"] == 5 and metrics["decoding"] == "lantern" and metrics["seed"] == 3
     assert len(metrics["per_image"]) == 5 and all(r["latency_s"] > 0 for r in metrics["per_image"])
     assert metrics["tokens_per_s"] > 0 and metrics["environment"]["versions"]["torch"]
     assert metrics["config"]["model"]["name"] == "tiny_random_c2i"
@@ -160,7 +160,7 @@ def test_speedup_on_every_other_batch_compares_the_same_batches(tmp_path):
 
 
 def test_speedup_against_a_named_baseline_run(tmp_path):
-    ar, ar_out = run(tmp_path, "num_images=3", "warmup=0", name="ar")
+    ar, ar_out = run(tmp_path, "decoding=ar", "num_images=3", "warmup=0", name="ar")
     assert ar.returncode == 0, ar.stderr
     proc, out = run(
         tmp_path,
@@ -198,7 +198,7 @@ def test_speedup_against_a_named_baseline_run(tmp_path):
 
 
 def test_missing_checkpoint_and_text_encoder_are_named(tmp_path):
-    proc, out = run(tmp_path, "model=llamagen_c2i_b_256")
+    proc, out = run(tmp_path, "model=llamagen_c2i_b_256", "decoding=ar")
     assert proc.returncode != 0 and "model.gpt_ckpt is required" in proc.stderr and not out.exists()
     vq = tmp_path / "vq.pt"
     vq.write_bytes(b"")
@@ -208,25 +208,35 @@ def test_missing_checkpoint_and_text_encoder_are_named(tmp_path):
         f"model.gpt_ckpt={tmp_path / 'absent.pt'}",
         f"model.vq_ckpt={vq}",
         f"model.text_encoder_path={tmp_path / 'nodir'}",
+        "decoding=ar",
     )
     assert proc.returncode != 0 and "absent.pt" in proc.stderr.strip().splitlines()[-1] and not out.exists()
 
 
 def test_default_world_main_job(tmp_path):
+    """``python run.py`` shows the method: LANTERN (delta 0.1) at batch 1 on the world, AR timed interleaved,
+    and one line with tau, the speed-up and the realised TV (fewer images here)."""
     out = tmp_path / "default"
     proc = subprocess.run(
-        [sys.executable, "run.py", "num_images=4", "batch_size=2", "wandb.mode=disabled", f"hydra.run.dir={out}"],
+        [sys.executable, "run.py", "num_images=4", "wandb.mode=disabled", f"hydra.run.dir={out}"],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
-    assert "4 images, grid.png and metrics.json in" in proc.stdout
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["model"] == "fashion_t2i" and metrics["prompts"] == "fashion_mnist"
+    assert metrics["decoding"] == "lantern" and metrics["delta"] == 0.1 and metrics["batch_size"] == 1
     assert [r["label"] for r in metrics["per_image"]] == [0, 1, 2, 3]
     assert (out / "grid.png").is_file() and (out / "000003.png").is_file()
+    assert metrics["mean_accepted_length"] > 1.5  # the world's drafter is right more often than not
+    assert 0 < metrics["tv_realised_max"] <= 0.1 + 1e-6  # fp32 sums of the moved mass
+    line = proc.stdout.strip().splitlines()[-1]
+    assert line.startswith("4 images, grid.png and metrics.json in") and str(out) in line
+    tau, speedup = metrics["mean_accepted_length"], metrics["speedup"]
+    tv = f"realised TV mean {metrics['tv_realised_mean']:.3f} max {metrics['tv_realised_max']:.3f}"
+    assert metrics["speedup_baseline"] and f"tau {tau:.2f}, {speedup:.2f}x AR, {tv})" in line
 
 
 def test_a_neighbour_table_in_the_other_distance_space_is_refused(tmp_path):

@@ -150,7 +150,7 @@ def test_sjd_pp_step_captures_as_one_graph_and_matches_eager():
 
 
 def test_greedy_sjd_pp_pngs_equal_greedy_ar_on_the_world(tmp_path):
-    _, ar = run_images(tmp_path, "ar", "temperature=0")
+    _, ar = run_images(tmp_path, "ar", "decoding=ar", "temperature=0")
     metrics, pp = run_images(tmp_path, "pp", "temperature=0", "decoding=sjd_pp")
     assert pp == ar
     assert metrics["decoding"] == "sjd_pp" and metrics["mean_accepted_length"] > 1.0

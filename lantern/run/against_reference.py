@@ -65,7 +65,7 @@ REFERENCE_SEMANTICS = ["decoding=lantern", "decoding.acceptance.semantics=refere
 def modes(deltas: tuple[float, ...]) -> list[dict]:
     """Each mode: its label, our Hydra overrides, and the arguments of their ``generate()``."""
     rows = [
-        {"mode": "ar", "ours": [], "theirs": None},
+        {"mode": "ar", "ours": ["decoding=ar"], "theirs": None},
         {"mode": "eagle-2 dynamic tree", "ours": ["decoding=eagle", *TREE], "theirs": {"lantern": False}},
     ]
     for delta in deltas:

@@ -43,6 +43,9 @@ DELTAS = (0.05, 0.1, 0.2, 0.4)
 # Drafter-free decoders (lantern.decoding.jacobi.decoder; zipar: lantern.decoding.zipar). GSD measures its realised TV over the whole vocabulary at
 # every step by default (half its step time on the world); gsd_audit_off never audits (every 10^6-th step),
 # the cost of the method alone, and records no TV.
+AR = ["decoding=ar"]  # the baseline row (run.py's default decoder is LANTERN)
+
+
 PEERS = {
     "sjd": ["decoding=sjd"],
     "gsd": ["decoding=gsd"],
@@ -134,7 +137,7 @@ def target_forward_ms(bundle, sampling: SamplingConfig, count: int, compile_mode
 
 def bench_setting(name: str, base: list[str], rows, args) -> list[dict]:
     """All modes for one sampling setting; returns one record per mode (AR first)."""
-    cfg = compose_config(base)
+    cfg = compose_config(base + AR)
     bundle = instantiate(cfg.model.bundle)
     prompts = instantiate(cfg.prompts)
     items = [prompts.items[i % len(prompts.items)] for i in range(args.images)]
@@ -355,7 +358,7 @@ def plan_from(
     )
     for name in plan.settings:
         base = setting_overrides(plan, name)
-        for _, given in [("ar", [])] + rows:
+        for _, given in [("ar", AR)] + rows:
             config = resolved_config(base + given)
             check_compile(compile_mode, resolve_device(config["device"]))
             dry_build(config)
