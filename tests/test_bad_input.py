@@ -24,7 +24,14 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 DECODERS = sorted(path.stem for path in (REPO / "conf" / "decoding").glob("*.yaml"))
-TINY = ("model=tiny_random_c2i", "decoding=ar", "wandb.mode=disabled", "speedup_baseline=null", "warmup=0", "num_images=2")
+TINY = (
+    "model=tiny_random_c2i",
+    "decoding=ar",
+    "wandb.mode=disabled",
+    "speedup_baseline=null",
+    "warmup=0",
+    "num_images=2",
+)
 
 
 class Evil:
