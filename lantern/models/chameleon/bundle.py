@@ -65,11 +65,11 @@ def random_config(target: Mapping, vq: VQGANConfig) -> tuple[ChameleonConfig, di
     return config, vocab
 
 
-def random_target(config: ChameleonConfig, init_seed: int = 0) -> ChameleonTarget:
+def random_target(config: ChameleonConfig, init_seed: int = 0, target_class=ChameleonTarget) -> ChameleonTarget:
     """A seeded random target (std 0.02 weights as transformers' init; LayerNorm/RMSNorm weights perturbed so
-    the norms matter in tests)."""
+    the norms matter in tests); ``target_class`` a family variant's (Lumina-mGPT's)."""
     generator = torch.Generator().manual_seed(init_seed)
-    model = ChameleonTarget(config)
+    model = target_class(config)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
@@ -132,16 +132,20 @@ def load_bundle(
     template: str = "anole",
     device: str = "cpu",
     dtype: str = "float32",
+    convert=None,
+    target_class=ChameleonTarget,
+    conditioner_class=ChameleonConditioner,
 ) -> ModelBundle:
     """A Chameleon target from an HF folder (``model.gpt_ckpt``) with Meta's VQGAN (``model.vq_ckpt``,
-    ``vqgan.ckpt``) and the folder's tokenizer."""
+    ``vqgan.ckpt``) and the folder's tokenizer. ``convert``, ``target_class`` and ``conditioner_class``: a
+    family variant's (Lumina-mGPT's, :mod:`lantern.models.chameleon.lumina_bundle`)."""
     require_folder(gpt_ckpt, hf.ARCHITECTURE)
     device, dtype = resolve_device(device), resolve_dtype(dtype)
     vq_cfg = vq_config(vq)
     cls_token_num = checks.integer("model.cls_token_num", target["cls_token_num"], 2)
     grid = _grid(target, vq_cfg)
     # Before any large read: another architecture, a missing shard, codes the VQGAN does not have.
-    config = hf.check_folder(gpt_ckpt, grid, cls_token_num)
+    config = hf.check_folder(gpt_ckpt, grid, cls_token_num, convert)
     if config.num_codes != vq_cfg.num_embeddings:
         raise CheckpointError(
             f"the folder's {config.num_codes} image tokens do not match the VQGAN's {vq_cfg.num_embeddings} codes"
@@ -150,8 +154,8 @@ def load_bundle(
     if vq_ckpt is None or not os.path.isfile(os.fspath(vq_ckpt)):
         raise CheckpointError(f"model.vq_ckpt={vq_ckpt!r}: expected Chameleon's vqgan.ckpt")
     vq_model = load_vqgan(vq_ckpt, vq_cfg)
-    model, _ = hf.load_target(gpt_ckpt, grid, cls_token_num)
-    conditioner = ChameleonConditioner.for_model(tokenizer, model.config, template, device)
+    model, _ = hf.load_target(gpt_ckpt, grid, cls_token_num, convert, target_class)
+    conditioner = conditioner_class.for_model(tokenizer, model.config, template, device)
     return finish_family_bundle(ModelBundle, name, model, vq_model, conditioner, device, dtype)
 
 

@@ -86,11 +86,14 @@ def read_folder(folder: str | os.PathLike) -> tuple[dict, Path]:
     return read_hf_config(folder), folder
 
 
-def check_folder(folder: str | os.PathLike, grid_size: int, cls_token_num: int) -> ChameleonConfig:
+def check_folder(folder: str | os.PathLike, grid_size: int, cls_token_num: int, convert=None) -> ChameleonConfig:
     """What can be checked before a large read: the config describes a Chameleon, and every shard its
-    index names is there. Returns the target's config."""
+    index names is there. Returns the target's config (passed through ``convert(config, config.json, source)``
+    when given: a family variant's own ids)."""
     config, folder = read_folder(folder)
     model_config = config_from_hf(config, grid_size, cls_token_num, _source(folder))
+    if convert is not None:
+        model_config = convert(model_config, config, _source(folder))
     for name in WEIGHT_FILES:
         index = folder / (name + INDEX_SUFFIX)
         if index.is_file():
@@ -106,20 +109,23 @@ def check_folder(folder: str | os.PathLike, grid_size: int, cls_token_num: int) 
 
 
 def load_target(
-    folder: str | os.PathLike, grid_size: int, cls_token_num: int
+    folder: str | os.PathLike, grid_size: int, cls_token_num: int, convert=None, target_class=ChameleonTarget
 ) -> tuple[ChameleonTarget, dict[str, torch.Tensor]]:
     """The target of ``folder``, strictly (fp32 on CPU), and the tensors under ``model.vqmodel.`` (its VQ
-    encoder, without the prefix) for the tokenizer; noted as one input (role ``target``)."""
+    encoder, without the prefix) for the tokenizer; noted as one input (role ``target``). ``convert`` and
+    ``target_class``: a family variant's config (as :func:`check_folder`) and target (Lumina-mGPT's)."""
     config, folder = read_folder(folder)
     source = _source(folder)
     model_config = config_from_hf(config, grid_size, cls_token_num, source)
+    if convert is not None:
+        model_config = convert(model_config, config, source)
     given = {k: v for k, v in read_hf_weights(folder).items() if not k.endswith(_STRAYS)}
     vq = {k[len(VQ_PREFIX) :]: v for k, v in given.items() if k.startswith(VQ_PREFIX)}
     own = {k: v for k, v in given.items() if not k.startswith(VQ_PREFIX)}
     with torch.device("meta"):
-        shapes = {k: tuple(v.shape) for k, v in ChameleonTarget(model_config).state_dict().items()}
+        shapes = {k: tuple(v.shape) for k, v in target_class(model_config).state_dict().items()}
     check_shapes(shapes, own, f"a {ARCHITECTURE} of that config.json", os.fspath(folder))
-    model = ChameleonTarget(model_config)
+    model = target_class(model_config)
     model.load_state_dict(own, strict=True)
     note_input(folder, "target")
     return model, vq

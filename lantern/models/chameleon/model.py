@@ -255,12 +255,17 @@ class ChameleonTarget(RopeTarget, nn.Module):
         ``(hidden, features)``, features (B, S, len(taps) * D) the residual streams entering those layers."""
         cos, sin = rope_angles(positions, self.inv_freq, x.dtype)
         cos, sin = (cos[None, None], sin[None, None]) if cos.dim() == 2 else (cos[:, None], sin[:, None])
-        if isinstance(cache, ChameleonCache):  # hide the slots the prefill's mask hid (module docstring)
-            length = mask.shape[-1]
-            valid = cache.write_valid(slots, mask, self.config.cls_token_num)[:, :length]  # (B, L)
-            own = torch.arange(length, device=x.device)[None, None, :] == slots[:, :, None]  # (B, S, L)
-            mask = mask & (valid[:, None, None, :] | own[:, None])
-        return self.run_layers(x, cos, sin, mask, slots, cache, taps)
+        return self.run_layers(x, cos, sin, self.visible(slots, mask, cache), slots, cache, taps)
+
+    def visible(self, slots: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
+        """``mask`` (B, 1, S, L) with the slots the prefill's mask hid hidden (module docstring), recording this
+        call's validity in a :class:`ChameleonCache`; as it is for any other cache."""
+        if not isinstance(cache, ChameleonCache):
+            return mask
+        length = mask.shape[-1]
+        valid = cache.write_valid(slots, mask, self.config.cls_token_num)[:, :length]  # (B, L)
+        own = torch.arange(length, device=slots.device)[None, None, :] == slots[:, :, None]  # (B, S, L)
+        return mask & (valid[:, None, None, :] | own[:, None])
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Hidden states (..., D) -> fp32 logits over the image codes (..., K)."""

@@ -1,0 +1,139 @@
+"""Lumina-mGPT bundles: the prompt template, the random preset's vocabulary, folders, drafters.
+
+Prompts (the reference's ``generate_examples/generate.py`` question through ``data/convertsation.py`` and
+``xllmx/model/tokenizer.py``): ``[BOS] + encode("Generate an image of {W}x{H} according to the following
+prompt:\\n{caption}" + "<reserved08706>")``; the end-of-turn ``<reserved08706>`` is one added token, so that is
+``[BOS] + encode(question) + [EOT]``. The model then writes ``[BOI, H, W]`` itself in the reference; here they are
+fixed and end the condition (:mod:`lantern.models.chameleon.lumina`), left-padded to the condition slots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from lantern.errors import CheckpointError
+from lantern.models.bundle import ModelBundle, family_drafter, finish_family_bundle
+from lantern.models.chameleon import bundle as chameleon
+from lantern.models.chameleon import hf
+from lantern.models.chameleon.condition import ChameleonConditioner
+from lantern.models.chameleon.lumina import EOL, LuminaConfig, LuminaTarget, lumina_config, size_token
+from lantern.models.chameleon.vocab import TINY_WORDS, word_tokenizer
+from lantern.models.devices import resolve_device, resolve_dtype
+
+TEMPLATE = "Generate an image of {width}x{height} according to the following prompt:\n{caption}"
+# The random preset's words beyond Chameleon's: the template's (its tokenizer splits on whitespace and punctuation).
+TEMPLATE_WORDS = ("Generate", "image", "according", "to", "following", "prompt", ":")
+SIZE_UNITS = range(1, 65)  # resolution tokens the random vocabulary holds (32 .. 2048 px)
+
+
+class LuminaConditioner(ChameleonConditioner):
+    """Captions -> left-padded ``[BOS] question [EOT, BOI, H, W]`` (B, T) and their mask (module docstring)."""
+
+    templates = ("lumina",)
+    special = ("bos_id", "pad_id", "eot_id", "boi_id", "size_id", "image_pixels")
+
+    def __init__(
+        self,
+        tokenizer,
+        cls_token_num: int,
+        bos_id: int,
+        pad_id: int,
+        eot_id: int,
+        boi_id: int,
+        size_id: int,
+        image_pixels: int,
+        template: str = "lumina",
+        device: str | torch.device = "cpu",
+    ):
+        super().__init__(tokenizer, cls_token_num, bos_id, pad_id, eot_id, boi_id, template, device)
+        self.size_id, self.image_pixels = size_id, image_pixels
+
+    def question(self, caption: str) -> str:
+        return TEMPLATE.format(width=self.image_pixels, height=self.image_pixels, caption=caption)
+
+    def ids(self, prompt: str) -> list[int]:
+        text = self.tokenizer.encode(self.question(prompt), add_special_tokens=False).ids
+        return [self.bos_id, *text, self.eot_id, self.boi_id, self.size_id, self.size_id]
+
+
+def tiny_words(pixels: int, words=()) -> tuple[str, ...]:
+    """The random vocabulary's words after Chameleon's specials: EOL, the resolution tokens, the template's
+    words (the size ``{pixels}x{pixels}`` one word) and ``words`` (default Chameleon's tiny words)."""
+    sizes = tuple(size_token(units) for units in SIZE_UNITS)
+    return (EOL, *sizes, f"{pixels}x{pixels}", *TEMPLATE_WORDS, *(words or TINY_WORDS))
+
+
+def converter(pixels: int):
+    """``convert`` for :func:`lantern.models.chameleon.hf.check_folder`: a folder's config as Lumina's."""
+
+    def convert(base, config_json: Mapping, source: str) -> LuminaConfig:
+        return lumina_config(base, config_json["vocabulary_map"], pixels, source)
+
+    return convert
+
+
+def random_config(target: Mapping, vq: Mapping) -> tuple[LuminaConfig, dict[str, int]]:
+    """The random preset's :class:`LuminaConfig` and vocabulary (Chameleon's tiny one with Lumina's tokens)."""
+    pixels = int(target["image_size"])
+    base, vocab = chameleon.random_config({**target, "words": tiny_words(pixels, target.get("words"))}, vq)
+    return lumina_config(base, vocab, pixels, "the random preset's vocabulary"), vocab
+
+
+def random_bundle(
+    name: str,
+    target: Mapping,
+    vq: Mapping,
+    init_seed: int = 0,
+    device: str = "cpu",
+    dtype: str = "float32",
+    gpt_ckpt: str | None = None,
+) -> ModelBundle:
+    """The seeded random tiny Lumina-mGPT (no files); ``gpt_ckpt`` (an HF folder of the same architecture and
+    vocabulary) replaces the target."""
+    vq_cfg = chameleon.vq_config(vq)
+    config, vocab = random_config(target, vq_cfg)
+    model = chameleon.random_target(config, init_seed, LuminaTarget)
+    if gpt_ckpt is not None:
+        convert = converter(config.image_pixels)
+        loaded, _ = hf.load_target(gpt_ckpt, config.grid_size, config.cls_token_num, convert, LuminaTarget)
+        if loaded.config != config:
+            raise CheckpointError(f"HF folder {str(gpt_ckpt)!r} is not the random preset's architecture")
+        model = loaded
+    conditioner = LuminaConditioner.for_model(word_tokenizer(vocab), config, "lumina", resolve_device(device))
+    vqgan = chameleon.random_vqgan(vq_cfg, init_seed)
+    return finish_family_bundle(
+        ModelBundle, name, model, vqgan, conditioner, resolve_device(device), resolve_dtype(dtype)
+    )
+
+
+def load_bundle(
+    name: str,
+    gpt_ckpt: str | None,
+    vq_ckpt: str | None,
+    target: Mapping,
+    vq: Mapping,
+    device: str = "cpu",
+    dtype: str = "float32",
+) -> ModelBundle:
+    """Lumina-mGPT from an HF ``ChameleonForConditionalGeneration`` folder with Chameleon's VQGAN, as
+    :func:`lantern.models.chameleon.bundle.load_bundle` with Lumina's ids, target and prompt template."""
+    convert = converter(int(target["image_size"]))
+    return chameleon.load_bundle(
+        name, gpt_ckpt, vq_ckpt, target, vq, "lumina", device, dtype, convert, LuminaTarget, LuminaConditioner
+    )
+
+
+def random_drafter(
+    target: Mapping,
+    vq: Mapping,
+    init_seed: int = 0,
+    device: str = "cpu",
+    dtype: str = "float32",
+    path=None,
+    name: str = "tiny_random_lumina",
+):
+    """The random preset's seeded one-layer drafter (Chameleon's layer), or the one at ``path``."""
+    config, _ = random_config(target, chameleon.vq_config(vq))
+    return family_drafter(config, path, name, init_seed, device, dtype)

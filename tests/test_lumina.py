@@ -1,0 +1,265 @@
+"""Lumina-mGPT against transformers' ChameleonForConditionalGeneration on a tiny random folder of the
+tiny_random_lumina architecture (save_pretrained, its vocabulary holding Lumina's special tokens): teacher-forced
+logits on the full interleaved stream (EOL after each row) with CFG's context and left padding, greedy AR
+against their generate() with Lumina's logits processors (image ids only, EOL forced after each row, EOI at
+the end, CFG with the unconditional context in a cache of its own), the compiled step as one graph, the cache
+that moves companions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from family_helpers import REPO, check_greedy_chain_equals_ar_in_one_graph
+from test_chameleon import save_folder
+
+from lantern.decoding.ar import ARDecoder
+from lantern.models.chameleon import hf
+from lantern.models.chameleon.lumina import LuminaCache, LuminaTarget, size_token
+from lantern.models.chameleon.lumina_bundle import converter, random_bundle, tiny_words
+from lantern.models.chameleon.vocab import tiny_vocabulary
+from lantern.models.sampling import SamplingConfig
+from lantern.models.target import Target
+from lantern.rng import keys_tensor
+
+transformers = pytest.importorskip("transformers")
+from transformers import ChameleonConfig as HFConfig  # noqa: E402
+from transformers import ChameleonForConditionalGeneration  # noqa: E402
+
+# The tiny_random_lumina preset's architecture (conf/model/tiny_random_lumina.yaml).
+PIXELS, GRID, SLOTS, CODES = 32, 8, 32, 1024
+TARGET = dict(image_size=PIXELS, cls_token_num=SLOTS, n_layer=2, n_head=4, dim=64, ffn_hidden=128, num_codes=CODES)
+VQ = dict(
+    num_embeddings=CODES, embed_dim=8, z_channels=16, resolution=PIXELS, base_channels=32,
+    channel_multiplier=[1, 1, 2], num_res_blocks=1,
+)  # fmt: skip
+VQ_HF = dict(
+    num_embeddings=CODES, embed_dim=8, latent_channels=16, resolution=PIXELS, base_channels=32,
+    channel_multiplier=[1, 1, 2], num_res_blocks=1,
+)  # fmt: skip
+PROMPTS = ["a red fox in the snow", "a cat", "an old house on a cliff at sunset"]
+STREAM = GRID * (GRID + 1) + 1  # the reference's image tokens after [BOI, H, W]: rows + EOLs, then EOI
+
+
+def lumina_vocabulary() -> dict[str, int]:
+    return tiny_vocabulary(CODES, tiny_words(PIXELS))
+
+
+def hf_model(seed: int = 0) -> ChameleonForConditionalGeneration:
+    """A random HF Chameleon of the preset's architecture whose every weight is perturbed."""
+    torch.manual_seed(seed)
+    vocab = lumina_vocabulary()
+    config = HFConfig(
+        vocab_size=len(vocab),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        pad_token_id=1,
+        eos_token_id=2,
+        vocabulary_map=vocab,
+        vq_config=VQ_HF,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )  # fmt: skip  (bos_token_id 1 as Lumina's own config.json; the tokenizer's <s> is what counts)
+    model = ChameleonForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.add_((0.1 if "norm" in name else 0.05) * torch.randn_like(param))
+    return model
+
+
+@pytest.fixture(scope="module")
+def lumina(tmp_path_factory):
+    """(their model, our bundle loaded from its save_pretrained folder as run.py's tiny_random_lumina with
+    model.gpt_ckpt=FOLDER loads it, the folder)."""
+    reference = hf_model()
+    folder = save_folder(reference, tmp_path_factory.mktemp("lumina") / "hf", shard="200KB")
+    # transformers' class masks every image id in its logits (text chat); Lumina's own copy of it does so only
+    # under mask_image_logits, false in the released config.json. Their generate() then samples images as Lumina's.
+    reference.model.vocabulary_mapping.image_tokens = []
+    bundle = random_bundle("tiny_random_lumina", TARGET, VQ, gpt_ckpt=str(folder))
+    return reference, bundle, folder
+
+
+def output_index(n: torch.Tensor) -> torch.Tensor:
+    """Where in their interleaved sequence (condition, then rows each followed by EOL) the output predicting
+    code ``n`` sits: the last condition slot for code 0, else code n-1's slot, or its EOL's when it ends a row."""
+    m = n - 1
+    index = SLOTS + m + m // GRID + ((m + 1) % GRID == 0).long()
+    return torch.where(n == 0, torch.full_like(n, SLOTS - 1), index)
+
+
+@torch.inference_mode()
+def test_teacher_forced_logits_match_chameleonforconditionalgeneration_on_the_interleaved_stream(lumina):
+    reference, bundle, _ = lumina
+    ours = bundle.gpt
+    condition = bundle.conditioner.encode(PROMPTS)  # left-padded, three lengths
+    assert not condition.mask.all() and condition.mask[:, -3:].all()
+    batch = len(PROMPTS)
+    codes = torch.randint(0, CODES, (batch, GRID * GRID), generator=torch.Generator().manual_seed(1))
+    null = ours.null_condition(batch)
+    values = torch.cat([condition.values, null])
+    mask = torch.cat([condition.mask, ours.null_condition_mask(condition.mask)])
+    hidden = ours.teacher_hidden(ours.embed_condition(values), torch.cat([codes, codes]), mask)
+    logits = ours.head(hidden[:, SLOTS - 1 :])  # (2B, N, K): row n predicts code n
+    # Theirs: the whole stream, EOLs and EOI in it; the unconditional rows see only [BOI, H, W] onwards, at
+    # positions from 0 as their CFG processor's own context.
+    stream = ours.image_stream(torch.cat([codes, codes]))  # (2B, STREAM)
+    ids = torch.cat([values, stream], dim=1)
+    length = ids.shape[1]
+    cond_pos = torch.arange(length)[None].expand(batch, -1)
+    uncond_pos = (cond_pos - (SLOTS - 3)).clamp_min(0)
+    attention = torch.cat([mask, torch.ones(2 * batch, STREAM, dtype=torch.bool)], dim=1).long()
+    states = reference.model(
+        input_ids=ids, attention_mask=attention, position_ids=torch.cat([cond_pos, uncond_pos])
+    ).last_hidden_state
+    index = output_index(torch.arange(GRID * GRID))
+    offset = ours.config.code_offset
+    theirs = reference.lm_head(states[:, index]).float()  # (2B, N, V)
+    expected = theirs[..., offset : offset + CODES]
+    diff = (logits - expected).abs().max().item()
+    assert diff <= 1e-4, diff
+    guided = lambda x: x[batch:] + (x[:batch] - x[batch:]) * 4.0  # noqa: E731 - their CFG processor's formula
+    assert (guided(logits) - guided(expected)).abs().max().item() <= 1e-4
+    # The whole vocabulary too, and EOL is what the reference model itself would put after each row.
+    full = ours.vocab_logits(hidden[:batch, SLOTS - 1 :])
+    assert (full - theirs[:batch]).abs().max().item() <= 1e-4
+    print(f"teacher-forced max |diff|: {diff:.2e}")
+
+
+class LuminaImageProcessor(transformers.LogitsProcessor):
+    """Their MultiModalLogitsProcessor for one image after a prompt of ``start`` ids ending in [BOI, H, W]:
+    image ids only inside a row, EOL forced after each row, EOI after the last EOL."""
+
+    def __init__(self, start: int, config):
+        self.start, self.cfg = start, config
+
+    def __call__(self, input_ids, scores):
+        made = input_ids.shape[1] - self.start  # image tokens so far
+        cfg, forced = self.cfg, None
+        if (made + 1) % (cfg.grid_size + 1) == 0:
+            forced = cfg.eol_id
+        elif made == cfg.grid_size * (cfg.grid_size + 1):
+            forced = cfg.eoi_id
+        if forced is not None:
+            out = torch.full_like(scores, -float("inf"))
+            out[:, forced] = 0
+            return out
+        allowed = torch.zeros(scores.shape[-1], dtype=torch.bool)
+        allowed[cfg.code_offset : cfg.code_offset + cfg.num_codes] = True
+        return scores.masked_fill(~allowed, -float("inf"))
+
+
+class LuminaCFGProcessor(transformers.LogitsProcessor):
+    """Their LLMImageStartTriggeredUnbatchedClassifierFreeGuidanceLogitsProcessor: the unconditional context is
+    the stream from BOI on ([BOI, H, W], then every generated token), in a DynamicCache of its own."""
+
+    def __init__(self, model, scale: float, boi_index: int):
+        self.model, self.scale, self.boi_index = model, scale, boi_index
+        self.cache, self.fed = transformers.DynamicCache(config=model.config), 0
+
+    def __call__(self, input_ids, scores):
+        context = input_ids[:, self.boi_index :]
+        new = context[:, self.fed :]
+        out = self.model(input_ids=new, cache=self.cache, use_cache=True)
+        self.fed = context.shape[1]
+        uncond = out.logits[:, -1].float()
+        return self.scale * (scores - uncond) + uncond
+
+
+@pytest.mark.parametrize("cfg_scale", [1.0, 4.0])
+def test_greedy_ar_equals_their_generate_with_lumina_logits_processors_token_for_token(lumina, cfg_scale):
+    reference, bundle, _ = lumina
+    ours = bundle.gpt
+    condition = bundle.conditioner.encode(PROMPTS)
+    sampling = SamplingConfig(temperature=0, cfg_scale=cfg_scale)
+    codes = ARDecoder(sampling).generate(ours, condition, keys_tensor(0, range(len(PROMPTS)))).codes
+    equal = 0
+    for row, prompt in enumerate(PROMPTS):
+        ids = torch.tensor([bundle.conditioner.ids(prompt)])  # unpadded, as theirs: [BOS] question [EOT, BOI, H, W]
+        processors = [LuminaImageProcessor(ids.shape[1], ours.config)]
+        if cfg_scale != 1.0:
+            processors.insert(0, LuminaCFGProcessor(reference, cfg_scale, ids.shape[1] - 3))
+        with torch.inference_mode():
+            out = reference.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=STREAM,
+                logits_processor=transformers.LogitsProcessorList(processors),
+                eos_token_id=None,
+            )
+        theirs = out[0, ids.shape[1] :]
+        assert theirs.shape == (STREAM,)
+        mine = ours.image_stream(codes[row : row + 1])[0]
+        equal += int((theirs == mine).sum())
+        assert torch.equal(theirs, mine), (theirs != mine).nonzero()[:5].flatten().tolist()
+    assert len(set(codes.flatten().tolist())) > 8  # not a degenerate constant image
+    print(f"cfg {cfg_scale}: {equal} of {len(PROMPTS) * STREAM} tokens equal")
+
+
+def test_greedy_speculative_chain_equals_greedy_ar_and_captures_as_one_graph(lumina):
+    _, bundle, _ = lumina
+    check_greedy_chain_equals_ar_in_one_graph(bundle.gpt, bundle.conditioner.encode(PROMPTS[:2]), 4.0)
+
+
+def test_the_target_satisfies_the_protocol_and_finds_lumina_ids_by_name(lumina):
+    _, bundle, folder = lumina
+    ours, vocab = bundle.gpt, lumina_vocabulary()
+    assert isinstance(ours, Target) and isinstance(ours, LuminaTarget)
+    cfg = ours.config
+    assert (cfg.vocab_size, cfg.num_image_tokens, cfg.max_seq_len, cfg.code_offset) == (CODES, 64, SLOTS + 64, 4)
+    assert cfg.eol_id == vocab["<reserved08799>"] and cfg.size_id == vocab[size_token(GRID // 2)]
+    assert (cfg.bos_id, cfg.boi_id, cfg.eoi_id) == (vocab["<s>"], vocab["<racm3:break>"], vocab["<eoss>"])
+    assert cfg.bos_id == 0  # the tokenizer's <s>, not the folder's bos_token_id (1 = <pad>, as Lumina's config.json)
+    assert size_token(24) == "<reserved08824>" and size_token(16) == "<reserved08816>"  # 768 / 512 px: ids 8828 / 8820
+    null = ours.null_condition(2)
+    assert null[:, -3:].tolist() == [[cfg.boi_id, cfg.size_id, cfg.size_id]] * 2 and null[:, :-3].eq(cfg.pad_id).all()
+    ids = bundle.conditioner.ids("a cat")
+    words = "Generate an image of 32x32 according to the following prompt : a cat".split()
+    assert ids == [0, *(vocab[w] for w in words), cfg.eot_id, cfg.boi_id, cfg.size_id, cfg.size_id]
+    stream = ours.image_stream(torch.arange(64)[None] % CODES)[0]
+    assert stream.shape == (STREAM,) and stream[GRID] == cfg.eol_id and stream[-2:].tolist() == [cfg.eol_id, cfg.eoi_id]
+    # The physical layout: code n at T + n + n // grid, its companion one further; row ends by position.
+    positions = torch.tensor([0, SLOTS - 1, SLOTS, SLOTS + GRID - 1, SLOTS + GRID, SLOTS + 63])
+    assert ours.physical_positions(positions).tolist() == [0, SLOTS - 1, SLOTS, SLOTS + 7, SLOTS + 9, SLOTS + 70]
+    assert ours.row_end(positions).tolist() == [False, False, False, True, False, True]
+    loaded, _ = hf.load_target(folder, GRID, SLOTS, converter(PIXELS), LuminaTarget)
+    assert loaded.config == cfg
+
+
+def make_cache(batch=2, slots=6) -> LuminaCache:
+    cache = LuminaCache.allocate(2, batch, 1, slots, 2, torch.float32, "cpu")
+    for index, tensor in enumerate(cache.keys + cache.values):
+        tensor.copy_(torch.arange(tensor.numel(), dtype=torch.float32).view_as(tensor) + 1000 * index)
+    cache.live.copy_(torch.tensor([[False, True, False, False, True, False], [True, False, True, False, False, True]]))
+    return cache
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_cache_move_carries_each_slot_with_its_companion_and_live_flag(compiled):
+    cache, before = make_cache(), make_cache()
+    assert cache.max_len == 6 and cache.keys[0].shape[2] == 12
+    src, dst = torch.tensor([[3, 4], [2, 5]]), torch.tensor([[1, 2], [1, 2]])
+    move = torch.compile(cache.move, fullgraph=True, backend="aot_eager") if compiled else cache.move
+    move(src, dst)
+    for after, old in zip(cache.keys + cache.values, before.keys + before.values, strict=True):
+        for row in range(2):
+            for s, d in zip(src[row].tolist(), dst[row].tolist(), strict=True):
+                assert torch.equal(after[row, :, 2 * d], old[row, :, 2 * s])
+                assert torch.equal(after[row, :, 2 * d + 1], old[row, :, 2 * s + 1])  # the companion moves along
+            assert torch.equal(after[row, :, :2], old[row, :, :2])  # logical slot 0 untouched
+    assert cache.live.tolist() == [[False, False, True, False, True, False], [True, True, True, False, False, True]]
+
+
+def test_the_presets_compose_with_the_references_defaults():
+    from omegaconf import OmegaConf
+
+    for px, units in ((768, 24), (512, 16)):
+        node = OmegaConf.load(REPO / f"conf/model/lumina_mgpt_7b_{px}.yaml")
+        assert node.recommended.cfg_scale == 4.0 and node.recommended.top_k == 2000
+        assert node.bundle.target.image_size == px and node.bundle.vq.resolution == px
+        assert f"<reserved0{8800 + units}>" in (REPO / f"conf/model/lumina_mgpt_7b_{px}.yaml").read_text()
+    assert OmegaConf.load(REPO / "conf/model/tiny_random_lumina.yaml").recommended.cfg_scale == 4.0
