@@ -9,6 +9,11 @@
 as their EAGLE ``Model`` does (``config.json`` + ``model.safetensors``, written atomically). Both load
 back with ``python run.py model=<preset> model.gpt_ckpt=DIR/target model.drafter_ckpt=DIR/drafter``.
 The layout and its checks: :mod:`lantern.models.llamagen.hf_layout` and docs/models.md.
+
+A Chameleon-family preset (``anole_7b``, ``lumina_mgpt_7b_*``, their tiny random presets) writes its target
+as an HF ``ChameleonForConditionalGeneration`` folder with its tokenizer (:mod:`lantern.models.chameleon.folder`;
+transformers loads it) and its drafter in ``jadohu/anole_drafter``'s layout. A Janus target keeps only a
+folder's generation path and is refused; ``parts=[drafter]`` exports a Janus drafter.
 """
 
 from __future__ import annotations

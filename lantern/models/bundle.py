@@ -40,6 +40,11 @@ class ModelBundle:
         """
         return torch.cat([to_uint8(self.vq.decode_codes(codes[i : i + 1])) for i in range(codes.shape[0])])
 
+    def save_target(self, folder: str | os.PathLike, dtype: torch.dtype = torch.float32) -> Path:
+        """Write the target as the folder ``model.gpt_ckpt`` reads back (``scripts/export_hf.py``): here
+        LlamaGen's, in the LANTERN release's names; a family's bundle writes its own layout."""
+        return save_target_folder(self.gpt, folder, dtype)
+
 
 def _build(gpt: Mapping, vq: Mapping) -> tuple[Transformer, VQModel, str]:
     vq_cfg = vq_config(vq["preset"], **dict(vq.get("overrides") or {}))

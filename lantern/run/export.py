@@ -13,7 +13,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from lantern import checks
 from lantern.errors import ConfigError
-from lantern.models.bundle import save_target_folder
 from lantern.models.devices import resolve_dtype
 from lantern.models.drafter import save_drafter_folder
 
@@ -41,8 +40,9 @@ def export(cfg: DictConfig) -> dict[str, Path]:
         checks.choice("parts", part, PARTS)
     dtype = resolve_dtype(checks.choice("weights_dtype", cfg.weights_dtype, ("float32", "bfloat16", "float16")))
     out = Path(cfg.out_dir)
-    stand_in = {"_target_": f"{NoConditioner.__module__}.NoConditioner", "_partial_": True}
-    OmegaConf.update(cfg, "model.bundle.conditioner", stand_in, merge=False)
+    if "conditioner" in cfg.model.bundle:  # a separate text encoder (LlamaGen t2i); a family's own tokenizer stays
+        stand_in = {"_target_": f"{NoConditioner.__module__}.NoConditioner", "_partial_": True}
+        OmegaConf.update(cfg, "model.bundle.conditioner", stand_in, merge=False)
 
     from hydra.utils import instantiate
 
@@ -55,7 +55,8 @@ def export(cfg: DictConfig) -> dict[str, Path]:
         drafter.check_target(bundle.gpt.config)
     written = {}
     if "target" in parts:
-        written["target"] = save_target_folder(bundle.gpt, out / "target", dtype)
+        written["target"] = bundle.save_target(out / "target", dtype)
     if drafter is not None:
-        written["drafter"] = save_drafter_folder(drafter, bundle.gpt.input_embeddings(), out / "drafter", dtype)
+        embeddings = drafter.config.arch.folder_embeddings(bundle.gpt)  # the table the family's folders keep
+        written["drafter"] = save_drafter_folder(drafter, embeddings, out / "drafter", dtype)
     return written

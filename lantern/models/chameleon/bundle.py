@@ -24,6 +24,7 @@ from lantern.models.bundle import (
 )
 from lantern.models.chameleon import hf
 from lantern.models.chameleon.condition import ChameleonConditioner
+from lantern.models.chameleon.folder import ChameleonBundle
 from lantern.models.chameleon.model import ChameleonConfig, ChameleonTarget
 from lantern.models.chameleon.vocab import TINY_WORDS, read_layout, tiny_vocabulary, word_tokenizer
 from lantern.models.chameleon.vqgan import ChameleonVQGAN, VQGANConfig
@@ -120,7 +121,9 @@ def random_bundle(
             raise CheckpointError(f"HF folder {os.fspath(gpt_ckpt)!r} is not the random preset's architecture")
         model = loaded
     conditioner = ChameleonConditioner.for_model(word_tokenizer(vocab), config, template, device)
-    return finish_family_bundle(ModelBundle, name, model, random_vqgan(vq_cfg, init_seed), conditioner, device, dtype)
+    return finish_family_bundle(
+        ChameleonBundle, name, model, random_vqgan(vq_cfg, init_seed), conditioner, device, dtype
+    )
 
 
 def load_bundle(
@@ -156,7 +159,7 @@ def load_bundle(
     vq_model = load_vqgan(vq_ckpt, vq_cfg)
     model, _ = hf.load_target(gpt_ckpt, grid, cls_token_num, convert, target_class)
     conditioner = conditioner_class.for_model(tokenizer, model.config, template, device)
-    return finish_family_bundle(ModelBundle, name, model, vq_model, conditioner, device, dtype)
+    return finish_family_bundle(ChameleonBundle, name, model, vq_model, conditioner, device, dtype)
 
 
 # ----- drafters and neighbours -----------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from lantern.models.bundle import ModelBundle, family_drafter, finish_family_bun
 from lantern.models.chameleon import bundle as chameleon
 from lantern.models.chameleon import hf
 from lantern.models.chameleon.condition import ChameleonConditioner
+from lantern.models.chameleon.folder import ChameleonBundle
 from lantern.models.chameleon.lumina import EOL, LuminaConfig, LuminaTarget, lumina_config, size_token
 from lantern.models.chameleon.vocab import TINY_WORDS, word_tokenizer
 from lantern.models.devices import resolve_device, resolve_dtype
@@ -104,7 +105,7 @@ def random_bundle(
     conditioner = LuminaConditioner.for_model(word_tokenizer(vocab), config, "lumina", resolve_device(device))
     vqgan = chameleon.random_vqgan(vq_cfg, init_seed)
     return finish_family_bundle(
-        ModelBundle, name, model, vqgan, conditioner, resolve_device(device), resolve_dtype(dtype)
+        ChameleonBundle, name, model, vqgan, conditioner, resolve_device(device), resolve_dtype(dtype)
     )
 
 

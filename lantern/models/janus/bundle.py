@@ -48,6 +48,15 @@ class JanusBundle(ModelBundle):
         pixels = torch.clamp((torch.cat(images) + 1) / 2 * 255, 0, 255)
         return pixels.permute(0, 2, 3, 1).to(torch.uint8)
 
+    def save_target(self, folder, dtype: torch.dtype = torch.float32):
+        """Refused: a target keeps only a folder's generation path (the understanding encoder, aligner and text
+        head are set aside when it is read), so it cannot be written back as a ``JanusForConditionalGeneration``."""
+        raise ConfigError(
+            f"model={self.name}: a Janus target keeps only the generation path of its JanusForConditionalGeneration "
+            "folder (the vision encoder, aligner and text head are not loaded), so it cannot be written back as one; "
+            "parts=[drafter] exports the drafter, and the original folder is the target"
+        )
+
 
 def _grid(target: Mapping, vq: VQConfig, patches: int | None = None) -> int:
     size = checks.integer("model.bundle.target.image_size", target["image_size"], 1)
