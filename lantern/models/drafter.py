@@ -395,7 +395,8 @@ def load_drafter(
     if path is None:
         raise ConfigError(
             "no drafter checkpoint given: pass model.drafter_ckpt=PATH (a drafter trained with "
-            "scripts/train_drafter.py, an HF-layout folder, or the LANTERN release's drafter for LlamaGen-XL t2i)"
+            "scripts/train_drafter.py, an HF-layout folder, or the LANTERN release's drafter for LlamaGen-XL t2i); "
+            "decoding=ar, sjd, gsd and zipar need no drafter"
         )
     target = _target_config(gpt, vq)
     return load_drafter_for(path, target, gpt["preset"], device, dtype, norm_eps, condition_input)
