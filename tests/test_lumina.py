@@ -264,3 +264,42 @@ def test_the_presets_compose_with_the_references_defaults():
         assert node.bundle.target.image_size == px and node.bundle.vq.resolution == px
         assert f"<reserved0{8800 + units}>" in (REPO / f"conf/model/lumina_mgpt_7b_{px}.yaml").read_text()
     assert OmegaConf.load(REPO / "conf/model/tiny_random_lumina.yaml").recommended.cfg_scale == 4.0
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The tiny_random_lumina preset's bundle, drafter and codebook neighbours, and its prompts."""
+    from types import SimpleNamespace
+
+    from family_helpers import tiny_preset
+
+    from lantern.models.chameleon import bundle as chameleon
+    from lantern.models.chameleon import lumina_bundle
+
+    family = SimpleNamespace(
+        random_bundle=lumina_bundle.random_bundle,
+        random_drafter=lumina_bundle.random_drafter,
+        random_codebook=chameleon.random_codebook,
+    )
+    return tiny_preset("tiny_random_lumina", family, tmp_path_factory.mktemp("neighbours"))
+
+
+def test_sampled_exact_eagle_keeps_the_lumina_targets_law_and_lantern_far_off_does_not(tiny):
+    """Randomised PIT of sampled codes against the teacher-forced law of the interleaved stream (KS test)."""
+    import math
+
+    from test_chameleon_drafter import FAIL, PASS, SAMPLING, ks_pvalue
+
+    from lantern.decoding.tree.decoder import SpeculativeDecoder
+    from lantern.decoding.tree.draft import chain
+    from lantern.rules.exact import ExactSampled
+    from lantern.rules.factory import lantern
+
+    _, drafter, neighbours, _ = tiny
+    for decoder in (ARDecoder(SAMPLING), SpeculativeDecoder(SAMPLING, drafter, chain(3, "sampled"), ExactSampled())):
+        p = ks_pvalue(tiny, decoder)
+        assert p > PASS, f"{type(decoder).__name__}: KS p = {p:.2e}"
+        print(f"{type(decoder).__name__}: KS p = {p:.3f}")
+    bad = ks_pvalue(tiny, SpeculativeDecoder(SAMPLING, drafter, chain(3, "sampled"), lantern(1000, 0.4, neighbours)))
+    assert bad < FAIL and not math.isnan(bad), f"LANTERN delta=0.4 passed as lossless: KS p = {bad:.2e}"
+    print(f"LANTERN delta 0.4: KS p = {bad:.2e}")
