@@ -134,3 +134,30 @@ def test_the_factory_trains_a_drafter_on_the_interleaved_stream_that_greedy_eagl
     assert proc.returncode == 0, proc.stderr
     check_same_pngs(tmp_path, {"eagle": ("decoding=eagle", f"model.drafter_ckpt={out}/drafter")})
     assert tau(tmp_path / "eagle") > 1.05  # 1.07 measured (deterministic); the seeded random drafter's is 1.00
+
+
+def test_the_gpu_checks_lumina_node_builds_7b_in_bf16_on_meta_and_its_tiny_form_runs(tmp_path):
+    """scripts/gpu_check.py --targets lumina_mgpt_7b_768: Chameleon-7B's parameter count (7.01e9), bf16, on the
+    meta device (nothing allocated); its CPU --tiny form times tiny_random_lumina and compiled greedy equals eager."""
+    import json
+
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+    from script_helpers import load_script
+
+    from lantern import REPO_ROOT
+
+    for px in (768, 512):
+        with initialize_config_dir(version_base="1.3", config_dir=str(REPO_ROOT / "conf")):
+            cfg = compose("config", overrides=[f"model=lumina_mgpt_7b_{px}", "dtype=bfloat16"])
+        parts = instantiate(cfg.model.timing, device="meta")
+        count = sum(p.numel() for p in parts.target.parameters())
+        assert abs(count / 1e9 - 7.01) < 0.01, count
+        assert all(p.dtype == torch.bfloat16 for p in parts.target.parameters())
+        assert parts.target.config.size_id == 8804 + px // 32 and parts.target.config.grid_size == px // 16
+    out = tmp_path / "lumina"
+    argv = ["--device", "cpu", "--dtype", "float32", "--compile", "none", "--tiny", "--images", "2"]
+    assert load_script("gpu_check").main([*argv, "--targets", "lumina_mgpt_7b_768", "--out", str(out)]) == 0
+    (result,) = json.loads(out.with_suffix(".json").read_text())["results"]
+    assert "tiny_random_lumina" in result["target"] and result["tokens"] == 64
+    assert result["greedy_tokens_equal_compiled_vs_eager"] == 1.0

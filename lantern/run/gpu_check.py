@@ -94,7 +94,11 @@ def random_llamagen(device, dtype, tiny: bool):
     return model, drafter, neighbours, conditions, {"cfg_scale": 7.5, "temperature": 1.0, "top_k": 1000, "top_p": 1.0}
 
 
-FAMILY_PRESETS = {"anole_7b": "tiny_random_chameleon", "janus_pro_7b": "tiny_random_janus"}  # --tiny: the right
+FAMILY_PRESETS = {  # a family preset -> its tiny preset, what --tiny times instead (the same code path)
+    "anole_7b": "tiny_random_chameleon",
+    "janus_pro_7b": "tiny_random_janus",
+    "lumina_mgpt_7b_768": "tiny_random_lumina",
+}
 TARGETS = ("world", "llamagen", *FAMILY_PRESETS)
 
 

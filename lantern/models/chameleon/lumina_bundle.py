@@ -13,8 +13,9 @@ from collections.abc import Mapping
 
 import torch
 
+from lantern import checks
 from lantern.errors import CheckpointError
-from lantern.models.bundle import ModelBundle, family_drafter, finish_family_bundle
+from lantern.models.bundle import ModelBundle, TimingParts, family_drafter, finish_family_bundle, timing_parts
 from lantern.models.chameleon import bundle as chameleon
 from lantern.models.chameleon import hf
 from lantern.models.chameleon.condition import ChameleonConditioner
@@ -138,3 +139,26 @@ def random_drafter(
     """The random preset's seeded one-layer drafter (Chameleon's layer), or the one at ``path``."""
     config, _ = random_config(target, chameleon.vq_config(vq))
     return family_drafter(config, path, name, init_seed, device, dtype)
+
+
+# ----- timing (scripts/gpu_check.py) ------------------------------------------------------------------------
+def timing(
+    architecture: Mapping | None,
+    target: Mapping,
+    vq: Mapping,
+    device: str = "cpu",
+    dtype: str = "float32",
+    init_seed: int = 0,
+) -> TimingParts:
+    """Random-weight parts of a Lumina preset for the GPU check, as :func:`lantern.models.chameleon.bundle.timing`:
+    ``architecture`` the fields of :class:`LuminaConfig` but ``grid_size``, ``cls_token_num`` and ``image_pixels``
+    (from ``target`` and ``vq``); null: the random preset's own."""
+    vq_cfg = chameleon.vq_config(vq)
+    if architecture is None:
+        config, _ = random_config(target, vq_cfg)
+    else:
+        slots = checks.integer("model.cls_token_num", target["cls_token_num"], 2)
+        grid, pixels = chameleon._grid(target, vq_cfg), int(target["image_size"])
+        config = LuminaConfig(**dict(architecture), grid_size=grid, cls_token_num=slots, image_pixels=pixels)
+    conditioner = LuminaConditioner.for_model(None, config, device=device)
+    return timing_parts(LuminaTarget, config, conditioner, device, dtype, init_seed)
