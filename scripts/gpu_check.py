@@ -32,8 +32,8 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--targets",
         default="world,llamagen",
-        help="comma list of world, llamagen (random-weight GPT-XL t2i), anole_7b, janus_pro_7b (random weights, "
-        "the presets' full architectures)",
+        help="comma list of world, llamagen (random-weight GPT-XL t2i), anole_7b, janus_pro_7b, lumina_mgpt_7b_768 "
+        "(random weights, the presets' full architectures)",
     )
     parser.add_argument(
         "--tiny", action="store_true", help="GPT-nano and the tiny family presets' sizes instead (the CPU form)"
