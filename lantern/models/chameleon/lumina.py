@@ -45,7 +45,7 @@ import torch
 
 from lantern.errors import CheckpointError, ConfigError
 from lantern.models.chameleon.model import ChameleonCache, ChameleonConfig, ChameleonTarget
-from lantern.models.kv_cache import KVCache, row_head_index
+from lantern.models.kv_cache import KVCache
 from lantern.models.llama_parts import rope_angles
 
 EOL = "<reserved08799>"  # Lumina's new_line_token
@@ -75,10 +75,6 @@ class LuminaConfig(ChameleonConfig):
             value = getattr(self, name)
             if not 0 <= value < self.text_vocab_size or self.code_offset <= value < self.code_offset + self.num_codes:
                 raise ConfigError(f"{name}={value} is not a special id of the vocabulary")
-
-    @property
-    def size_units(self) -> int:
-        return self.grid_size // 2
 
 
 def lumina_config(base: ChameleonConfig, vocab: Mapping[str, int], image_pixels: int, source: str) -> LuminaConfig:
@@ -136,9 +132,9 @@ class LuminaCache(ChameleonCache):
     def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Move logical slots ``src`` to ``dst`` (B, n): both physical slots of each, and its live flag."""
         super().move(physical_slots(src), physical_slots(dst))
-        if torch.compiler.is_compiling():
-            rows, _ = row_head_index(src.shape[0], 1, src.device)
-            self.live.index_put_((rows[:, 0], dst), self.live[rows[:, 0], src])
+        if torch.compiler.is_compiling():  # in place (see KVCache.move)
+            rows = torch.arange(src.shape[0], device=src.device)[:, None]  # (B, 1)
+            self.live.index_put_((rows, dst), self.live[rows, src])
         else:
             self.live.scatter_(1, dst, self.live.gather(1, src))
 
