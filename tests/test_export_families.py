@@ -54,5 +54,9 @@ def test_a_janus_target_is_refused_in_one_line_and_its_drafter_exports(tmp_path,
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2 and len(err) == 1 and err[0].startswith("error: model=tiny_random_janus")
     assert "parts=[drafter]" in err[0] and not (tmp_path / "both").exists()
+    with pytest.raises(SystemExit):  # before any file is read: the 7B preset's folder need not exist
+        export("janus_pro_7b", tmp_path / "seven", "model.gpt_ckpt=/nonexistent/Janus-Pro-7B")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: model=janus_pro_7b: a Janus target keeps only")
     export("tiny_random_janus", tmp_path / "drafter", "parts=[drafter]")
     assert (tmp_path / "drafter" / "drafter" / "model.safetensors").is_file()

@@ -39,6 +39,9 @@ def export(cfg: DictConfig) -> dict[str, Path]:
     for part in parts:
         checks.choice("parts", part, PARTS)
     dtype = resolve_dtype(checks.choice("weights_dtype", cfg.weights_dtype, ("float32", "bfloat16", "float16")))
+    refused = cfg.model.get("target_export_refused")
+    if "target" in parts and refused:
+        raise ConfigError(f"model={cfg.model.name}: {refused}; parts=[drafter] exports the drafter")
     out = Path(cfg.out_dir)
     if "conditioner" in cfg.model.bundle:  # a separate text encoder (LlamaGen t2i); a family's own tokenizer stays
         stand_in = {"_target_": f"{NoConditioner.__module__}.NoConditioner", "_partial_": True}

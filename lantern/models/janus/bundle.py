@@ -50,12 +50,9 @@ class JanusBundle(ModelBundle):
 
     def save_target(self, folder, dtype: torch.dtype = torch.float32):
         """Refused: a target keeps only a folder's generation path (the understanding encoder, aligner and text
-        head are set aside when it is read), so it cannot be written back as a ``JanusForConditionalGeneration``."""
-        raise ConfigError(
-            f"model={self.name}: a Janus target keeps only the generation path of its JanusForConditionalGeneration "
-            "folder (the vision encoder, aligner and text head are not loaded), so it cannot be written back as one; "
-            "parts=[drafter] exports the drafter, and the original folder is the target"
-        )
+        head are set aside when it is read); the presets say so (``target_export_refused``), and
+        ``scripts/export_hf.py`` refuses before building anything."""
+        raise ConfigError(f"model={self.name}: a Janus target cannot be written back as a folder")
 
 
 def _grid(target: Mapping, vq: VQConfig, patches: int | None = None) -> int:
