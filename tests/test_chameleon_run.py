@@ -75,6 +75,7 @@ def anole(folder, vq_ckpt, *more: str) -> tuple[str, ...]:
         "num_images=2",
         "batch_size=2",
         "speedup_baseline=null",
+        "decoding=ar",  # the folder has no drafter
         *more,
     )
 

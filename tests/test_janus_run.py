@@ -77,6 +77,7 @@ def janus(folder, *more: str) -> tuple[str, ...]:
         "num_images=2",
         "batch_size=2",
         "speedup_baseline=null",
+        "decoding=ar",  # the folder has no drafter
         *more,
     )
 
