@@ -108,19 +108,25 @@ def random_bundle(
     device: str = "cpu",
     dtype: str = "float32",
     gpt_ckpt: str | None = None,
+    config_of=None,
+    convert=None,
+    target_class=ChameleonTarget,
+    conditioner_class=ChameleonConditioner,
 ) -> ModelBundle:
     """The seeded random tiny Chameleon (no files): target, VQGAN and a word-level tokenizer over its
-    vocabulary. ``gpt_ckpt`` (an HF folder of the same architecture), when given, replaces the target."""
+    vocabulary. ``gpt_ckpt`` (an HF folder of the same architecture), when given, replaces the target.
+    ``config_of`` (the random config and vocabulary, default :func:`random_config`), ``convert``,
+    ``target_class`` and ``conditioner_class``: a family variant's (Lumina-mGPT's)."""
     device, dtype = resolve_device(device), resolve_dtype(dtype)
     vq_cfg = vq_config(vq)
-    config, vocab = random_config(target, vq_cfg)
-    model = random_target(config, init_seed)
+    config, vocab = (config_of or random_config)(target, vq_cfg)
+    model = random_target(config, init_seed, target_class)
     if gpt_ckpt is not None:
-        loaded, _ = hf.load_target(gpt_ckpt, config.grid_size, config.cls_token_num)
+        loaded, _ = hf.load_target(gpt_ckpt, config.grid_size, config.cls_token_num, convert, target_class)
         if loaded.config != config:
             raise CheckpointError(f"HF folder {os.fspath(gpt_ckpt)!r} is not the random preset's architecture")
         model = loaded
-    conditioner = ChameleonConditioner.for_model(word_tokenizer(vocab), config, template, device)
+    conditioner = conditioner_class.for_model(word_tokenizer(vocab), config, template, device)
     return finish_family_bundle(
         ChameleonBundle, name, model, random_vqgan(vq_cfg, init_seed), conditioner, device, dtype
     )

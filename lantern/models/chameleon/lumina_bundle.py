@@ -14,15 +14,11 @@ from collections.abc import Mapping
 import torch
 
 from lantern import checks
-from lantern.errors import CheckpointError
-from lantern.models.bundle import ModelBundle, TimingParts, family_drafter, finish_family_bundle, timing_parts
+from lantern.models.bundle import ModelBundle, TimingParts, family_drafter, timing_parts
 from lantern.models.chameleon import bundle as chameleon
-from lantern.models.chameleon import hf
 from lantern.models.chameleon.condition import ChameleonConditioner
-from lantern.models.chameleon.folder import ChameleonBundle
 from lantern.models.chameleon.lumina import EOL, LuminaConfig, LuminaTarget, lumina_config, size_token
-from lantern.models.chameleon.vocab import TINY_WORDS, word_tokenizer
-from lantern.models.devices import resolve_device, resolve_dtype
+from lantern.models.chameleon.vocab import TINY_WORDS
 
 TEMPLATE = "Generate an image of {width}x{height} according to the following prompt:\n{caption}"
 # The random preset's words beyond Chameleon's: the template's (its tokenizer splits on whitespace and punctuation).
@@ -94,19 +90,19 @@ def random_bundle(
 ) -> ModelBundle:
     """The seeded random tiny Lumina-mGPT (no files); ``gpt_ckpt`` (an HF folder of the same architecture and
     vocabulary) replaces the target."""
-    vq_cfg = chameleon.vq_config(vq)
-    config, vocab = random_config(target, vq_cfg)
-    model = chameleon.random_target(config, init_seed, LuminaTarget)
-    if gpt_ckpt is not None:
-        convert = converter(config.image_pixels)
-        loaded, _ = hf.load_target(gpt_ckpt, config.grid_size, config.cls_token_num, convert, LuminaTarget)
-        if loaded.config != config:
-            raise CheckpointError(f"HF folder {str(gpt_ckpt)!r} is not the random preset's architecture")
-        model = loaded
-    conditioner = LuminaConditioner.for_model(word_tokenizer(vocab), config, "lumina", resolve_device(device))
-    vqgan = chameleon.random_vqgan(vq_cfg, init_seed)
-    return finish_family_bundle(
-        ChameleonBundle, name, model, vqgan, conditioner, resolve_device(device), resolve_dtype(dtype)
+    return chameleon.random_bundle(
+        name,
+        target,
+        vq,
+        init_seed,
+        "lumina",
+        device,
+        dtype,
+        gpt_ckpt,
+        config_of=random_config,
+        convert=converter(int(target["image_size"])),
+        target_class=LuminaTarget,
+        conditioner_class=LuminaConditioner,
     )
 
 
