@@ -100,7 +100,10 @@ def save_target_folder(bundle, folder: str | os.PathLike, dtype: torch.dtype = t
         name: tensor.detach().to(device="cpu", dtype=dtype).contiguous()
         for name, tensor in {**target.state_dict(), **vq_tensors(bundle.vq)}.items()
     }
-    text = json.dumps({**target_config(config, bundle.vq.config, vocabulary), "torch_dtype": str(dtype)[6:]}, indent=2)
+    text = json.dumps(
+        {**target_config(config, bundle.vq.config, vocabulary), "torch_dtype": str(dtype).removeprefix("torch.")},
+        indent=2,
+    )
 
     def write(staging: Path) -> None:
         from safetensors.torch import save_file
