@@ -6,7 +6,9 @@ node's random numbers, it says which candidate is accepted and, when none is, ho
 drawn. Almost every rule is a relaxation composed with an exact candidate test (:class:`Composed`):
 the relaxation fixes the law ``p'`` the node samples from before anything random happens there, and the
 test is lossless for ``p'``. A rule that chooses among whole paths instead (the authors' greedy LANTERN)
-sets the optional :attr:`Rule.walk` hook, and the walk asks it once per step.
+sets the optional :attr:`Rule.walk` hook, and the walk asks it once per step. A rule whose law at a node
+is fixed before the walk reaches it sets :attr:`Rule.relax`: a walk that knows which node every level
+tests (a chain) may then relax all of them in one call and hand each level its row.
 
 Configs build a :class:`RuleSpec` (``lantern.rules.factory``); a decoder asks it for the rule of the
 candidates it drafts (``sampled``, ``deterministic`` or ``greedy``) and for the settings its records keep.
@@ -88,6 +90,9 @@ class Rule(Protocol):
     candidates: str  # the kind of candidates it tests: sampled, deterministic or greedy
     # Optional: ``walk(draft, p) -> PathChoice`` for rules that choose among whole paths; None otherwise.
     walk: Callable | None
+    # Optional: ``relax(p, tokens, valid, q) -> Relaxed``, the node's law as a function of its own inputs
+    # only (row by row), for rules whose node accepts it back as ``relaxed``; None otherwise.
+    relax: Callable | None
 
     def node(
         self,
@@ -99,12 +104,14 @@ class Rule(Protocol):
         noise: torch.Tensor | None,
         sampling: SamplingConfig,
         audit: bool,
+        relaxed: Relaxed | None = None,
     ) -> NodeOutcome:
         """Test the candidates ``tokens`` (R, K) (``valid`` marks real ones) of one node against ``p`` (R, V).
 
         ``q`` (R, V) the drafter law they came from; ``u`` (R, K) one uniform per sibling; ``noise`` (R, V)
         the exponentials of the node's own draw (None when greedy); ``audit``: measure the realised TV
-        where that costs a pass over the vocabulary.
+        where that costs a pass over the vocabulary; ``relaxed``: what :attr:`relax` gave for these rows
+        (computed here when None; only passed to rules that set :attr:`relax`).
         """
         ...
 
@@ -146,8 +153,15 @@ class Composed:
         self.relaxation, self.test = relaxation, test
         self.candidates = test.candidates
 
-    def node(self, p, tokens, valid, q, u, noise, sampling: SamplingConfig, audit: bool = True) -> NodeOutcome:
-        relaxed = self.relaxation.relax(p, tokens, valid, q, self.candidates)
+    def relax(self, p, tokens, valid, q) -> Relaxed:
+        """``p'`` for rows of nodes (each row on its own: rows of several nodes may come in one call)."""
+        return self.relaxation.relax(p, tokens, valid, q, self.candidates)
+
+    def node(
+        self, p, tokens, valid, q, u, noise, sampling: SamplingConfig, audit: bool = True, relaxed: Relaxed | None = None
+    ) -> NodeOutcome:
+        if relaxed is None:
+            relaxed = self.relax(p, tokens, valid, q)
         drawn = race(relaxed.target, noise, sampling)  # (R,) y ~ p' (the argmax when greedy)
         outcome = self.test.try_siblings(relaxed.target, tokens, valid, q, u, drawn)
         merged = relaxed.gain.gather(1, outcome.chosen.clamp_min(0)[:, None])[:, 0]  # (R,)

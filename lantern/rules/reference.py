@@ -97,6 +97,7 @@ class LanternReference:
         self.k, self.delta, self.lam = k, delta, lam
         self.candidates = check_candidates(candidates)
         self.walk = self.select_path if self.candidates == "greedy" else None
+        self.relax = None  # each sibling is tested on the law the earlier rejections left: nothing to do ahead
 
     # ------------------------------------------------------------------ the relaxed test, one candidate per row
 

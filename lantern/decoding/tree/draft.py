@@ -41,8 +41,9 @@ class Draft:
     as the step's last token, but nothing below it was verified); ``q`` (B, N+1, V) the drafter
     distribution each node's candidates were chosen from (zero rows for nodes without candidates);
     ``ancestors`` (B, N+1, N+1) bool, ``ancestors[b, i, j]`` iff node j is node i or one of its
-    ancestors; ``max_depth`` a host bound on ``depth``. Nodes are in topological order (a parent
-    precedes its children), so the node at depth d has index >= d.
+    ancestors; ``max_depth`` a host bound on ``depth``; ``chain`` (host) whether node d is the only node
+    at depth d for every d (a chain), so a walk knows before it starts which node each level tests.
+    Nodes are in topological order (a parent precedes its children), so the node at depth d has index >= d.
 
     Why sampled candidates keep dropped draws: recursive rejection sampling is lossless only if the
     candidates tested at a node are the drafter's draws without replacement, in draw order. A tree
@@ -59,6 +60,7 @@ class Draft:
     q: torch.Tensor
     ancestors: torch.Tensor
     max_depth: int
+    chain: bool = False
 
     @property
     def num_nodes(self) -> int:
@@ -98,12 +100,13 @@ def choose_children(
     return tokens, torch.log(q.gather(-1, tokens))
 
 
-def finish_draft(tokens, parents, depth, q, draws, slots, max_depth: int, mode: str) -> Draft:
+def finish_draft(tokens, parents, depth, q, draws, slots, max_depth: int, mode: str, chain: bool = False) -> Draft:
     """Assemble a :class:`Draft` from per-node ``tokens``, ``parents``, ``depth`` (B, N+1) and ``q``.
 
     ``draws`` (B, N+1, K): the tokens drawn (or ranked) at each node, in order, -1 where none;
     ``slots`` (B, N+1): the slot of each node in its parent's ``draws`` (ignored at the root).
-    ``max_depth`` (a host integer, so nothing synchronises) bounds the depth of every node.
+    ``max_depth`` (a host integer, so nothing synchronises) bounds the depth of every node; ``chain``
+    (host) says the tree is a single path (see :class:`Draft`).
 
     Deterministic and greedy candidates are the node's children only (any subset of the ranks is
     exact for these rules). Sampled candidates are every draw whose drafter probability is positive
@@ -138,6 +141,7 @@ def finish_draft(tokens, parents, depth, q, draws, slots, max_depth: int, mode: 
         q=q,
         ancestors=ancestors,
         max_depth=max_depth,
+        chain=chain,
     )
 
 
@@ -237,7 +241,9 @@ class StaticTree:
                 q[:, fed] = expander.expand(tokens[:, fed], fed_parents.expand(batch, -1))
         parents = all_parents.expand(batch, -1)
         depth = all_depth.expand(batch, -1)
-        return finish_draft(tokens, parents, depth, q, draws, all_rank.expand(batch, -1), self.depth, mode)
+        return finish_draft(
+            tokens, parents, depth, q, draws, all_rank.expand(batch, -1), self.depth, mode, self.nodes == self.depth
+        )
 
 
 def chain(depth: int, candidates: str = "deterministic") -> StaticTree:

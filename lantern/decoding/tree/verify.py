@@ -7,7 +7,10 @@ outside the tree (a sampled draw the tree dropped) is the step's last token; whe
 the node's token is ``y`` or a draw from the rule's residual. After a full path the next token is
 drawn at its last node. Everything is vectorised over rows; the loop runs over depth only, and
 nothing synchronises with the device. A rule with a ``walk`` hook (the authors' greedy LANTERN)
-chooses among whole paths instead.
+chooses among whole paths instead. On a chain every level tests a node known before the walk (node
+``d`` at level ``d``), so a rule with a ``relax`` hook relaxes all of them in one call first: one
+relaxation over ``B * D`` rows instead of ``D`` over ``B`` (a third of the kernels and calls on a
+chain(3)), with the same values row by row.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import torch
 from lantern import rng
 from lantern.decoding.tree.draft import Draft
 from lantern.models.sampling import SamplingConfig, exponentials, race
-from lantern.rules.api import Rule
+from lantern.rules.api import Relaxed, Rule
 
 
 @dataclass
@@ -72,10 +75,12 @@ def walk_tree(
     merged = torch.zeros(batch, depth_max, dtype=p.dtype, device=device)
     stop_token = torch.full((batch,), -1, dtype=torch.long, device=device)  # token fixed at the stopping level
     target = p[:, 0]  # (B, V) the law to draw the final token from if nothing fixed it
+    ahead = _relax_chain(draft, p, rule) if draft.chain and getattr(rule, "relax", None) is not None else None
     for level in range(depth_max):
         kids = draft.children[rows, current]  # (B, K) tree nodes (-1: not in the tree)
         tokens = draft.candidates[rows, current]  # (B, K)
         valid = alive[:, None] & (tokens >= 0)
+        extra = {} if ahead is None else {"relaxed": Relaxed(*(part[:, level] for part in ahead))}
         outcome = rule.node(
             p[rows, current],
             tokens,
@@ -85,6 +90,7 @@ def walk_tree(
             None if races is None else races[:, level],
             sampling,
             audit,
+            **extra,
         )
         got = outcome.chosen >= 0
         slot = outcome.chosen.clamp_min(0)[:, None]
@@ -106,3 +112,26 @@ def walk_tree(
     drawn = race(target, None if races is None else races[:, depth_max], sampling)
     next_token = torch.where(stop_token >= 0, stop_token, drawn)
     return Walk(path=path, accepted=accepted, next_token=next_token, tv=tv, merged=merged)
+
+
+def _relax_chain(draft: Draft, p: torch.Tensor, rule: Rule) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The relaxed laws of a chain's nodes ``0 .. D-1`` in one call: ``target`` (B, D, V), ``tv`` (B, D),
+    ``gain`` (B, D, K).
+
+    A row that stops before level ``d`` still gets node ``d`` relaxed (as if its candidates were live);
+    the walk never reads that row's outcome at that level, so only the work is spent, not the result.
+    """
+    batch, _, vocab = p.shape
+    depth = draft.max_depth
+    tokens = draft.candidates[:, :depth]  # (B, D, K)
+    relaxed = rule.relax(
+        p[:, :depth].reshape(batch * depth, vocab),
+        tokens.reshape(batch * depth, -1),
+        (tokens >= 0).reshape(batch * depth, -1),
+        draft.q[:, :depth].reshape(batch * depth, vocab),
+    )
+    return (
+        relaxed.target.view(batch, depth, vocab),
+        relaxed.tv.view(batch, depth),
+        relaxed.gain.view(batch, depth, -1),
+    )
