@@ -41,7 +41,9 @@ def _inputs(structure, kind: str, seed: int = 0):
     generator = torch.Generator().manual_seed(seed)
     keys = rng.keys_tensor(seed, range(ROWS))
     step = torch.arange(ROWS) % 5
-    draft = structure.grow(RandomExpander(generator), torch.randint(VOCAB, (ROWS,), generator=generator), keys, step, kind)
+    draft = structure.grow(
+        RandomExpander(generator), torch.randint(VOCAB, (ROWS,), generator=generator), keys, step, kind
+    )
     # The target is the drafter mixed with noise in a random proportion per node, so that every kind of
     # candidate is accepted at some nodes and rejected at others, and paths of every length occur.
     noise = torch.softmax(3 * torch.randn(ROWS, draft.num_nodes, VOCAB, generator=generator, dtype=torch.float64), -1)

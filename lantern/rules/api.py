@@ -158,7 +158,16 @@ class Composed:
         return self.relaxation.relax(p, tokens, valid, q, self.candidates)
 
     def node(
-        self, p, tokens, valid, q, u, noise, sampling: SamplingConfig, audit: bool = True, relaxed: Relaxed | None = None
+        self,
+        p,
+        tokens,
+        valid,
+        q,
+        u,
+        noise,
+        sampling: SamplingConfig,
+        audit: bool = True,
+        relaxed: Relaxed | None = None,
     ) -> NodeOutcome:
         if relaxed is None:
             relaxed = self.relax(p, tokens, valid, q)
