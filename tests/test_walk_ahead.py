@@ -80,20 +80,20 @@ def test_relaxing_a_chain_ahead_walks_as_one_relaxation_per_level(kind, name):
     sampling = SamplingConfig(temperature=0.0 if kind == "greedy" else 1.0)
 
     calls = []
-    relax = rule.relax
+    relax = rule.relaxation.relax
 
     def counted(p_rows, *args):
         calls.append(p_rows.shape[0])
         return relax(p_rows, *args)
 
-    rule.relax = counted
+    rule.relaxation.relax = counted
     try:
         ahead = walk_tree(draft, p, rule, sampling, keys, step)
         assert calls == [ROWS * DEPTH]  # one call over every node of every row
         per_level = walk_tree(dataclasses.replace(draft, chain=False), p, rule, sampling, keys, step)
         assert calls == [ROWS * DEPTH] + [ROWS] * DEPTH
     finally:
-        rule.relax = relax
+        del rule.relaxation.relax
     for field in dataclasses.fields(ahead):
         assert torch.equal(getattr(ahead, field.name), getattr(per_level, field.name)), field.name
     lengths = ahead.accepted.bincount(minlength=DEPTH + 1)

@@ -57,8 +57,7 @@ PAST_GRID = ("clamp", "zero_rope")  # see lantern.decoding.tree.step.grid_positi
 def _renormalised(weights: torch.Tensor) -> torch.Tensor:
     """Rows of ``weights`` over their sum; a row with no mass becomes uniform (as the reference's ``ones``)."""
     total = weights.sum(dim=-1, keepdim=True)  # (R, 1)
-    uniform = torch.full_like(weights, 1.0 / weights.shape[-1])
-    return torch.where(total > 0, weights / total.clamp_min(1e-30), uniform)
+    return torch.where(total > 0, weights / total.clamp_min(1e-30), 1.0 / weights.shape[-1])
 
 
 class LanternReference:
@@ -101,20 +100,32 @@ class LanternReference:
 
     # ------------------------------------------------------------------ the relaxed test, one candidate per row
 
-    def _bound(self, px: torch.Tensor) -> torch.Tensor:
-        return torch.full_like(px, self.delta) if self.lam is None else (self.lam - 1.0) * px
+    def _bound(self, px: torch.Tensor) -> torch.Tensor | float:
+        """The most neighbour mass a candidate with target mass ``px`` may take: ``delta``, or ``(lam - 1) px``
+        with a trailing unit dimension (to compare with running sums over its neighbours)."""
+        return self.delta if self.lam is None else ((self.lam - 1.0) * px)[..., None]
 
-    def relaxed_probability(self, p: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def relaxed_probability(
+        self, p: torch.Tensor, x: torch.Tensor, near: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(p~(x), S_m, m)`` (R,) for candidates ``x`` (R,) on ``p`` (R, V): ``S_m`` is the mass of the
-        longest prefix of x's k nearest neighbours within the bound (zero-mass ones fill prefix slots)."""
+        longest prefix of x's k nearest neighbours within the bound (zero-mass ones fill prefix slots).
+        ``near`` (R, k): those neighbours, when the caller looked them up already."""
         self.table.check(p)
-        near = self.table.columns(self.k, p.device)[x]  # (R, k)
+        near = self.table.columns(self.k, p.device)[x] if near is None else near  # (R, k)
         px = p.gather(1, x[:, None])[:, 0]
         cumulative = p.gather(1, near).cumsum(dim=1)  # (R, k)
-        merged = (cumulative <= self._bound(px)[:, None]).to(torch.int64).cumprod(dim=1)  # (R, k) a prefix
-        m = merged.sum(dim=1)
-        moved = torch.where(m > 0, cumulative.gather(1, (m - 1).clamp_min(0)[:, None])[:, 0], torch.zeros_like(px))
-        return px + moved, moved, m
+        # A running sum of masses never decreases (rounding is monotone too), so the sums within the bound
+        # are a prefix and the largest of them is the prefix's mass.
+        merged = cumulative <= self._bound(px)  # (R, k) a prefix
+        moved = torch.where(merged, cumulative, 0.0).amax(dim=1)  # (R,) 0 when nothing fits
+        return px + moved, moved, merged.sum(dim=1)
+
+    @staticmethod
+    def rejected(x: torch.Tensor, wide: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        """(R, k+2) the codes the reference zeroes in ``p`` after rejecting ``x``: ``x`` and, when
+        ``m >= 1``, the slice ``nearest_latents[x, :k+1]`` (``wide``, (R, k+1); ``x`` again in its place otherwise)."""
+        return torch.cat([x[:, None], torch.where((m > 0)[:, None], wide, x[:, None])], dim=1)
 
     def zeroed(self, p: torch.Tensor, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
         """(R, V) bool: the entries the reference zeroes after rejecting ``x``: the slice
@@ -136,23 +147,26 @@ class LanternReference:
         # accepted iff y = x_s (the same coupling as the exact rule's closed form, so delta = 0 gives
         # the exact rule's tokens).
         rows, count = tokens.shape
+        xs = tokens.clamp_min(0)  # (R, K)
+        # Every sibling's k+1 nearest codes in one lookup: the test reads the first k, a rejection zeroes all.
+        wide = self.table.columns(self.k + 1, p.device)[xs]  # (R, K, k+1)
         current = p
         law = torch.zeros_like(p)  # (R, V)
         reach = torch.ones(rows, dtype=p.dtype, device=p.device)  # (R,) probability that sibling s is tested
-        gains = torch.zeros(rows, count, dtype=p.dtype, device=p.device)
+        gains = []
         for slot in range(count):
-            x = tokens[:, slot].clamp_min(0)
-            live = valid[:, slot]
-            p_tilde, moved, m = self.relaxed_probability(current, x)
-            gains[:, slot] = moved
+            x, live = xs[:, slot], valid[:, slot]
+            p_tilde, moved, m = self.relaxed_probability(current, x, wide[:, slot, : self.k])
+            gains.append(moved)
             law = law.scatter_add(1, x[:, None], torch.where(live, reach * p_tilde, 0.0)[:, None])
             reach = torch.where(live, reach * (1 - p_tilde).clamp_min(0), reach)
-            rejected = _renormalised(current.masked_fill(self.zeroed(current, x, m), 0.0).scatter(1, x[:, None], 0.0))
+            rejected = _renormalised(current.scatter(1, self.rejected(x, wide[:, slot], m), 0.0))
             current = torch.where(live[:, None], rejected, current)
         law = law + reach[:, None] * current
         drawn = race(law, noise, sampling)  # (R,)
         chosen = first(valid & (tokens == drawn[:, None]))
-        merged = torch.where(chosen >= 0, gains.gather(1, chosen.clamp_min(0)[:, None])[:, 0], 0.0)
+        moved = torch.stack(gains, dim=1).gather(1, chosen.clamp_min(0)[:, None])[:, 0]  # (R,)
+        merged = torch.where(chosen >= 0, moved, 0.0)
         tv = 0.5 * (law - p).abs().sum(dim=1)
         return NodeOutcome(chosen=chosen, target=current, proposal=q, emitted=drawn, tv=tv, merged=merged)
 
@@ -190,9 +204,9 @@ class LanternReference:
         near = self.table.columns(self.k, p.device)  # (V, k)
         wide = self.table.columns(self.k + 1, p.device)  # (V, k+1)
         cumulative = p[:, near].cumsum(dim=2)  # (R, V, k): neighbour mass of every x
-        merged = (cumulative <= self._bound(p)[:, :, None]).to(torch.int64).cumprod(dim=2)
+        merged = cumulative <= self._bound(p)  # (R, V, k) a prefix (see relaxed_probability)
         m = merged.sum(dim=2)  # (R, V)
-        moved = torch.where(m > 0, cumulative.gather(2, (m - 1).clamp_min(0)[:, :, None])[:, :, 0], torch.zeros_like(p))
+        moved = torch.where(merged, cumulative, 0.0).amax(dim=2)  # (R, V)
         accept = torch.where(
             q > 0, torch.clamp((p + moved) / q.clamp_min(1e-30), max=1.0), torch.zeros_like(p)
         )  # (R, V)
