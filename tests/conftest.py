@@ -16,8 +16,11 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 _CACHE = tempfile.mkdtemp(prefix="lantern-test-cache-")
 os.environ["LANTERN_CACHE"] = _CACHE
 atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
-# Test models are tiny: one thread is fastest, and two oversubscribe a busy 2-core machine.
+# Test models are tiny: one thread is fastest, and two oversubscribe a busy 2-core machine. The suite runs
+# on pytest-xdist workers (pyproject's addopts), so the run.py and script subprocesses the tests start get one
+# OpenMP thread too: two workers' subprocesses with two spinning threads each on 2 cores ran 3-4x slower.
 torch.set_num_threads(1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def read_layout(name: str) -> list[tuple[str, tuple[int, ...]]]:
