@@ -170,7 +170,7 @@ class Composed:
         relaxed: Relaxed | None = None,
     ) -> NodeOutcome:
         if relaxed is None:
-            relaxed = self.relaxation.relax(p, tokens, valid, q, self.candidates)
+            relaxed = self.relax(p, tokens, valid, q)
         drawn = race(relaxed.target, noise, sampling)  # (R,) y ~ p' (the argmax when greedy)
         outcome = self.test.try_siblings(relaxed.target, tokens, valid, q, u, drawn)
         merged = relaxed.gain.gather(1, outcome.chosen.clamp_min(0)[:, None])[:, 0]  # (R,)

@@ -75,7 +75,7 @@ def walk_tree(
     merged = torch.zeros(batch, depth_max, dtype=p.dtype, device=device)
     stop_token = torch.full((batch,), -1, dtype=torch.long, device=device)  # token fixed at the stopping level
     target = p[:, 0]  # (B, V) the law to draw the final token from if nothing fixed it
-    ahead = _relax_chain(draft, p, rule) if draft.chain and getattr(rule, "relax", None) is not None else None
+    ahead = _relax_chain(draft, p, rule) if draft.chain and rule.relax is not None else None
     for level in range(depth_max):
         kids = draft.children[rows, current]  # (B, K) tree nodes (-1: not in the tree)
         tokens = draft.candidates[rows, current]  # (B, K)
