@@ -210,7 +210,13 @@ def test_the_marginal_test_catches_a_wrong_residual(rule, structure):
     assert any(stat > chi2.ppf(0.999, dof) for stat, dof in stats)
 
 
-def test_cache_after_speculative_decoding_equals_the_ar_cache():
+@pytest.mark.parametrize(
+    "structure",
+    [chain(4), chain(4, "sampled"), prior_tree(4, 4, 12), DynamicTree(4, 3, 10)],
+    ids=["chain", "sampled_chain", "static_tree", "dynamic_tree"],
+)
+def test_cache_after_speculative_decoding_equals_the_ar_cache(structure):
+    """Trees move their accepted paths into place; a chain's path is in place already (no move runs)."""
     model, drafter = tiny()
     cond, keys = text_condition(), keys_tensor(0, range(4))
     sampling = SamplingConfig(temperature=1.0, cfg_scale=3.0)
@@ -224,9 +230,7 @@ def test_cache_after_speculative_decoding_equals_the_ar_cache():
 
     model.new_cache = capture
     try:
-        result = SpeculativeDecoder(sampling, drafter, DynamicTree(4, 3, 10), ExactDeterministic()).generate(
-            model, cond, keys
-        )
+        result = SpeculativeDecoder(sampling, drafter, structure).generate(model, cond, keys)
     finally:
         del model.new_cache
     cache = caches[0]

@@ -158,9 +158,10 @@ def advance_phase(
     new_tokens = torch.cat([draft.tokens.gather(1, walk.path.clamp_min(0)), root[:, None]], dim=1)
     new_tokens.scatter_(1, accepted[:, None], walk.next_token[:, None])  # (B, D+1): path, then the drawn token
     codes = state.codes.scatter(1, decided[:, None] + span[None, :], new_tokens)
-    ctx.target_cache.move(
-        repeat_rows(length[:, None] + source, groups), repeat_rows(length[:, None] + span[None, :], groups)
-    )
+    if not draft.chain:  # a chain's node d sits at slot L + d, so its accepted path is already in place
+        ctx.target_cache.move(
+            repeat_rows(length[:, None] + source, groups), repeat_rows(length[:, None] + span[None, :], groups)
+        )
 
     path_features = features.gather(
         1, repeat_rows(source, groups)[:, :, None].expand(-1, -1, features.shape[-1])
