@@ -58,6 +58,8 @@ def test_bench_keeps_every_run_and_reports_the_spread(tmp_path):
         assert all(
             abs(r - a / m) < 1e-9 for r, a, m in zip(runs, ar, mode, strict=True)
         )  # run j: AR's j-th times / the mode's
+        assert abs(record["speedup"] - sum(ar) / sum(mode)) < 1e-9  # every image and run
+        assert min(runs) - 1e-12 <= record["speedup"] <= max(runs) + 1e-12
     assert records[0]["speedup_runs"] == [1.0, 1.0, 1.0]
     assert {(r["compile"], r["dtype"], r["threads"]) for r in records} == {("none", "float32", 1)}
     assert all(r["outside_target_ar_steps"] > 0 for r in records[1:])  # eager rows carry the breakdown

@@ -5,10 +5,11 @@ delta=... temperature=...``), so a row is what a user gets from the same overrid
 setting (greedy, and the model's recommended sampling) the AR baseline and every mode decode the same
 images at batch 1; runs are interleaved image by image (AR, mode 1, mode 2, ..., then the next image) so
 machine noise hits all modes alike, after one untimed warm-up per mode. Latency per image is the median
-over ``runs`` repeats; a mode's latency is the mean over images. Speed-up = AR latency / mode latency,
-measured in this run; speed-up / tau shows how much of the step compression survives the drafter and tree
-overheads. The spread is the range of the speed-ups of the single runs (run j: mean over images of AR's
-j-th time / the mode's j-th time); every time is kept in the JSON record. Every mode's config is composed
+over ``runs`` repeats; a mode's latency is the mean over images. Speed-up = AR's total decode time / the
+mode's, over every image and run of this run (as ``run.py`` reports it); speed-up / tau shows how much of the
+step compression survives the drafter and tree overheads. The spread is the range of the speed-ups of the
+single runs (run j: AR's j-th times / the mode's j-th times, summed over images); the speed-up, a ratio of
+the same sums, always lies within it. Every time is kept in the JSON record. Every mode's config is composed
 and its decoder built before the first is timed, and the output folder is checked writable first, so a
 bad value or an unwritable ``out`` costs nothing.
 """
@@ -160,7 +161,7 @@ def bench_setting(name: str, base: list[str], rows, args) -> list[dict]:
                 results[label][i] = result
     records = []
     ar_latency = statistics.mean(statistics.median(t) for t in times["ar"])
-    ar_runs = [statistics.mean(t[j] for t in times["ar"]) for j in range(args.runs)]  # run j's mean latency
+    ar_runs = [sum(t[j] for t in times["ar"]) for j in range(args.runs)]  # run j's decode time, every image
     ar_token_ms = 1000 * ar_latency / int(results["ar"][0].codes.shape[1])  # one AR step (prefill included)
     forward_cache = {}  # nodes + 1 -> ms of a target forward alone (compiled rows)
     for label, decoder in decoders:
@@ -168,14 +169,16 @@ def bench_setting(name: str, base: list[str], rows, args) -> list[dict]:
         steps = sum(int(r.per_sample["steps"].sum()) for r in results[label])
         tokens = sum(int(r.per_sample["tokens"].sum()) for r in results[label])
         tau = tokens / steps
+        mode_runs = [sum(t[j] for t in times[label]) for j in range(args.runs)]
+        speedup = sum(ar_runs) / sum(mode_runs)  # within the runs' range: a mediant of their ratios
         record = {
             "setting": name,
             "mode": label,
             "latency_s": latency,
-            "speedup": ar_latency / latency,
+            "speedup": speedup,
             "tau": tau,
-            "speedup_per_tau": ar_latency / latency / tau,
-            "speedup_runs": [a / statistics.mean(t[j] for t in times[label]) for j, a in enumerate(ar_runs)],
+            "speedup_per_tau": speedup / tau,
+            "speedup_runs": [a / m for a, m in zip(ar_runs, mode_runs, strict=True)],
             "times_s": times[label],  # (image, run)
             "describe": decoder.settings.record(),
             "compile": decoder.settings.compile,
@@ -233,7 +236,8 @@ def markdown(records: list[dict], env: dict, args) -> str:
         "",
         f"`python scripts/bench_speculative.py {' '.join(args.argv)}` at commit {env['commit'][:7]}{' (dirty)' if env['dirty'] else ''} on "
         f"{env['device_name']} ({env['num_threads']} threads), torch {env['versions']['torch']}. Batch 1, {args.images} prompts, "
-        f"median of {args.runs} interleaved runs per image after a warm-up; speed-up against AR in the same run.",
+        f"median of {args.runs} interleaved runs per image after a warm-up; speed-up against AR in the same run: AR's total "
+        "decode time over the mode's, every image and run; runs' range: the same ratio run by run.",
         "",
         f"Every row, AR included, ran with `compile={args.compile}` (a compiled step is built in the untimed warm-up and "
         "timed whole; eager rows are also timed per phase). 'Outside the target forward' is the time of a speculative "
