@@ -37,7 +37,7 @@ from lantern.models.sampling import SamplingConfig
 from lantern.results.baselines import JOIN_KEYS
 from lantern.results.provenance import environment
 from lantern.rng import keys_tensor
-from lantern.run.timing import synchronize
+from lantern.run.timing import ratio_of_totals, synchronize
 
 EXACT_STRUCTURES = ("chain", "static_tree", "dynamic_tree")
 DELTAS = (0.05, 0.1, 0.2, 0.4)
@@ -161,7 +161,6 @@ def bench_setting(name: str, base: list[str], rows, args) -> list[dict]:
                 results[label][i] = result
     records = []
     ar_latency = statistics.mean(statistics.median(t) for t in times["ar"])
-    ar_runs = [sum(t[j] for t in times["ar"]) for j in range(args.runs)]  # run j's decode time, every image
     ar_token_ms = 1000 * ar_latency / int(results["ar"][0].codes.shape[1])  # one AR step (prefill included)
     forward_cache = {}  # nodes + 1 -> ms of a target forward alone (compiled rows)
     for label, decoder in decoders:
@@ -169,8 +168,7 @@ def bench_setting(name: str, base: list[str], rows, args) -> list[dict]:
         steps = sum(int(r.per_sample["steps"].sum()) for r in results[label])
         tokens = sum(int(r.per_sample["tokens"].sum()) for r in results[label])
         tau = tokens / steps
-        mode_runs = [sum(t[j] for t in times[label]) for j in range(args.runs)]
-        speedup = sum(ar_runs) / sum(mode_runs)  # within the runs' range: a mediant of their ratios
+        speedup, speedup_runs = ratio_of_totals(times["ar"], times[label])
         record = {
             "setting": name,
             "mode": label,
@@ -178,7 +176,7 @@ def bench_setting(name: str, base: list[str], rows, args) -> list[dict]:
             "speedup": speedup,
             "tau": tau,
             "speedup_per_tau": speedup / tau,
-            "speedup_runs": [a / m for a, m in zip(ar_runs, mode_runs, strict=True)],
+            "speedup_runs": speedup_runs,
             "times_s": times[label],  # (image, run)
             "describe": decoder.settings.record(),
             "compile": decoder.settings.compile,

@@ -28,3 +28,13 @@ def quartiles(values) -> list[float]:
         return [values[0], values[0]]
     q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
     return [q1, q3]
+
+
+def ratio_of_totals(numerator, denominator) -> tuple[float, list[float]]:
+    """Two sides' times, each (item, run) nested lists of seconds, interleaved run by run: (the ratio of their
+    totals over every item and run, the same ratio run by run). The first is a mediant of the second, so it
+    always lies within their range (a ratio of per-item medians need not)."""
+    runs = len(numerator[0])
+    top = [sum(t[j] for t in numerator) for j in range(runs)]  # run j, every item
+    bottom = [sum(t[j] for t in denominator) for j in range(runs)]
+    return sum(top) / sum(bottom), [a / b for a, b in zip(top, bottom, strict=True)]
