@@ -25,6 +25,12 @@ BASE = (
 )
 
 
+def _as_from_a_terminal() -> None:
+    """Ctrl-C's default action in the child, as a shell gives a foreground command: a test suite started as
+    a background job (``pytest &``) ignores SIGINT, and a child would inherit that and never see Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(out: Path, *overrides: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "run.py", *BASE, f"hydra.run.dir={out}", *overrides],
@@ -32,6 +38,7 @@ def start(out: Path, *overrides: str) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_as_from_a_terminal,
     )
 
 
