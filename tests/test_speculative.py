@@ -211,9 +211,7 @@ def test_the_marginal_test_catches_a_wrong_residual(rule, structure):
 
 
 @pytest.mark.parametrize(
-    "structure",
-    [chain(4), chain(4, "sampled"), prior_tree(4, 4, 12), DynamicTree(4, 3, 10)],
-    ids=["chain", "sampled_chain", "static_tree", "dynamic_tree"],
+    "structure", [*structures(), chain(4, "sampled")], ids=["chain", "static_tree", "dynamic_tree", "sampled_chain"]
 )
 def test_cache_after_speculative_decoding_equals_the_ar_cache(structure):
     """Trees move their accepted paths into place; a chain's path is in place already (no move runs)."""
