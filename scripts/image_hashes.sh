@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The sha256 of every PNG that 20 decoder settings write for 4 world images (seed 0, batch $BATCH, default 2),
+# The sha256 of every PNG that 27 decoder settings write for 4 world images (seed 0, batch $BATCH, default 2),
 # one line per image, sorted: a refactor that claims to change no output must leave this list byte for byte
 # unchanged.
 #   scripts/image_hashes.sh OUT > before.sha             # on the commit before (a worktree), then after:
@@ -29,6 +29,13 @@ settings=(
   "sjd_reuse_horizon|decoding=sjd reuse=0.3 init=horizon"
   "gsd|decoding=gsd"
   "gsd_greedy|decoding=gsd temperature=0"
+  "sjd_mc|decoding=sjd coupling=mc"
+  "sjd_gumbel|decoding=sjd coupling=gumbel"
+  "sjd_pp|decoding=sjd_pp"
+  "vvs|decoding=vvs"
+  "vvs_bounded|decoding=vvs decoding.acceptance.semantics=bounded"
+  "zipar|decoding=zipar window=4"
+  "eagle_static_paths|decoding=eagle draft=static_paths"
 )
 for entry in "${settings[@]}"; do
   name=${entry%%|*}

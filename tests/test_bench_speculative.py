@@ -88,7 +88,7 @@ def test_target_forward_alone_runs_at_every_draft_size():
     from lantern.run.bench import compose_config, target_forward_ms
 
     bundle = instantiate(compose_config(["model=tiny_random_c2i"]).model.bundle)
-    count = bundle.gpt.config.max_seq_len  # more tokens than positions left after the middle of the image
+    count = bundle.target.config.max_seq_len  # more tokens than positions left after the middle of the image
     for sampling in (SamplingConfig(temperature=1.0, cfg_scale=2.0), SamplingConfig(temperature=1.0, cfg_scale=1.0)):
         for tokens in (1, 4, count):
             assert target_forward_ms(bundle, sampling, tokens, "none", repeats=2) > 0

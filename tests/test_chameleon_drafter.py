@@ -268,7 +268,7 @@ def tiny(tmp_path_factory):
 
 def ks_pvalue(tiny, decoder, images: int = 64) -> float:
     model_bundle, _, _, captions = tiny
-    model = model_bundle.gpt
+    model = model_bundle.target
     condition = model_bundle.conditioner.encode([captions[i % len(captions)] for i in range(images)])
     codes = decoder.generate(model, condition, keys_tensor(11, range(images))).codes  # (B, N)
     with torch.inference_mode():

@@ -65,5 +65,5 @@ def test_preset_decodes(name):
     bundle = instantiate(cfg.model.bundle)
     decoder = instantiate(cfg.decoding)
     assert decoder.settings.record()["nodes"] == PRESETS[name][0]
-    result = decoder.generate(bundle.gpt, bundle.conditioner.encode([1]), keys_tensor(0, [0]))
-    assert result.codes.shape == (1, bundle.gpt.config.num_image_tokens)
+    result = decoder.generate(bundle.target, bundle.conditioner.encode([1]), keys_tensor(0, [0]))
+    assert result.codes.shape == (1, bundle.target.config.num_image_tokens)

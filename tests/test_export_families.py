@@ -35,7 +35,7 @@ def test_a_chameleon_target_exports_as_a_folder_transformers_loads_and_run_py_re
     with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):
         cfg = compose("config", overrides=[f"model={preset}"])
     bundle = instantiate(cfg.model.bundle)
-    mine = {**bundle.gpt.state_dict(), **{f"model.vqmodel.{k}": v for k, v in bundle.vq.state_dict().items()}}
+    mine = {**bundle.target.state_dict(), **{f"model.vqmodel.{k}": v for k, v in bundle.vq.state_dict().items()}}
     state = theirs.state_dict()
     assert len(state) > 20
     for name, tensor in state.items():

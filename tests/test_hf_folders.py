@@ -118,7 +118,7 @@ def test_the_random_preset_takes_a_folder_for_its_gpt(tmp_path):
     conditioner = functools.partial(ClassConditioner, num_classes=10)
     bundle = random_bundle("tiny", C2I, VQ, conditioner, gpt_ckpt=str(folder))
     seeded = random_bundle("tiny", C2I, VQ, conditioner)
-    assert torch.equal(target_logits(bundle.gpt), target_logits(ours))
+    assert torch.equal(target_logits(bundle.target), target_logits(ours))
     assert same_weights(bundle.vq, seeded.vq)  # the tokenizer stays the seeded random one
 
 
@@ -498,7 +498,7 @@ def world_images(overrides: list[str], count: int = 4) -> dict[str, list[bytes]]
     images = {}
     with torch.inference_mode():
         for name, decoder in decoders.items():
-            codes = decoder.generate(bundle.gpt, condition, keys_tensor(0, range(count))).codes
+            codes = decoder.generate(bundle.target, condition, keys_tensor(0, range(count))).codes
             images[name] = [png_bytes(pixels.cpu().numpy()) for pixels in bundle.decode_images(codes)]
     return images
 

@@ -42,7 +42,7 @@ def tiny(tmp_path_factory):
 @torch.no_grad()
 def test_the_drafters_layer_is_transformers_llama_decoder_layer(tiny):
     model_bundle, _, _, _ = tiny
-    config = model_bundle.gpt.config
+    config = model_bundle.target.config
     torch.manual_seed(2)
     drafter = Drafter(DrafterConfig(config)).eval()
     llama = transformers.LlamaConfig(
@@ -72,7 +72,7 @@ def test_the_drafters_layer_is_transformers_llama_decoder_layer(tiny):
 @torch.no_grad()
 def test_our_export_reads_back_identically_and_misfits_are_refused(tmp_path, tiny):
     model_bundle, _, _, _ = tiny
-    target = model_bundle.gpt
+    target = model_bundle.target
     torch.manual_seed(4)
     drafter = Drafter(DrafterConfig(target.config, n_layer=2)).eval()
     arch = drafter.config.arch

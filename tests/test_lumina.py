@@ -94,7 +94,7 @@ def output_index(n: torch.Tensor) -> torch.Tensor:
 @torch.inference_mode()
 def test_teacher_forced_logits_match_chameleonforconditionalgeneration_on_the_interleaved_stream(lumina):
     reference, bundle, _ = lumina
-    ours = bundle.gpt
+    ours = bundle.target
     condition = bundle.conditioner.encode(PROMPTS)  # left-padded, three lengths
     assert not condition.mask.all() and condition.mask[:, -3:].all()
     batch = len(PROMPTS)
@@ -173,7 +173,7 @@ class LuminaCFGProcessor(transformers.LogitsProcessor):
 @pytest.mark.parametrize("cfg_scale", [1.0, 4.0])
 def test_greedy_ar_equals_their_generate_with_lumina_logits_processors_token_for_token(lumina, cfg_scale):
     reference, bundle, _ = lumina
-    ours = bundle.gpt
+    ours = bundle.target
     condition = bundle.conditioner.encode(PROMPTS)
     sampling = SamplingConfig(temperature=0, cfg_scale=cfg_scale)
     codes = ARDecoder(sampling).generate(ours, condition, keys_tensor(0, range(len(PROMPTS)))).codes
@@ -203,12 +203,12 @@ def test_greedy_ar_equals_their_generate_with_lumina_logits_processors_token_for
 
 def test_greedy_speculative_chain_equals_greedy_ar_and_captures_as_one_graph(lumina):
     _, bundle, _ = lumina
-    check_greedy_chain_equals_ar_in_one_graph(bundle.gpt, bundle.conditioner.encode(PROMPTS[:2]), 4.0)
+    check_greedy_chain_equals_ar_in_one_graph(bundle.target, bundle.conditioner.encode(PROMPTS[:2]), 4.0)
 
 
 def test_the_target_satisfies_the_protocol_and_finds_lumina_ids_by_name(lumina):
     _, bundle, folder = lumina
-    ours, vocab = bundle.gpt, lumina_vocabulary()
+    ours, vocab = bundle.target, lumina_vocabulary()
     assert isinstance(ours, Target) and isinstance(ours, LuminaTarget)
     cfg = ours.config
     assert (cfg.vocab_size, cfg.num_image_tokens, cfg.max_seq_len, cfg.code_offset) == (CODES, 64, SLOTS + 64, 4)

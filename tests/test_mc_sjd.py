@@ -241,7 +241,7 @@ def test_coupling_raises_tau_on_the_world(world):
     cond, keys = world.condition(20), keys_tensor(0, range(20))
 
     def tau(coupling):
-        result = sjd(WORLD_SAMPLING, window=16, coupling=coupling).generate(world.bundle.gpt, cond, keys)
+        result = sjd(WORLD_SAMPLING, window=16, coupling=coupling).generate(world.bundle.target, cond, keys)
         return float(result.per_sample["tokens"].sum() / result.per_sample["steps"].sum())
 
     plain, mc, gumbel = tau("none"), tau("mc"), tau("gumbel")

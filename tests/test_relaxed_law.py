@@ -111,7 +111,7 @@ def test_bounded_sampled_node_emits_its_relaxed_target(world, roots, delta):
     """One sampled candidate x ~ q: accept with min(1, p'(x)/q(x)), else the rule's residual; the
     mixture over x must be p' itself, within delta of p."""
     rule = lantern(1000, delta, world.neighbours).build("sampled")
-    vocab = world.bundle.gpt.config.vocab_size
+    vocab = world.bundle.target.config.vocab_size
     for p, _, q in roots["sampled"]:
         xs = torch.arange(vocab)
         relaxed = rule.relaxation.relax(
@@ -181,7 +181,7 @@ def test_reference_siblings_follow_the_authors_loop_and_drift_past_delta(world, 
 def test_reference_sampled_closed_form_matches_the_enumerated_mixture(world, roots):
     k, delta = 1000, 0.1
     rule = lantern(k, delta, world.neighbours, semantics="reference").build("sampled")
-    vocab = world.bundle.gpt.config.vocab_size
+    vocab = world.bundle.target.config.vocab_size
     for p, _, q in roots["sampled"][:6]:
         xs = torch.arange(vocab)
         ps, qs = p.expand(vocab, -1), q.expand(vocab, -1)

@@ -427,5 +427,5 @@ def test_every_decoding_and_draft_config_instantiates_and_decodes(decoding, draf
     assert decoder.name == decoding and decoder.settings.record()["draft"] == draft.replace(
         "static_paths", "static_tree"
     )
-    result = decoder.generate(bundle.gpt, bundle.conditioner.encode([1]), keys_tensor(0, [0]))
-    assert result.codes.shape == (1, bundle.gpt.config.num_image_tokens)
+    result = decoder.generate(bundle.target, bundle.conditioner.encode([1]), keys_tensor(0, [0]))
+    assert result.codes.shape == (1, bundle.target.config.num_image_tokens)

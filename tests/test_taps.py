@@ -457,8 +457,8 @@ def test_run_py_with_a_taps_drafter_folder_equals_greedy_ar_png_for_png(tmp_path
     """The tiny preset's GPT-nano has two layers: its one tap is the state between them."""
     bundle = random_bundle("tiny", TINY_C2I, VQ, functools.partial(ClassConditioner, num_classes=10))
     torch.manual_seed(4)
-    drafter = Drafter(DrafterConfig(bundle.gpt.config, taps=default_taps(bundle.gpt.config.n_layer)))
-    folder = save_drafter_folder(drafter, bundle.gpt.input_embeddings(), tmp_path / "drafter")
+    drafter = Drafter(DrafterConfig(bundle.target.config, taps=default_taps(bundle.target.config.n_layer)))
+    folder = save_drafter_folder(drafter, bundle.target.input_embeddings(), tmp_path / "drafter")
     assert json.loads((folder / "config.json").read_text())[FOLDER_TAPS_KEY] == [1]
 
     def run(name: str, *overrides: str):

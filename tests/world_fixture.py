@@ -36,13 +36,13 @@ class World:
         for start in range(0, count, batch):
             stop = min(count, start + batch)
             cond = self.condition(stop - start, start)
-            codes.append(decoder.generate(self.bundle.gpt, cond, keys_tensor(seed, range(start, stop))).codes)
+            codes.append(decoder.generate(self.bundle.target, cond, keys_tensor(seed, range(start, stop))).codes)
         return torch.cat(codes)
 
     @torch.inference_mode()
     def teacher_probabilities(self, codes: torch.Tensor, sampling: SamplingConfig = WORLD_SAMPLING) -> torch.Tensor:
         """The target's next-token distribution at every image position given the codes: (B, N, V)."""
-        model = self.bundle.gpt
+        model = self.bundle.target
         cond = self.condition(codes.shape[0])
         emb, mask = guided_inputs(model, cond, sampling)
         groups = emb.shape[0] // codes.shape[0]

@@ -25,7 +25,7 @@ class ModelBundle:
     """Everything needed to turn prompts into images."""
 
     name: str
-    gpt: Transformer
+    target: Transformer
     vq: VQModel
     conditioner: object  # ClassConditioner | TextConditioner
     device: torch.device
@@ -43,7 +43,7 @@ class ModelBundle:
     def save_target(self, folder: str | os.PathLike, dtype: torch.dtype = torch.float32) -> Path:
         """Write the target as the folder ``model.gpt_ckpt`` reads back (``scripts/export_hf.py``): here
         LlamaGen's, in the LANTERN release's names; a family's bundle writes its own layout."""
-        return save_target_folder(self.gpt, folder, dtype)
+        return save_target_folder(self.target, folder, dtype)
 
 
 def _build(gpt: Mapping, vq: Mapping) -> tuple[Transformer, VQModel, str]:

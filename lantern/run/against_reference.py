@@ -198,13 +198,13 @@ class Sides:
             self._ours[key] = decoder
         decoder = self._ours[key]
         return lambda index: decoder.generate(
-            self.bundle.gpt, self.conditions[index], keys_tensor(self.seed, [index], self.bundle.device)
+            self.bundle.target, self.conditions[index], keys_tensor(self.seed, [index], self.bundle.device)
         )
 
     def ours(self, row: dict, index: int, greedy: bool = False):
         decoder = self.our_decoder(row, greedy)
         keys = keys_tensor(self.seed, [index], self.bundle.device)
-        return lambda: decoder.generate(self.bundle.gpt, self.conditions[index], keys)
+        return lambda: decoder.generate(self.bundle.target, self.conditions[index], keys)
 
     def theirs(self, row: dict, index: int, greedy: bool = False):
         s = dict(self.sampling, temperature=0.0) if greedy else self.sampling
@@ -319,7 +319,7 @@ def time_modes(sides: Sides, plan: Plan) -> list[dict]:
             "dtype": "float32",
             "threads": plan.threads,
         }
-        tokens = sides.bundle.gpt.config.num_image_tokens
+        tokens = sides.bundle.target.config.num_image_tokens
         for side in ("ours", "theirs"):  # one target step's share of the latency: N / tau steps per image
             record[f"{side}_ms_per_step"] = 1000 * record[f"{side}_s_per_image"] * record[f"tau_{side}"] / tokens
         records.append(record)

@@ -94,7 +94,7 @@ def compose_config(overrides: list[str]):
 def timed(decoder, bundle, condition, keys) -> tuple[float, object]:
     synchronize(bundle.device)
     start = time.perf_counter()
-    result = decoder.generate(bundle.gpt, condition, keys)
+    result = decoder.generate(bundle.target, condition, keys)
     synchronize(bundle.device)
     return time.perf_counter() - start, result
 
@@ -105,7 +105,7 @@ def target_forward_ms(bundle, sampling: SamplingConfig, count: int, compile_mode
     timed whole; this is its target forward alone, so step time minus this is what lies outside it."""
     from lantern.decoding.compile import compiled, mark_static
 
-    model, cfg = bundle.gpt, bundle.gpt.config
+    model, cfg = bundle.target, bundle.target.config
     rows = 2 if sampling.uses_cfg else 1
     capacity = cfg.cls_token_num + cfg.num_image_tokens + 2 * count + 2
     cache = model.new_cache(rows, capacity)

@@ -55,11 +55,11 @@ def export(cfg: DictConfig) -> dict[str, Path]:
         if "drafter" not in cfg.model:
             raise ConfigError(f"model={cfg.model.name} has no drafter to export; pass parts=[target]")
         drafter = instantiate(cfg.model.drafter)
-        drafter.check_target(bundle.gpt.config)
+        drafter.check_target(bundle.target.config)
     written = {}
     if "target" in parts:
         written["target"] = bundle.save_target(out / "target", dtype)
     if drafter is not None:
-        embeddings = drafter.config.arch.folder_embeddings(bundle.gpt)  # the table the family's folders keep
+        embeddings = drafter.config.arch.folder_embeddings(bundle.target)  # the table the family's folders keep
         written["drafter"] = save_drafter_folder(drafter, embeddings, out / "drafter", dtype)
     return written

@@ -71,7 +71,7 @@ def world_target(device, dtype):
     neighbours = instantiate(cfg.model.neighbours)
     prompts = instantiate(cfg.prompts).items
     conditions = [bundle.conditioner.encode([prompts[i % len(prompts)]]) for i in range(64)]
-    return bundle.gpt, drafter, neighbours, conditions, dict(cfg.model.recommended)
+    return bundle.target, drafter, neighbours, conditions, dict(cfg.model.recommended)
 
 
 def random_llamagen(device, dtype, tiny: bool):

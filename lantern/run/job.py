@@ -139,7 +139,7 @@ class GenerationJob:
         keys = keys_tensor(self.seed, indices, bundle.device)
         synchronize(bundle.device)
         start = time.perf_counter()
-        result = decoder.generate(bundle.gpt, condition, keys)
+        result = decoder.generate(bundle.target, condition, keys)
         synchronize(bundle.device)
         return result, time.perf_counter() - start
 
@@ -154,7 +154,7 @@ class GenerationJob:
             "batch_size": self.batch_size,
             "seed": self.seed,
             **{key: getattr(sampling, key) for key in ("temperature", "top_k", "top_p", "cfg_scale", "cfg_interval")},
-            "dtype": str(self.bundle.gpt.input_embeddings().dtype).removeprefix("torch."),
+            "dtype": str(self.bundle.target.input_embeddings().dtype).removeprefix("torch."),
         }
 
     def _compares(self) -> bool:
@@ -275,7 +275,7 @@ class GenerationJob:
             )
         store = folder.store()
         shard = world.shard(list(range(self.num_images)))
-        kept, redone = store.keep_sound(shard, self.bundle.gpt.config.num_image_tokens)
+        kept, redone = store.keep_sound(shard, self.bundle.target.config.num_image_tokens)
         if redone:  # a truncated or foreign file of an earlier process: decoded again, never a crash at the end
             first = min(redone)
             print(
@@ -329,7 +329,7 @@ class GenerationJob:
         for part in parts:
             for key, value in part["stats"].items():
                 stats[key] = stats.get(key, 0.0) + value
-        tokens_per_image = self.bundle.gpt.config.num_image_tokens
+        tokens_per_image = self.bundle.target.config.num_image_tokens
         fields = {
             **self.decoder.settings.record(),
             "settings": self.decoder.settings.to_json(),

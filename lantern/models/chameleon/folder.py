@@ -86,7 +86,7 @@ def save_target_folder(bundle, folder: str | os.PathLike, dtype: torch.dtype = t
     """Write ``bundle`` (a Chameleon-family :class:`~lantern.models.bundle.ModelBundle`: target, VQGAN and a
     conditioner holding the prompt tokenizer) to ``folder``; ConfigError when its tokenizer's vocabulary does
     not give the target's token layout (the folder would read back as another model)."""
-    target, config = bundle.gpt, bundle.gpt.config
+    target, config = bundle.target, bundle.target.config
     tokenizer = bundle.conditioner.tokenizer
     vocabulary = {str(name): int(index) for name, index in tokenizer.get_vocab().items()}
     layout = read_layout(vocabulary, "the bundle's tokenizer", config.bos_id, config.pad_id)

@@ -192,7 +192,7 @@ def build_reference(
     the root: ``nodes + 1``)."""
     from transformers import LlamaConfig
 
-    gpt = bundle.gpt
+    gpt = bundle.target
     config = gpt.config
     dtype = gpt.tok_embeddings.weight.dtype
     modules.kv.T5Embedder = CaptionStandIn  # their LlamaForCausalLM.__init__ builds one
@@ -221,7 +221,7 @@ def build_reference(
 def check_logits(bundle, drafter, reference: Reference, condition, seed: int = 0) -> dict[str, float]:
     """Largest absolute differences between our and their target logits and drafter logits on the same
     inputs (teacher-forced random image tokens after the caption ``condition`` (one prompt))."""
-    gpt, config = bundle.gpt, bundle.gpt.config
+    gpt, config = bundle.target, bundle.target.config
     generator = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, config.vocab_size, (1, config.num_image_tokens), generator=generator)
     tokens = tokens.to(condition.values.device)

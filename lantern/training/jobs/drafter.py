@@ -96,7 +96,7 @@ class Factory:
         self.world = world
         self.out_dir = Path(cfg.out_dir)
         self.bundle = instantiate(cfg.model.bundle)
-        self.target = self.bundle.gpt.eval().requires_grad_(False)
+        self.target = self.bundle.target.eval().requires_grad_(False)
         self.taps = self._taps()
         check_target(self.target, f"model={cfg.model.name}", self.taps)
         self.target_digest = drafter_data.module_digest(self.target)
