@@ -16,11 +16,11 @@ from test_speculative import text_condition, tiny
 
 from lantern.decoding.ar import ARDecoder
 from lantern.decoding.jacobi.decoder import gsd, sjd
-from lantern.decoding.jacobi.grouping import Grouping, grouped_law
 from lantern.errors import ConfigError
 from lantern.models.sampling import SamplingConfig
 from lantern.rng import keys_tensor
 from lantern.rules.exact import residual
+from lantern.rules.grouped import Grouping, grouped_law
 
 GREEDY = SamplingConfig(temperature=0, cfg_scale=3.0)
 SAMPLED = SamplingConfig(temperature=1.0, cfg_scale=3.0)

@@ -20,7 +20,13 @@ from test_speculative import text_condition, tiny
 
 from lantern.decoding.ar import ARDecoder
 from lantern.decoding.jacobi.decoder import JacobiSettings, sjd
-from lantern.decoding.jacobi.step import _gumbel_coupling, _maximal_coupling
+from lantern.decoding.jacobi.redraw import (
+    GumbelCoupling,
+    Independent,
+    MaximalCoupling,
+    gumbel_coupling,
+    maximal_coupling,
+)
 from lantern.errors import ConfigError
 from lantern.models.sampling import SamplingConfig
 from lantern.rng import keys_tensor
@@ -29,6 +35,7 @@ from lantern.rules.exact import residual
 GREEDY = SamplingConfig(temperature=0, cfg_scale=3.0)
 SAMPLED = SamplingConfig(temperature=1.0, cfg_scale=3.0)
 COUPLED = ("mc", "gumbel")
+REDRAWS = {"none": Independent, "mc": MaximalCoupling, "gumbel": GumbelCoupling}  # conf/coupling/*.yaml
 
 
 @pytest.mark.parametrize("coupling", COUPLED)
@@ -39,7 +46,7 @@ def test_greedy_coupled_sjd_reproduces_greedy_ar(coupling, window, init, cfg_sca
     cond, keys = text_condition(), keys_tensor(0, range(4))
     sampling = SamplingConfig(temperature=0, cfg_scale=cfg_scale)
     expected = ARDecoder(sampling).generate(model, cond, keys).codes
-    result = sjd(sampling, window=window, init=init, coupling=coupling).generate(model, cond, keys)
+    result = sjd(sampling, window=window, init=init, redraw=REDRAWS[coupling]()).generate(model, cond, keys)
     assert torch.equal(result.codes, expected)
     plain = sjd(sampling, window=window, init=init).generate(model, cond, keys)
     assert torch.equal(result.per_sample["histogram"], plain.per_sample["histogram"])  # greedy: nothing to couple
@@ -49,11 +56,11 @@ def test_coupling_none_is_sjd_and_the_couplings_change_sampled_images():
     model, _ = tiny()
     cond, keys = text_condition(), keys_tensor(2, range(4))
     default = sjd(SAMPLED, window=4).generate(model, cond, keys)
-    none = sjd(SAMPLED, window=4, coupling="none").generate(model, cond, keys)
+    none = sjd(SAMPLED, window=4, redraw=Independent()).generate(model, cond, keys)
     assert torch.equal(none.codes, default.codes)
     assert torch.equal(none.per_sample["histogram"], default.per_sample["histogram"])
     for coupling in COUPLED:
-        coupled = sjd(SAMPLED, window=4, coupling=coupling).generate(model, cond, keys)
+        coupled = sjd(SAMPLED, window=4, redraw=REDRAWS[coupling]()).generate(model, cond, keys)
         assert not torch.equal(coupled.codes, default.codes), coupling
         assert float(coupled.per_sample["tv_realised_max"].max()) == 0.0
 
@@ -62,10 +69,10 @@ def test_coupling_none_is_sjd_and_the_couplings_change_sampled_images():
 def test_coupled_images_do_not_depend_on_the_batch(coupling):
     model, _ = tiny()
     cond, keys = text_condition(), keys_tensor(5, range(4))
-    together = sjd(SAMPLED, window=4, coupling=coupling).generate(model, cond, keys)
+    together = sjd(SAMPLED, window=4, redraw=REDRAWS[coupling]()).generate(model, cond, keys)
     prompts = ("a red shirt", "b", "two words here now", "x y")
     for i in range(4):
-        alone = sjd(SAMPLED, window=4, coupling=coupling).generate(
+        alone = sjd(SAMPLED, window=4, redraw=REDRAWS[coupling]()).generate(
             model, text_condition(prompts[i : i + 1]), keys[i : i + 1]
         )
         assert torch.equal(alone.codes[0], together.codes[i])
@@ -91,7 +98,7 @@ def expected(law: torch.Tensor, draws: int):
 
 
 def couple(old: torch.Tensor, q: torch.Tensor, p: torch.Tensor, u: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """:func:`_maximal_coupling` for one window slot per row: old drafts ``old`` (R,) drawn from laws ``q``
+    """:func:`maximal_coupling` for one window slot per row: old drafts ``old`` (R,) drawn from laws ``q``
     (R, V), new law ``p`` (R, V), test uniforms ``u`` (R,). The second slot (output W) is the plain draw."""
     rows, vocab = q.shape
     window = torch.stack([old, old], 1)  # (R, 2): slot 1 is the token the coupling redraws
@@ -100,7 +107,7 @@ def couple(old: torch.Tensor, q: torch.Tensor, p: torch.Tensor, u: torch.Tensor,
     p_draft = p.gather(1, old[:, None]).expand(-1, 2)  # (R, 2) p(x) at each old draft
     src = torch.tensor([[1, 2]]).expand(rows, -1)  # first rejection at slot 0: outputs 1 and 2 = W
     p_src = torch.stack([p, p], 1)
-    return _maximal_coupling(state, p_draft, torch.stack([u, u], 1), src, p_src)[:, 0]
+    return maximal_coupling(state, p_draft, torch.stack([u, u], 1), src, p_src)[:, 0]
 
 
 def test_maximal_coupling_draws_p_and_repeats_the_old_draft_as_often_as_possible():
@@ -129,16 +136,16 @@ def test_gumbel_coupling_draws_p_with_one_noise_per_token():
     p, _ = laws(vocab, 5)
     keys = keys_tensor(1, range(rows))
     decided = torch.full((rows,), 7)
-    first = _gumbel_coupling(keys, decided, p.expand(rows, 1, -1).contiguous())[:, 0]  # token 7 of each sample
+    first = gumbel_coupling(keys, decided, p.expand(rows, 1, -1).contiguous())[:, 0]  # token 7 of each sample
     counts = torch.bincount(first, minlength=vocab).double()
     assert chisquare(counts.numpy(), expected(p, rows)).pvalue > 1e-3
     # Token 7 again, one step later and one slot further left: the same noise.
-    again = _gumbel_coupling(keys, decided - 1, p.expand(rows, 2, -1).contiguous())[:, 1]
+    again = gumbel_coupling(keys, decided - 1, p.expand(rows, 2, -1).contiguous())[:, 1]
     assert torch.equal(again, first)
     nearby = torch.softmax(p.log() + 0.3 * torch.randn(vocab, generator=torch.Generator().manual_seed(6)), -1)
-    moved = _gumbel_coupling(keys, decided, nearby.expand(rows, 1, -1).contiguous())[:, 0]
+    moved = gumbel_coupling(keys, decided, nearby.expand(rows, 1, -1).contiguous())[:, 0]
     assert float((moved == first).double().mean()) > float((p * nearby).sum()) + 0.3
-    other = _gumbel_coupling(keys, decided + 1, p.expand(rows, 1, -1).contiguous())[:, 0]  # token 8: new noise
+    other = gumbel_coupling(keys, decided + 1, p.expand(rows, 1, -1).contiguous())[:, 0]  # token 8: new noise
     assert float((other == first).double().mean()) < float((p * p).sum()) + 0.02
 
 
@@ -181,9 +188,9 @@ def test_a_kept_draft_must_carry_the_new_law(kept_law):
 def test_coupled_step_captures_as_one_graph_and_matches_eager(coupling, sampling):
     model, _ = tiny()
     cond, keys = text_condition(), keys_tensor(0, range(4))
-    expected = sjd(sampling, window=3, coupling=coupling).generate(model, cond, keys)
+    expected = sjd(sampling, window=3, redraw=REDRAWS[coupling]()).generate(model, cond, keys)
     backend = CountingBackend()
-    decoder = sjd(sampling, window=3, coupling=coupling, compile="default", backend=backend)
+    decoder = sjd(sampling, window=3, redraw=REDRAWS[coupling](), compile="default", backend=backend)
     for _ in range(2):  # a second batch of the same shape reuses the graph
         result = decoder.generate(model, cond, keys)
         assert torch.equal(result.codes, expected.codes)
@@ -215,7 +222,7 @@ def ks_pvalue(world, decoder, images: int) -> float:
 def test_coupled_sjd_sampling_is_lossless(world, coupling):
     from world_fixture import WORLD_SAMPLING
 
-    p = ks_pvalue(world, sjd(WORLD_SAMPLING, window=6, coupling=coupling), 40)
+    p = ks_pvalue(world, sjd(WORLD_SAMPLING, window=6, redraw=REDRAWS[coupling]()), 40)
     assert p > PASS, f"SJD coupling={coupling}: KS p = {p:.2e}"
 
 
@@ -229,7 +236,7 @@ def test_coupled_sjd_sampling_is_lossless(world, coupling):
 def test_coupled_sjd_variants_are_lossless(world, coupling, kwargs):
     from world_fixture import WORLD_SAMPLING
 
-    p = ks_pvalue(world, sjd(WORLD_SAMPLING, coupling=coupling, **kwargs), 120)
+    p = ks_pvalue(world, sjd(WORLD_SAMPLING, redraw=REDRAWS[coupling](), **kwargs), 120)
     assert p > PASS, f"SJD coupling={coupling} {kwargs}: KS p = {p:.2e}"
 
 
@@ -241,7 +248,7 @@ def test_coupling_raises_tau_on_the_world(world):
     cond, keys = world.condition(20), keys_tensor(0, range(20))
 
     def tau(coupling):
-        result = sjd(WORLD_SAMPLING, window=16, coupling=coupling).generate(world.bundle.target, cond, keys)
+        result = sjd(WORLD_SAMPLING, window=16, redraw=REDRAWS[coupling]()).generate(world.bundle.target, cond, keys)
         return float(result.per_sample["tokens"].sum() / result.per_sample["steps"].sum())
 
     plain, mc, gumbel = tau("none"), tau("mc"), tau("gumbel")
@@ -303,7 +310,7 @@ def test_bad_coupling_is_one_line_and_writes_nothing(tmp_path):
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
-    assert "coupling='maximal': expected one of none, mc, gumbel" in lines[0]
+    assert "coupling=maximal is not an option; choose one of gumbel, mc, none" in lines[0]
     assert not out.exists()
-    with pytest.raises(ConfigError, match="coupling=1"):
-        sjd(SAMPLED, coupling=1)
+    with pytest.raises(ConfigError, match="redraw=1"):
+        sjd(SAMPLED, redraw=1)

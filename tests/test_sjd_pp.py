@@ -17,11 +17,12 @@ from test_speculative import text_condition, tiny
 
 from lantern.decoding.ar import ARDecoder
 from lantern.decoding.jacobi.decoder import sjd
-from lantern.decoding.jacobi.sjd_pp import ConfidentReuse, emitted_law, sjd_pp
+from lantern.decoding.jacobi.redraw import ConfidentReuse
+from lantern.decoding.jacobi.sjd_pp import sjd_pp
 from lantern.errors import ConfigError
 from lantern.models.sampling import SamplingConfig
 from lantern.rng import keys_tensor
-from lantern.rules.exact import residual
+from lantern.rules.exact import emitted_law, residual
 
 GREEDY = SamplingConfig(temperature=0, cfg_scale=3.0)
 SAMPLED = SamplingConfig(temperature=1.0, cfg_scale=3.0)
@@ -70,7 +71,7 @@ ROWS = 200_000
 
 
 def redraw_one(rule, x, q, law, p, generator):
-    """:meth:`ConfidentReuse.redraw` for one token per row: old draft ``x`` (R,) recorded with ``q`` (R, V) and
+    """:meth:`ConfidentReuse.keep` for one token per row: old draft ``x`` (R,) recorded with ``q`` (R, V) and
     following ``law`` (R, V); the new forward's ``p`` (R, V); the fresh draw from ``p``. Window slot 1 holds
     the token (the first rejection was at slot 0), new slot 0 takes it from output 1."""
     rows = x.shape[0]
@@ -80,9 +81,7 @@ def redraw_one(rule, x, q, law, p, generator):
     src = torch.tensor([[1, 2]]).expand(rows, -1)
     jacobi = torch.ones(rows, 2, dtype=torch.bool)
     fresh = torch.multinomial(p, 1, replacement=True, generator=generator)[:, 0]
-    drafts, recorded, actual = rule.redraw(
-        state, None, src, jacobi, torch.stack([fresh, fresh], 1), torch.stack([p, p], 1)
-    )
+    drafts, recorded, actual = rule.keep(state, src, jacobi, torch.stack([fresh, fresh], 1), torch.stack([p, p], 1))
     return drafts[:, 0], recorded[:, 0], actual[:, 0]
 
 
@@ -95,13 +94,13 @@ def test_keep_rule_is_the_released_comparison():
     x = torch.tensor([0, 0, 1])
     state = SimpleNamespace(window=torch.stack([x, x], 1), draft_q=torch.stack([q, q], 1), draft_law=None)
     fresh = torch.full((3, 2), 2)
-    drafts, recorded, law = rule.redraw(
-        state, None, torch.tensor([[1, 2]] * 3), torch.ones(3, 2, dtype=torch.bool), fresh, torch.stack([p, p], 1)
+    drafts, recorded, law = rule.keep(
+        state, torch.tensor([[1, 2]] * 3), torch.ones(3, 2, dtype=torch.bool), fresh, torch.stack([p, p], 1)
     )
     # ratios 0.25/0.5 = 0.5 (not > 0.5: redrawn), 0.2/0.5 = 0.4 (redrawn), 0.1/0.8 = 0.125 (redrawn)...
     assert drafts[:, 0].tolist() == [2, 2, 2] and law is None
-    drafts, _, _ = ConfidentReuse(0.45).redraw(
-        state, None, torch.tensor([[1, 2]] * 3), torch.ones(3, 2, dtype=torch.bool), fresh, torch.stack([p, p], 1)
+    drafts, _, _ = ConfidentReuse(0.45).keep(
+        state, torch.tensor([[1, 2]] * 3), torch.ones(3, 2, dtype=torch.bool), fresh, torch.stack([p, p], 1)
     )
     assert drafts[:, 0].tolist() == [0, 2, 2] and drafts[:, 1].tolist() == [2, 2, 2]  # ... 0.5 > 0.45: kept
     assert torch.equal(recorded, torch.stack([p, p], 1))

@@ -12,13 +12,17 @@ be tried, the drafter law ``q[r]`` they came from and uniforms ``u[r]``:
   ``y``, else emit ``y``;
 * greedy: accept iff ``x`` is the argmax.
 
-The Jacobi decoders (SJD, GSD) run the same :func:`sampled_test` and :func:`residual`. No test loops
+The Jacobi decoders run the same :func:`sampled_test` and :func:`residual` through a window test
+(:class:`ExactWindowTest`; GSD's grouped form is :class:`lantern.rules.grouped.GroupedTest`). The law a
+position emits when a draft that follows some law passes with some probability and a rejection draws the
+residual is :func:`emitted_law`, the one formula every lossy rule's realised TV is read from. No test loops
 over rows or the vocabulary in Python or synchronises with the device.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -49,6 +53,31 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 def sampled_test(p_x: torch.Tensor, q_x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """``u < min(1, p_x / q_x)``, written without division (u < 1 always; q_x = 0 accepts iff p_x > 0)."""
     return u * q_x < p_x
+
+
+def acceptance(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``min(1, p / q)`` elementwise (..., V): the chance a draft ``x ~ q`` passes the exact test (0 where
+    ``q = 0``: such a token is never drafted)."""
+    return torch.where(q > 0, p / q.clamp_min(1e-30), torch.zeros_like(p)).clamp_max(1.0)
+
+
+def emitted_law(
+    p: torch.Tensor, q: torch.Tensor, law: torch.Tensor | None = None, accept: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The law (..., V) of the token a position emits: ``P = law a + (1 - sum(law a)) norm(max(0, p - q))``.
+
+    The draft follows ``law`` (default ``q``: it follows the law it is tested against) and passes with
+    probability ``accept`` (default :func:`acceptance`, the exact test; GSD's grouped ratio is another);
+    a rejection draws the residual of ``p`` and ``q``. With both defaults ``P = p``: the exact test is
+    lossless. ``law``'s support lies inside ``q``'s.
+    """
+    taken = (q if law is None else law) * (acceptance(p, q) if accept is None else accept)  # (..., V)
+    return taken + (1 - taken.sum(-1, keepdim=True)).clamp_min(0) * residual(p, q)
+
+
+def realised_tv(p: torch.Tensor, law: torch.Tensor) -> torch.Tensor:
+    """``TV(p, law)`` over the last dim, in float32 (..., ): what a lossy rule records per emitted token."""
+    return (0.5 * (law - p).abs().sum(-1)).float()
 
 
 def at(p: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -162,6 +191,45 @@ class Greedy(ExactTest):
     def try_siblings(self, p, x, valid, q, u, y) -> SiblingOutcome:
         """The sibling equal to the argmax ``y``, if any; else the argmax is the next token."""
         return SiblingOutcome(chosen=first(valid & (x == y[:, None])), target=p, proposal=q, emitted=y)
+
+
+class WindowVerdict(NamedTuple):
+    """A window test's outcome for B rows of W drafts: ``passed`` (B, W) bool, each draft's own test (the
+    accepted prefix is the run of passes); ``merged`` (B, W) target mass the test added to a draft's ratio
+    numerator (0 for the exact test); ``tv`` (B, W) float32 realised TV of the law each position emits
+    (NaN: not measured this step)."""
+
+    passed: torch.Tensor
+    merged: torch.Tensor
+    tv: torch.Tensor
+
+
+class ExactWindowTest:
+    """SJD's test of a window of drafts, each drawn from its recorded law: ``u < min(1, p(x) / q(x))``
+    (greedy: ``x`` is the argmax). A rejection draws from :func:`residual`, so each position emits ``p``
+    when its draft follows its recorded law; when a redraw keeps drafts that do not (``law`` given, SJD++),
+    the realised TV is that of :func:`emitted_law`, measured on audited steps."""
+
+    def prepare(self, model) -> ExactWindowTest:
+        """This test, with any table it needs built for ``model`` (none)."""
+        return self
+
+    def describe(self) -> dict | None:
+        """The test's knobs for records (None: the exact test has none)."""
+        return None
+
+    def __call__(self, p, drafts, q, law, u, greedy: bool, audit: bool) -> WindowVerdict:
+        """Test drafts (B, W) under target laws ``p`` (B, W, V), recorded laws ``q`` (B, W, V) and uniforms
+        ``u`` (B, W); ``law`` (B, W, V) or None is what the drafts actually follow."""
+        p_x = p.gather(2, drafts[:, :, None])[:, :, 0]  # (B, W)
+        if greedy:
+            passed = drafts == p.argmax(-1)
+        else:
+            passed = sampled_test(p_x, q.gather(2, drafts[:, :, None])[:, :, 0], u)  # q(x) > 0: x was drawn from q
+        tv = torch.zeros(drafts.shape, dtype=torch.float32, device=p.device)  # (B, W) p itself is emitted
+        if law is not None and not greedy:  # greedy: every emitted token is the argmax whatever the drafts
+            tv = realised_tv(p, emitted_law(p, q, law)) if audit else torch.full_like(tv, float("nan"))
+        return WindowVerdict(passed, torch.zeros_like(p_x), tv)
 
 
 EXACT: dict[str, type[ExactTest]] = {"sampled": ExactSampled, "deterministic": ExactDeterministic, "greedy": Greedy}

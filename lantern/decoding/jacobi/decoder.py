@@ -1,10 +1,11 @@
-"""Speculative Jacobi decoding (SJD, optionally with SJD++-style draft reuse or MC-SJD's coupled redraws)
+"""Speculative Jacobi decoding (SJD, optionally with lossless draft reuse or MC-SJD's coupled redraws)
 and grouped speculative decoding (GSD): training-free peers of LANTERN, each step one target forward over
 a window of drafts.
 
-Each step is :func:`~lantern.decoding.jacobi.step.jacobi_step`, a pure static-shape function (compiled
-as ``compile`` says), run by :func:`lantern.decoding.loop.run_steps`; this file prefills and
-summarises, as :class:`~lantern.decoding.tree.decoder.SpeculativeDecoder` does. Records use the same per-sample
+A :class:`JacobiDecoder` is a window, an initialisation, a window test (:mod:`lantern.rules`) and a redraw
+(:mod:`lantern.decoding.jacobi.redraw`). Each step is :func:`~lantern.decoding.jacobi.step.jacobi_step`, a
+pure static-shape function (compiled as ``compile`` says), run by :func:`lantern.decoding.loop.run_steps`;
+this file prefills and summarises, as :class:`~lantern.decoding.tree.decoder.SpeculativeDecoder` does. Records use the same per-sample
 tensors (``steps``, ``tokens``, ``histogram`` (B, W+1), realised TV...), so ``mean_accepted_length``
 is tokens per target forward after the first token. Paper-vs-code choices: docs/jacobi.md.
 """
@@ -21,12 +22,18 @@ from lantern import checks
 from lantern.decoding.api import DecodeResult, DecoderSettings, register
 from lantern.decoding.batch import column_validity, guided_inputs, prefill_condition
 from lantern.decoding.compile import check_compile, compiled, mark_static
-from lantern.decoding.jacobi.grouping import Grouping
-from lantern.decoding.jacobi.step import COUPLINGS, INITS, JacobiContext, JacobiState, initial_tokens, jacobi_step
+from lantern.decoding.jacobi.redraw import KeepConfident, Redraw, checked_redraw
+from lantern.decoding.jacobi.state import INITS, JacobiContext, JacobiState
+from lantern.decoding.jacobi.step import initial_tokens, jacobi_step
 from lantern.decoding.loop import default_sync_every, run_steps, summarise
 from lantern.models.condition import Condition
 from lantern.models.sampling import SamplingConfig, guided_logits, next_token
 from lantern.models.target import Target
+from lantern.rules.exact import ExactWindowTest
+from lantern.rules.grouped import GroupedTest
+
+# The couplings' order in tables (records name a redraw by its ``coupling``; older records have none).
+COUPLING_ORDER = ("none", "mc", "gumbel")
 
 
 @register
@@ -56,7 +63,7 @@ class JacobiSettings(DecoderSettings):
             2,
             self.grouping is not None,
             self.name,
-            COUPLINGS.index(self.coupling) if self.coupling in COUPLINGS else len(COUPLINGS),
+            COUPLING_ORDER.index(self.coupling) if self.coupling in COUPLING_ORDER else len(COUPLING_ORDER),
             self.window,
             self.init,
             self.reuse or 0,
@@ -79,25 +86,25 @@ class JacobiSettings(DecoderSettings):
 
 
 class JacobiDecoder:
-    """SJD over a window of ``window`` drafts; ``grouping`` (a :class:`Grouping`) makes it GSD.
+    """Jacobi decoding over a window of ``window`` drafts.
 
     ``init``: how fresh window slots start (``random``, ``horizon``, ``vertical``; see
-    :data:`lantern.decoding.jacobi.step.INITS`). ``reuse`` (None or a number in (0, 1]): keep an untested
-    draft when its law's top mass is at least this, instead of redrawing it (SJD++'s token reuse, in a
-    form that stays lossless). ``coupling`` (see :data:`lantern.decoding.jacobi.step.COUPLINGS`): how the
-    untested positions are redrawn; ``mc`` and ``gumbel`` are MC-SJD's maximal and Gumbel couplings,
-    ``none`` SJD's independent redraw. ``tv_audit_every``: GSD computes the realised TV of every position's law
-    (a vocabulary-wide pass) on every N-th step.
+    :data:`lantern.decoding.jacobi.state.INITS`). ``test``: the window test (default
+    :class:`~lantern.rules.exact.ExactWindowTest`, SJD; :class:`~lantern.rules.grouped.GroupedTest` makes it
+    GSD). ``redraw``: how the untested drafts are drawn again (default
+    :class:`~lantern.decoding.jacobi.redraw.Independent`, SJD; MC-SJD's couplings, lossless reuse, SJD++'s
+    rule: :mod:`lantern.decoding.jacobi.redraw`). ``tv_audit_every``: a lossy test computes the realised TV
+    of every position's law (a vocabulary-wide pass) on every N-th step.
     """
 
     def __init__(
         self,
         sampling: SamplingConfig,
+        *,
         window: int = 16,
         init: str = "random",
-        reuse: float | None = None,
-        grouping: Grouping | None = None,
-        coupling: str = "none",
+        test: ExactWindowTest | None = None,
+        redraw: Redraw | None = None,
         name: str = "sjd",
         label: str | None = None,
         compile: str = "none",
@@ -105,18 +112,15 @@ class JacobiDecoder:
         sync_every: int | None = None,
         tv_audit_every: int = 1,
         guard=None,
-        redraft=None,
     ):
         self.sampling = sampling
-        self.redraft = redraft  # a rule that may keep old drafts (SJD++: lantern.decoding.jacobi.sjd_pp)
         self.window = checks.integer("window", window, 1, note="draft tokens verified per target forward")
         self.init = checks.choice("init", init, INITS, note="how fresh window slots start")
-        self.reuse = checks.optional(
-            checks.probability, "reuse", reuse, zero=False, note="top draft mass to keep a draft; null = off"
-        )
-        self.coupling = checks.choice("coupling", coupling, COUPLINGS, note="how untested drafts are redrawn")
+        if test is not None and not isinstance(test, ExactWindowTest):
+            raise checks.refuse("test", test, "a window test (lantern.rules.exact or lantern.rules.grouped)")
+        self.test = ExactWindowTest() if test is None else test
+        self.redraw = checked_redraw(redraw)
         self.tv_audit_every = checks.integer("tv_audit_every", tv_audit_every, 1)
-        self.grouping = grouping
         self.name, self.label = name, label or name.upper()
         self.compile = check_compile(compile)
         self.backend = backend
@@ -144,10 +148,10 @@ class JacobiDecoder:
             compile=self.compile,
             window=self.window,
             init=self.init,
-            reuse=self.reuse,
-            coupling=self.coupling,
+            reuse=self.redraw.reuse,
+            coupling=self.redraw.coupling,
             candidates="greedy" if self.sampling.greedy else "sampled",
-            grouping=None if self.grouping is None else self.grouping.describe(),
+            grouping=self.test.describe(),
         )
 
     def _context(self, model: Target, rows: int, batch: int, capacity: int, device) -> JacobiContext:
@@ -156,7 +160,6 @@ class JacobiDecoder:
             cache = model.new_cache(rows, capacity)
             if self.compile != "none":
                 mark_static(*cache.tensors())
-            close = self.grouping.close_table(model.input_embeddings()) if self.grouping is not None else None
             self._contexts[shape] = JacobiContext(
                 model=model,
                 cache=cache,
@@ -165,11 +168,8 @@ class JacobiDecoder:
                 init=self.init,
                 num_tokens=model.config.num_image_tokens,
                 groups=rows // batch,
-                grouping=self.grouping,
-                close=close,
-                reuse=self.reuse,
-                coupling=self.coupling,
-                redraft=self.redraft,
+                test=self.test.prepare(model),  # its tables built once per context, on the model's device
+                redraw=self.redraw,
             )
         return self._contexts[shape]
 
@@ -209,7 +209,7 @@ class JacobiDecoder:
             draft_q=draft_q,
             keys=keys,
             target_valid=column_validity(cond_mask, capacity),
-            draft_law=None if self.redraft is None else draft_q.clone(),  # initial drafts follow their laws
+            draft_law=self.redraw.initial_law(draft_q),
         )
 
         state, logs = run_steps(  # every step decides at least one token per active row
@@ -225,31 +225,31 @@ class JacobiDecoder:
         )
         steps_run = len(logs)
         per_sample = summarise(logs, num_tokens, width)
-        if self.grouping is None:
-            # Exact rules: every emitted token's law is the target's (TV 0, measured by construction).
-            per_sample["merged_sum"].zero_()
-            per_sample["merged_max"].zero_()
         stats = {"target_forwards": float(1 + steps_run), "steps": float(1 + steps_run)}
         return DecodeResult(state.codes[:, :num_tokens], stats, per_sample)
 
 
 def sjd(
     sampling: SamplingConfig,
+    *,
     window: int = 16,
     init: str = "random",
     reuse: float | None = None,
-    coupling: str = "none",
+    redraw: Redraw | None = None,
     **kwargs,
 ) -> JacobiDecoder:
-    """Speculative Jacobi decoding (``reuse`` set: with SJD++-style draft reuse; ``coupling`` mc or
-    gumbel: MC-SJD)."""
-    return JacobiDecoder(
-        sampling, window=window, init=init, reuse=reuse, coupling=coupling, name=kwargs.pop("name", "sjd"), **kwargs
-    )
+    """Speculative Jacobi decoding: ``redraw`` says how untested drafts are drawn again (default independent;
+    MC-SJD: :class:`~lantern.decoding.jacobi.redraw.MaximalCoupling` or ``GumbelCoupling``); ``reuse`` (None
+    or a number in (0, 1]) keeps an untested draft whose law's top mass is at least that
+    (:class:`~lantern.decoding.jacobi.redraw.KeepConfident` over ``redraw``)."""
+    reuse = checks.optional(checks.probability, "reuse", reuse, zero=False, note="top draft mass to keep a draft")
+    redraw = checked_redraw(redraw) if reuse is None else KeepConfident(reuse, redraw)
+    return JacobiDecoder(sampling, window=window, init=init, redraw=redraw, name=kwargs.pop("name", "sjd"), **kwargs)
 
 
 def gsd(
     sampling: SamplingConfig,
+    *,
     window: int = 16,
     init: str = "random",
     radius: int = 7,
@@ -258,11 +258,5 @@ def gsd(
     **kwargs,
 ) -> JacobiDecoder:
     """Grouped speculative decoding: SJD whose test reads the mass of the draft's dynamic group."""
-    return JacobiDecoder(
-        sampling,
-        window=window,
-        init=init,
-        grouping=Grouping(radius, p_thr, d_thr),
-        name=kwargs.pop("name", "gsd"),
-        **kwargs,
-    )
+    test = GroupedTest(radius, p_thr, d_thr)
+    return JacobiDecoder(sampling, window=window, init=init, test=test, name=kwargs.pop("name", "gsd"), **kwargs)

@@ -1,17 +1,21 @@
-"""GSD's dynamic groups: which tokens share a draft's acceptance mass, and the law that results.
+"""GSD's grouped window test: which tokens share a draft's acceptance mass, and the law that results.
 
 Grouped speculative decoding (So et al. 2025, arXiv 2508.07747) replaces the speculative test's ratio
 ``p(x) / q(x)`` by ``p(G) / q(G)`` over a dynamic group ``G`` of the draft token ``x`` (see
-:class:`Grouping`). That is not lossless: :func:`grouped_law` gives the law each emitted token is
-drawn from, so the step can record its realised TV.
+:class:`Grouping`). The rejected position still draws from ``norm(max(0, p - q))``. That is not lossless:
+:func:`grouped_law` gives the law each emitted token is drawn from (the emitted-law formula of
+:func:`lantern.rules.exact.emitted_law` with the grouped ratio), so :class:`GroupedTest`, the Jacobi step's
+test for GSD, records its realised TV.
 """
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from lantern import checks
-from lantern.rules.exact import residual
+from lantern.rules.exact import ExactWindowTest, WindowVerdict, emitted_law, realised_tv, sampled_test
 
 
 class Grouping:
@@ -88,15 +92,60 @@ class Grouping:
         return (p_y * keep).sum(-1), (q_y * keep).sum(-1)
 
 
-def grouped_law(p: torch.Tensor, q: torch.Tensor, grouping: Grouping, close: torch.Tensor | None) -> torch.Tensor:
+def grouped_law(
+    p: torch.Tensor, q: torch.Tensor, grouping: Grouping, close: torch.Tensor | None, law: torch.Tensor | None = None
+) -> torch.Tensor:
     """The law GSD draws a position's token from: ``P = q a + (1 - sum q a) r`` (R, V).
 
     ``a(x) = min(1, p(G_x) / q(G_x))`` is the chance a draft ``x ~ q`` passes; ``r = norm(max(0, p - q))``
-    the residual a rejection draws from (``p`` when it is empty, as the step does).
+    the residual a rejection draws from (``p`` when it is empty, as the step does). ``law`` (R, V): what the
+    drafts actually follow when that is not ``q``.
     """
     vocab = p.shape[-1]
     every = torch.arange(vocab, device=p.device).expand(p.shape[0], -1)
     p_g, q_g = grouping.group_masses(p, q, every, close)  # (R, V)
     accept = torch.where(q_g > 0, (p_g / q_g.clamp_min(1e-30)).clamp_max(1.0), torch.ones_like(q_g))
-    taken = q * accept  # (R, V)
-    return taken + (1 - taken.sum(-1, keepdim=True)).clamp_min(0) * residual(p, q)
+    return emitted_law(p, q, law, accept)
+
+
+class GroupedTest(ExactWindowTest):
+    """GSD's window test: a draft ``x`` passes when ``u < min(1, p(G_x) / q(G_x))`` (greedy: when the argmax
+    lies in ``x``'s group; radius 0 is SJD's test). ``radius``, ``p_thr``, ``d_thr``: :class:`Grouping`. The
+    realised TV of every position's law (:func:`grouped_law`, a vocabulary-wide pass) is measured on audited
+    steps; greedy positions emit a point mass, off the argmax exactly when a draft other than it passes."""
+
+    def __init__(self, radius: int = 7, p_thr: float = 0.15, d_thr: float | None = 0.5):
+        self.grouping = Grouping(radius, p_thr, d_thr)
+        self.close: torch.Tensor | None = None  # (V, V) bool distance test, once prepared for a model
+
+    def prepare(self, model) -> GroupedTest:
+        """This test with the distance table of ``model``'s input embeddings (on their device)."""
+        prepared = copy.copy(self)
+        prepared.close = self.grouping.close_table(model.input_embeddings())
+        return prepared
+
+    def describe(self) -> dict:
+        return self.grouping.describe()
+
+    def __call__(self, p, drafts, q, law, u, greedy: bool, audit: bool) -> WindowVerdict:
+        batch, width = drafts.shape
+        rows_p, rows_x = p.flatten(0, 1), drafts.flatten()  # (B*W, V), (B*W,)
+        p_x = p.gather(2, drafts[:, :, None])[:, :, 0]  # (B, W)
+        if greedy:  # the law is a point mass: at the draft when it passes, else at the argmax
+            top = p.argmax(-1)  # (B, W)
+            passed = self._in_group(rows_p, rows_x, top.flatten()).view(batch, width)
+            return WindowVerdict(passed, torch.zeros_like(p_x), (passed & (drafts != top)).float())
+        p_g, q_g = self.grouping.group_masses(rows_p, q.flatten(0, 1), rows_x[:, None], self.close)  # (B*W, 1)
+        p_g, q_g = p_g.view(batch, width), q_g.view(batch, width)
+        tv = torch.full((batch, width), float("nan"), dtype=torch.float32, device=p.device)  # not measured
+        if audit:
+            rows_law = None if law is None else law.flatten(0, 1)
+            emitted = grouped_law(rows_p, q.flatten(0, 1), self.grouping, self.close, rows_law)  # (B*W, V)
+            tv = realised_tv(rows_p, emitted).view(batch, width)
+        return WindowVerdict(sampled_test(p_g, q_g, u), p_g - p_x, tv)
+
+    def _in_group(self, p: torch.Tensor, drafts: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
+        """(R,) whether ``top`` (R,) lies in the group of ``drafts`` (R,) under ``p`` (R, V)."""
+        marker = torch.zeros_like(p).scatter(1, top[:, None], 1.0)  # all mass on the argmax: marker(G) = 1 iff top in G
+        _, hit = self.grouping.group_masses(p, marker, drafts[:, None], self.close)  # (R, 1)
+        return hit[:, 0] > 0.5
