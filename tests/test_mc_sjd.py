@@ -19,14 +19,16 @@ from test_run import REPO, run
 from test_speculative import text_condition, tiny
 
 from lantern.decoding.ar import ARDecoder
-from lantern.decoding.jacobi.decoder import JacobiSettings, sjd
+from lantern.decoding.jacobi.decoder import JacobiSettings, gsd, sjd
 from lantern.decoding.jacobi.redraw import (
+    ConfidentReuse,
     GumbelCoupling,
     Independent,
     MaximalCoupling,
     gumbel_coupling,
     maximal_coupling,
 )
+from lantern.decoding.jacobi.sjd_pp import SjdPlusPlusDecoder
 from lantern.errors import ConfigError
 from lantern.models.sampling import SamplingConfig
 from lantern.rng import keys_tensor
@@ -63,6 +65,23 @@ def test_coupling_none_is_sjd_and_the_couplings_change_sampled_images():
         coupled = sjd(SAMPLED, window=4, redraw=REDRAWS[coupling]()).generate(model, cond, keys)
         assert not torch.equal(coupled.codes, default.codes), coupling
         assert float(coupled.per_sample["tv_realised_max"].max()) == 0.0
+
+
+@pytest.mark.parametrize("coupling", COUPLED)
+def test_a_coupling_is_an_object_that_combines_with_any_jacobi_method(coupling):
+    """The redraw is its own object: GSD without grouping under a coupling is SJD under it, and SJD++ whose
+    threshold keeps nothing, over a coupling, is that coupled SJD (same codes, same steps)."""
+    model, _ = tiny()
+    cond, keys = text_condition(), keys_tensor(3, range(4))
+    plain = sjd(SAMPLED, window=4, redraw=REDRAWS[coupling]()).generate(model, cond, keys)
+    grouped = gsd(SAMPLED, window=4, radius=0, redraw=REDRAWS[coupling]()).generate(model, cond, keys)
+    never = SjdPlusPlusDecoder(SAMPLED, window=4, redraw=ConfidentReuse(1e9, REDRAWS[coupling]()))
+    for other in (grouped, never.generate(model, cond, keys)):
+        assert torch.equal(other.codes, plain.codes)
+        assert torch.equal(other.per_sample["histogram"], plain.per_sample["histogram"])
+    uncoupled = sjd(SAMPLED, window=4).generate(model, cond, keys)
+    assert not torch.equal(plain.codes, uncoupled.codes)
+    assert never.settings.coupling == coupling and never.settings.method().endswith(f"coupling={coupling}")
 
 
 @pytest.mark.parametrize("coupling", COUPLED)

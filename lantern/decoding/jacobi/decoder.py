@@ -5,9 +5,9 @@ a window of drafts.
 A :class:`JacobiDecoder` is a window, an initialisation, a window test (:mod:`lantern.rules`) and a redraw
 (:mod:`lantern.decoding.jacobi.redraw`). Each step is :func:`~lantern.decoding.jacobi.step.jacobi_step`, a
 pure static-shape function (compiled as ``compile`` says), run by :func:`lantern.decoding.loop.run_steps`;
-this file prefills and summarises, as :class:`~lantern.decoding.tree.decoder.SpeculativeDecoder` does. Records use the same per-sample
-tensors (``steps``, ``tokens``, ``histogram`` (B, W+1), realised TV...), so ``mean_accepted_length``
-is tokens per target forward after the first token. Paper-vs-code choices: docs/jacobi.md.
+this file prefills and summarises, as :class:`~lantern.decoding.tree.decoder.SpeculativeDecoder` does.
+Records use the same per-sample tensors (``steps``, ``tokens``, ``histogram`` (B, W+1), realised TV...), so
+``mean_accepted_length`` is tokens per target forward after the first token. Paper-vs-code choices: docs/jacobi.md.
 """
 
 from __future__ import annotations
