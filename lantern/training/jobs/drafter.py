@@ -255,7 +255,7 @@ class Factory:
     def make_features(self) -> None:
         self._require(self.data, self.total_rows, "data")
         cfg = self.cfg
-        _, prompts = drafter_data.read_prompts(self.data.folder)
+        prompts = drafter_data.read_prompts(self.data.folder, self.kind, self.prompts)
         teacher_features(
             self.features,
             self.data,

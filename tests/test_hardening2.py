@@ -1,0 +1,89 @@
+"""Hardening 2: derived caches carry their own digest; entry points refuse bad input before any work.
+
+Each refusal: one ``error:`` line, exit 2, and the tree as it was (snapshot before/after, ``.lock`` included).
+The FID statistics, features and sha256 caches are tested beside their code (test_fid.py,
+test_metric_features.py, test_provenance.py); the training caches here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from lantern.training import drafter_data
+from lantern.training.fashion import tokenize
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+
+
+def tree(folder: Path) -> dict:
+    """Every path under ``folder`` with its bytes (folders as None): what a refusal must leave as it was."""
+    return {str(p.relative_to(folder)): (p.read_bytes() if p.is_file() else None) for p in sorted(folder.rglob("*"))}
+
+
+def script(name: str, *args: str, cwd: Path = REPO, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(REPO / "scripts" / name), *args],
+        cwd=cwd,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def refused(proc: subprocess.CompletedProcess) -> str:
+    """The one ``error:`` line of a refusal (exit 2, no traceback)."""
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-2000:]
+    return lines[0]
+
+
+# -- caches ------------------------------------------------------------------------------------------------
+
+
+class CountingVQ:
+    """Codes = the first pixels of each image: enough to tell a recomputation from a cached read."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def encode(self, images: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return (images[:, 0, :2, :2] * 10).round().long()  # (B, 2, 2)
+
+
+def test_altered_token_codes_are_recomputed_with_one_line(tmp_path, capsys):
+    dataset = [torch.rand(1, 4, 4) for _ in range(5)]
+    vq, cache = CountingVQ(), tmp_path / "codes.pt"
+    clean = tokenize(vq, dataset, cache, "a" * 64, batch=2, progress=False)
+    assert tokenize(vq, dataset, cache, "a" * 64, batch=2, progress=False).equal(clean) and vq.calls == 3
+    saved = torch.load(cache, weights_only=True)
+    torch.save({**saved, "codes": saved["codes"] + 1}, cache)  # tampered, hash and digest kept
+    capsys.readouterr()
+    assert tokenize(vq, dataset, cache, "a" * 64, batch=2, progress=False).equal(clean) and vq.calls == 6
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "does not match the digest" in lines[0] and "codes.pt" in lines[0]
+    assert tokenize(vq, dataset, cache, "a" * 64, batch=2, progress=False).equal(clean) and vq.calls == 6
+    assert not capsys.readouterr().err
+
+
+def test_an_altered_prompt_table_is_written_again_and_not_used(tmp_path, capsys):
+    prompts = ["a white shirt", "a black boot"]
+    drafter_data.write_prompts(tmp_path, "text", prompts)
+    assert drafter_data.read_prompts(tmp_path, "text", prompts) == prompts and not capsys.readouterr().err
+    path = tmp_path / drafter_data.PROMPTS_NAME
+    saved = json.loads(path.read_text())
+    path.write_text(json.dumps({**saved, "items": ["a red dress", "a black boot"]}))  # digest kept
+    assert drafter_data.read_prompts(tmp_path, "text", prompts) == prompts
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "does not match the digest" in lines[0]
+    assert json.loads(path.read_text())["items"] == prompts  # written again from the data's own prompts
+    assert drafter_data.read_prompts(tmp_path, "text", prompts) == prompts and not capsys.readouterr().err
