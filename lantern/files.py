@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import socket
 import sys
 import textwrap
@@ -50,12 +51,21 @@ def write_atomic(path: str | os.PathLike, write: Callable[[str], None], mode: in
         os.replace(tmp, path)
     except BaseException as exc:
         tmp.unlink(missing_ok=True)
-        if isinstance(exc, OSError) and exc.errno is not None and exc.filename is None:
-            # name the file a full disk or a read-only folder refused (an errno-less OSError would then
-            # print as "[Errno None] None: path" and lose its own message)
-            exc.filename = str(path)
-        raise
+        _name_the_file(exc, path)
     return path
+
+
+def _name_the_file(exc: BaseException, path: Path) -> None:
+    """Re-raise a failed write's ``exc`` naming ``path``: an OSError gets the file name a full disk or a read-only
+    folder refused (an errno-less OSError would print as "[Errno None] None: path" and lose its own message); a
+    writer that reports the system's error as text (safetensors: ``... (os error 27)``) becomes that OSError."""
+    if isinstance(exc, OSError) and exc.errno is not None and exc.filename is None:
+        exc.filename = str(path)
+    found = None if isinstance(exc, OSError) else re.search(r"\(os error (\d+)\)", str(exc))
+    if isinstance(exc, Exception) and found:
+        code = int(found.group(1))
+        raise OSError(code, os.strerror(code), str(path)) from exc
+    raise exc
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
@@ -126,9 +136,7 @@ def write_folder_atomic(folder: str | os.PathLike, write: Callable[[Path], None]
         shutil.rmtree(staging, ignore_errors=True)
         if aside is not None and not folder.exists():
             os.replace(aside, folder)  # the new folder did not go in: the old one comes back
-        if isinstance(exc, OSError) and exc.errno is not None and exc.filename is None:
-            exc.filename = str(folder)
-        raise
+        _name_the_file(exc, folder)
     if aside is not None:
         if aside.is_dir() and not aside.is_symlink():
             shutil.rmtree(aside, ignore_errors=True)
