@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from lantern.training import drafter_data
@@ -87,3 +88,68 @@ def test_an_altered_prompt_table_is_written_again_and_not_used(tmp_path, capsys)
     assert len(lines) == 1 and "does not match the digest" in lines[0]
     assert json.loads(path.read_text())["items"] == prompts  # written again from the data's own prompts
     assert drafter_data.read_prompts(tmp_path, "text", prompts) == prompts and not capsys.readouterr().err
+
+
+# -- training and export: refused before anything is made ---------------------------------------------------
+
+TINY = ["model=tiny_random_c2i", "num_threads=1", "progress=false"]
+SMALL = ["num_samples=24", "generation.batch_size=8", "features.batch_size=8", "batch_size=4", "steps=6"]
+
+
+@pytest.mark.parametrize(
+    ("name", "shown"), [("../../../../../x", "'../../../../../x'"), ("/tmp/elsewhere", "'/tmp/elsewhere'")]
+)
+def test_train_drafter_refuses_a_model_name_that_leaves_its_folder(tmp_path, name, shown):
+    deep = tmp_path / "a" / "b" / "c" / "d"
+    deep.mkdir(parents=True)
+    before = tree(tmp_path)
+    line = refused(script("train_drafter.py", *TINY, f"paths.outputs={deep / 'out'}", f"model.name={name}", cwd=deep))
+    assert line.startswith(f"error: model.name={shown}: expected a plain name")
+    assert tree(tmp_path) == before
+
+
+def test_train_drafter_stage_train_on_an_empty_folder_leaves_nothing(tmp_path):
+    (tmp_path / "empty").mkdir()
+    before = tree(tmp_path)
+    for out in (tmp_path / "new" / "f", tmp_path / "empty"):
+        line = refused(script("train_drafter.py", *TINY, *SMALL, "stage=train", f"out_dir={out}"))
+        assert "holds 0 of 24 rows: run stage=features" in line
+    assert tree(tmp_path) == before  # no folder, no .lock; the existing empty folder stays as it was
+
+
+def test_train_drafter_refuses_a_pickled_compare_with_at_the_start(tmp_path):
+    import argparse
+
+    pickle = tmp_path / "drafter.pt"
+    torch.save({"model": argparse.Namespace(code="anything")}, pickle)  # not loadable with weights_only
+    before = tree(tmp_path)
+    out = tmp_path / "f"
+    proc = script("train_drafter.py", *TINY, *SMALL, f"compare_with={pickle}", f"out_dir={out}")
+    line = refused(proc)
+    assert "drafter.pt" in line and "a pickle can run code" in line
+    assert tree(tmp_path) == before and "self-distilled" not in proc.stderr  # no data made before the refusal
+
+
+def test_export_hf_refuses_a_bad_part_and_leaves_nothing(tmp_path):
+    before = tree(tmp_path)
+    line = refused(script("export_hf.py", f"out_dir={tmp_path / 'p' / 'q'}", "parts=[../../x]"))
+    assert line == "error: parts='../../x': expected one of target, drafter"
+    assert tree(tmp_path) == before
+    assert refused(script("export_hf.py", cwd=tmp_path)).startswith("error: out_dir is required")
+    assert tree(tmp_path) == before
+
+
+def test_export_hf_on_a_full_disk_is_one_line_and_nothing_half_written(tmp_path):
+    import resource
+
+    def small_files():  # every file over 200 kB fails as on a full disk (EFBIG; Python ignores SIGXFSZ)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+
+    out = tmp_path / "e" / "f"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "export_hf.py"), *TINY[:1], f"out_dir={out}"],
+        cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300, preexec_fn=small_files,
+    )  # fmt: skip
+    line = refused(proc)
+    assert line.startswith("error: File too large: ") and str(out) in line
+    assert not (tmp_path / "e").exists()  # no partial folder, no staging folder, no empty parents
