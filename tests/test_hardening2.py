@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -153,3 +154,46 @@ def test_export_hf_on_a_full_disk_is_one_line_and_nothing_half_written(tmp_path)
     line = refused(proc)
     assert line.startswith("error: File too large: ") and str(out) in line
     assert not (tmp_path / "e").exists()  # no partial folder, no staging folder, no empty parents
+
+
+# -- make_tables: every combination of protocol, none and subset -------------------------------------------
+
+PROTOCOLS = {  # run -> the record's protocol fields
+    "full": {"protocol": "world", "protocol_sha256": "a" * 64, "protocol_subset": False},
+    "subset": {"protocol": "world", "protocol_sha256": "a" * 64, "protocol_subset": True},
+    "none": {"protocol": None},
+}
+
+
+@pytest.mark.parametrize("latency", [False, True])
+def test_make_tables_renders_runs_with_a_protocol_without_one_and_on_a_subset(tmp_path, latency):
+    from test_tables import AR, record, tree
+
+    quality, timed = tmp_path / "quality", tmp_path / "latency"
+    quality.mkdir(), timed.mkdir()
+    for i, (name, fields) in enumerate(PROTOCOLS.items()):
+        settings = tree("lantern", k=1000, delta=(0.1, 0.2, 0.4)[i])
+        record(quality, f"ar_{name}", AR, latency_s_per_image=0.1, schema_version=3, **fields)
+        record(quality, f"l_{name}", settings, latency_s_per_image=0.05, schema_version=3, **fields)
+        record(timed, f"l_{name}", settings, latency_s_per_image=0.5, batch_size=1, schema_version=3, **fields)
+    out = tmp_path / "tables"
+    args = [str(quality), "--out", str(out), *(["--latency", str(timed)] if latency else [])]
+    proc = subprocess.run(
+        [sys.executable, "scripts/make_tables.py", *args],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads((out / "table.json").read_text())["rows"]
+    cells = {Path(row["run"]).name: row for row in rows}
+    assert sorted(cells) == sorted(f"{kind}_{name}" for kind in ("ar", "l") for name in PROTOCOLS)
+    markdown = (out / "table.md").read_text()
+    for name, fields in PROTOCOLS.items():
+        shown = {"full": "| world |", "subset": "| world (subset) |", "none": "| - |"}[name]
+        line = next(line for line in markdown.splitlines() if f"quality/l_{name} |" in re.sub(" +", " ", line))
+        assert shown in re.sub(" +", " ", line), line
+        assert cells[f"l_{name}"]["protocol"] == fields["protocol"]
+    assert (out / "table.tex").is_file() and (out / "table.csv").is_file()
