@@ -197,3 +197,67 @@ def test_make_tables_renders_runs_with_a_protocol_without_one_and_on_a_subset(tm
         assert shown in re.sub(" +", " ", line), line
         assert cells[f"l_{name}"]["protocol"] == fields["protocol"]
     assert (out / "table.tex").is_file() and (out / "table.csv").is_file()
+
+
+# -- torchrun: the workers die with their launcher ---------------------------------------------------------
+
+
+def _processes_naming(text: str) -> list[int]:
+    """Live (not zombie) processes whose command line contains ``text``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if text in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                    found.append(int(entry.name))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def _torchrun_train(out: Path, steps: int) -> subprocess.Popen:
+    args = [*TINY, *SMALL[:-1], f"steps={steps}", "ckpt_every=4", "stage=train", f"out_dir={out}"]
+    return subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         str(REPO / "scripts" / "train_drafter.py"), *args],
+        cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="finds the workers through /proc")
+def test_killing_torchrun_kills_its_workers_and_the_rerun_resumes_bit_identically(tmp_path):
+    import shutil
+    import signal
+    import time
+
+    from safetensors.torch import load_file
+
+    whole, killed, steps = tmp_path / "whole", tmp_path / "killed", 40
+    for stage in ("data", "features"):
+        assert script("train_drafter.py", *TINY, *SMALL, f"stage={stage}", f"out_dir={whole}").returncode == 0
+    shutil.copytree(whole, killed)
+    launcher = _torchrun_train(killed, steps)
+    deadline = time.monotonic() + 240
+    while (
+        launcher.poll() is None and not (killed / "train" / "checkpoint.pt").is_file() and time.monotonic() < deadline
+    ):
+        time.sleep(0.05)
+    workers = [pid for pid in _processes_naming(str(killed)) if pid != launcher.pid]
+    assert launcher.poll() is None and len(workers) == 2, "training ended before the kill; raise steps"
+    os.kill(launcher.pid, signal.SIGKILL)  # the launcher alone: its workers are in sessions of their own
+    launcher.wait()
+    deadline = time.monotonic() + 30
+    while [pid for pid in workers if pid in _processes_naming(str(killed))] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in workers if pid in _processes_naming(str(killed))], "a worker outlived torchrun"
+    stopped = torch.load(killed / "train" / "checkpoint.pt", weights_only=True)["step"]
+    assert 0 < stopped < steps
+
+    for out in (killed, whole):  # resumed after the kill; uninterrupted
+        run = _torchrun_train(out, steps)
+        _, err = run.communicate(timeout=300)
+        assert run.returncode == 0, err[-2000:]
+    a, b = (torch.load(d / "train" / "checkpoint.pt", weights_only=True)["model"] for d in (killed, whole))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    a, b = (load_file(str(d / "train" / "drafter.safetensors")) for d in (killed, whole))
+    assert all(torch.equal(a[k], b[k]) for k in a)
