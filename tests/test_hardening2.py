@@ -261,3 +261,62 @@ def test_killing_torchrun_kills_its_workers_and_the_rerun_resumes_bit_identicall
     assert all(torch.equal(a[k], b[k]) for k in a)
     a, b = (load_file(str(d / "train" / "drafter.safetensors")) for d in (killed, whole))
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# -- knobs that set work, and W&B names: refused before any work --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["wandb.mode=offline", "wandb.project=a/b"], "error: wandb.project='a/b': expected a W&B project name"),
+        (["wandb.mode=offline", f"wandb.project={'p' * 129}"], "expected a W&B project name of 1 to 128 characters"),
+        (["wandb.mode=offline", "wandb.project=what?"], "error: wandb.project='what?': expected a W&B project name"),
+    ],
+)
+def test_run_refuses_a_w_and_b_name_before_any_work(tmp_path, monkeypatch, overrides, expected):
+    from test_bad_input import run_in_process
+
+    out = tmp_path / "run"
+    status, stdout, stderr = run_in_process(overrides, out, monkeypatch)
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert status == 2 and len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], stderr
+    assert stdout == "" and not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        (
+            "metrics.clip.interval_resamples=1000000000000",
+            "error: metrics.clip.interval_resamples=1000000000000: expected an integer in [2, 10000] or null",
+        ),
+        (
+            "metrics.fid.interval_resamples=20000",
+            "error: metrics.fid.interval_resamples=20000: expected an integer in [2, 10000] or null",
+        ),
+    ],
+)
+def test_the_world_s_metrics_refuse_an_unbounded_resample_count_before_any_work(tmp_path, override, expected):
+    """The issue's command ran past 10 minutes; now it is refused before a model is loaded."""
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "run.py", "metrics=world", override, "num_images=2", "batch_size=2",
+         "speedup_baseline=null", "wandb.mode=disabled", f"hydra.run.dir={out}"],
+        cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert refused(proc) == expected and proc.stdout == ""
+    assert not out.exists()
+
+
+def test_w_and_b_names_are_checked_where_the_tracker_is_built(monkeypatch):
+    from lantern.errors import ConfigError
+    from lantern.run.tracking import WandbLogger, check_tracker
+
+    WandbLogger(mode="offline", project="lantern paper", entity="my-team")  # spaces are allowed in a project
+    with pytest.raises(ConfigError, match=r"^wandb.entity='my team': expected a W&B entity name"):
+        WandbLogger(mode="offline", entity="my team")
+    monkeypatch.setenv("WANDB_ENTITY", "a:b")
+    with pytest.raises(ConfigError, match=r"^WANDB_ENTITY='a:b': expected a W&B entity name"):
+        check_tracker({"_target_": "lantern.run.tracking.WandbLogger", "mode": "disabled", "project": "p"})
+    check_tracker({"_target_": "some.OtherTracker", "project": "a/b"})  # not ours to judge
