@@ -29,15 +29,10 @@ def tree(folder: Path) -> dict:
     return {str(p.relative_to(folder)): (p.read_bytes() if p.is_file() else None) for p in sorted(folder.rglob("*"))}
 
 
-def script(name: str, *args: str, cwd: Path = REPO, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(REPO / "scripts" / name), *args],
-        cwd=cwd,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+def script(name: str, *args: str, cwd: Path = REPO, **kwargs) -> subprocess.CompletedProcess:
+    """``python scripts/NAME ARGS`` run from ``cwd`` (``kwargs``: more of :func:`subprocess.run`'s)."""
+    command = [sys.executable, str(REPO / "scripts" / name), *args]
+    return subprocess.run(command, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=300, **kwargs)
 
 
 def refused(proc: subprocess.CompletedProcess) -> str:
@@ -147,11 +142,7 @@ def test_export_hf_on_a_full_disk_is_one_line_and_nothing_half_written(tmp_path)
         resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
 
     out = tmp_path / "e" / "f"
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "export_hf.py"), *TINY[:1], f"out_dir={out}"],
-        cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300, preexec_fn=small_files,
-    )  # fmt: skip
-    line = refused(proc)
+    line = refused(script("export_hf.py", *TINY[:1], f"out_dir={out}", preexec_fn=small_files))
     assert line.startswith("error: File too large: ") and str(out) in line
     assert not (tmp_path / "e").exists()  # no partial folder, no staging folder, no empty parents
 
