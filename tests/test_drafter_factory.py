@@ -312,6 +312,9 @@ def test_an_unfinished_training_is_not_exported_and_ttt_is_bounded(tmp_path):
     line = error_line(factory(*SMALL, "steps=9", "stage=export", f"out_dir={out}"))
     assert "holds the weights of step 6, not of steps=9" in line
     assert {p: p.read_bytes() if p.is_file() else None for p in sorted(out.rglob("*"))} == before  # no file changed
+    line = error_line(factory(*SMALL, "lr=0.001", "stage=train", f"out_dir={out}"))  # a resume under another lr
+    assert "checkpoint.pt' was written with a different config (lr: 0.003 -> 0.001)" in line
+    assert {p: p.read_bytes() if p.is_file() else None for p in sorted(out.rglob("*"))} == before  # refused unlocked
     line = error_line(factory(*SMALL, "drafter=eagle3", "drafter.ttt_steps=16", f"out_dir={tmp_path / 'g'}"))
     assert line == "error: drafter.ttt_steps=16: expected an integer <= 15 (image tokens - 1)"
     assert not (tmp_path / "g").exists()

@@ -36,21 +36,12 @@ from lantern.results.provenance import environment
 from lantern.training import drafter_data
 from lantern.training.drafter import FeatureObjective, evaluate_features
 from lantern.training.drafter_features import FEATURE_DTYPES, check_target, teacher_features
-from lantern.training.jobs.drafter_checks import check_config
-from lantern.training.loop import DEFAULT_RESUME_IGNORE, EpochBatches, Trainer, warmup_cosine
+from lantern.training.jobs.drafter_checks import RESUME_IGNORE, check_config, check_ready, require, trained_weights
+from lantern.training.loop import EpochBatches, Trainer, warmup_cosine
 from lantern.training.shards import ShardStore
 
 REPORT_NAME = "report.json"
 DRAFTER_FOLDER = "drafter"
-# Settings that change nothing the drafter learns, so a resumed training may change them.
-RESUME_IGNORE = (
-    *DEFAULT_RESUME_IGNORE,
-    "stage",
-    "generation.batch_size",
-    "features.batch_size",
-    "eval_batch_size",
-    "compare_with",
-)
 
 
 def _digest(payload) -> str:
@@ -90,18 +81,6 @@ class Factory:
         self.features = ShardStore(self.out_dir / name, self._feature_key(), "drafter features")
         if cfg.compare_with:  # read now (weights only, shapes checked), not after data, features and training
             self._compare_drafter()
-
-    def check_ready(self) -> None:
-        """Refuse a stage whose inputs are not there yet, before the folder is locked or anything written."""
-        stage, size = self.cfg.stage, self.world.size
-        if stage in ("train", "all") and int(self.cfg.batch_size) % size:
-            raise checks.refuse("batch_size", self.cfg.batch_size, f"a multiple of the {size} torchrun processes")
-        if stage == "features":
-            self._require(self.data, self.total_rows, "data")
-        if stage in ("train", "export"):
-            self._require(self.features, self.total_rows, "features")
-        if stage == "export":
-            self._trained_weights()
 
     # -- sources and keys ------------------------------------------------------------------------------
 
@@ -229,14 +208,8 @@ class Factory:
                 cfg.progress,
             )
 
-    def _require(self, store: ShardStore, rows: int, stage: str) -> None:
-        if store.rows < rows:
-            raise ConfigError(
-                f"{str(store.folder)!r} holds {store.rows} of {rows} rows: run stage={stage} (or stage=all) first"
-            )
-
     def make_features(self) -> None:
-        self._require(self.data, self.total_rows, "data")
+        require(self.data, self.total_rows, "data")
         cfg = self.cfg
         prompts = drafter_data.read_prompts(self.data.folder, self.kind, self.prompts)
         teacher_features(
@@ -262,7 +235,7 @@ class Factory:
         return Drafter(config).to(self.bundle.device)
 
     def train(self) -> dict:
-        self._require(self.features, self.total_rows, "features")
+        require(self.features, self.total_rows, "features")
         cfg, world = self.cfg, self.world
         train_rows, _ = self.split()
         drafter = self.new_drafter()
@@ -327,22 +300,6 @@ class Factory:
         config["features_key"] = self.features.key
         return config
 
-    def _trained_weights(self) -> Path:
-        """The trained weights file, refused unless it holds the last step's weights."""
-        from safetensors import safe_open
-
-        weights = self.out_dir / "train" / "drafter.safetensors"
-        if not weights.is_file():
-            raise ConfigError(f"{str(weights)!r} is missing: run stage=train (or stage=all) first")
-        with safe_open(str(weights), framework="pt") as handle:
-            step = (handle.metadata() or {}).get("step")
-        if step != str(int(self.cfg.steps)):
-            raise ConfigError(
-                f"{str(weights)!r} holds the weights of step {step}, not of steps={self.cfg.steps}: "
-                "run stage=train (or stage=all) to finish training first"
-            )
-        return weights
-
     def _compare_drafter(self) -> Drafter:
         """``compare_with``'s drafter for this target (a pickle is refused by the weights-only load)."""
         given = self.cfg.compare_with
@@ -360,7 +317,7 @@ class Factory:
         """Write ``out_dir/drafter`` from the trained weights, evaluate it and write the report."""
         from safetensors.torch import load_file
 
-        weights = self._trained_weights()
+        weights = trained_weights(self.out_dir, self.cfg.steps)
         drafter = self.new_drafter()
         drafter.load_state_dict({k: v.float() for k, v in load_file(str(weights)).items()}, strict=True)
         folder = self.out_dir / DRAFTER_FOLDER
@@ -420,7 +377,7 @@ def run(cfg: DictConfig, world, hold=None) -> dict:
     check_config(cfg)
     torch.set_num_threads(int(cfg.num_threads))
     factory = Factory(cfg, world)
-    factory.check_ready()
+    check_ready(factory)
     stage = cfg.stage
     timings: dict[str, float] = {}
     with hold(factory.out_dir) if hold is not None else contextlib.nullcontext():
