@@ -12,10 +12,12 @@ import hashlib
 import json
 import math
 import os
+import re
 import socket
+import sys
 import textwrap
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -49,12 +51,21 @@ def write_atomic(path: str | os.PathLike, write: Callable[[str], None], mode: in
         os.replace(tmp, path)
     except BaseException as exc:
         tmp.unlink(missing_ok=True)
-        if isinstance(exc, OSError) and exc.errno is not None and exc.filename is None:
-            # name the file a full disk or a read-only folder refused (an errno-less OSError would then
-            # print as "[Errno None] None: path" and lose its own message)
-            exc.filename = str(path)
-        raise
+        _name_the_file(exc, path)
     return path
+
+
+def _name_the_file(exc: BaseException, path: Path) -> None:
+    """Re-raise a failed write's ``exc`` naming ``path``: an OSError gets the file name a full disk or a read-only
+    folder refused (an errno-less OSError would print as "[Errno None] None: path" and lose its own message); a
+    writer that reports the system's error as text (safetensors: ``... (os error 27)``) becomes that OSError."""
+    if isinstance(exc, OSError) and exc.errno is not None and exc.filename is None:
+        exc.filename = str(path)
+    found = None if isinstance(exc, OSError) else re.search(r"\(os error (\d+)\)", str(exc))
+    if isinstance(exc, Exception) and found:
+        code = int(found.group(1))
+        raise OSError(code, os.strerror(code), str(path)) from exc
+    raise exc
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
@@ -125,9 +136,7 @@ def write_folder_atomic(folder: str | os.PathLike, write: Callable[[Path], None]
         shutil.rmtree(staging, ignore_errors=True)
         if aside is not None and not folder.exists():
             os.replace(aside, folder)  # the new folder did not go in: the old one comes back
-        if isinstance(exc, OSError) and exc.errno is not None and exc.filename is None:
-            exc.filename = str(folder)
-        raise
+        _name_the_file(exc, folder)
     if aside is not None:
         if aside.is_dir() and not aside.is_symlink():
             shutil.rmtree(aside, ignore_errors=True)
@@ -148,6 +157,33 @@ def remove_stale_temps(folder: str | os.PathLike) -> int:
     return removed
 
 
+def content_digest(named: Mapping[str, object]) -> str:
+    """sha256 over named arrays, tensors or JSON-able values (name, dtype, shape, bytes): the digest of its own
+    content that every cache stores with it and checks on load, so an altered or cut file is never used."""
+    digest = hashlib.sha256()
+    for name in sorted(named):
+        value = named[name]
+        if hasattr(value, "detach"):  # a torch tensor (bfloat16 has no numpy dtype: its bytes are hashed)
+            import torch
+
+            tensor = value.detach().to("cpu").contiguous()
+            digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+            digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+        elif isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind not in "USO":
+            array = np.ascontiguousarray(value)
+            digest.update(f"{name}|{array.dtype.str}|{array.shape}|".encode())
+            digest.update(array.tobytes())
+        else:
+            text = json.dumps(value.item() if isinstance(value, np.generic) else value, sort_keys=True, default=str)
+            digest.update(f"{name}|json|{text}|".encode())
+    return digest.hexdigest()
+
+
+def cache_mismatch(path: str | os.PathLike, why: str = "does not match the digest of its content") -> None:
+    """Say on stderr, in one line, that the cache ``path`` is not used and is recomputed (the caller does so)."""
+    print(f"warning: cache {str(path)!r} {why}; recomputing it", file=sys.stderr, flush=True)
+
+
 def sha256_file(path: str | os.PathLike) -> str:
     """Hex sha256 of a file's bytes."""
     digest = hashlib.sha256()
@@ -166,30 +202,47 @@ def _hash_cache_file() -> Path:
     return Path(root) / "sha256.json"
 
 
+HASH_CACHE_MIN_BYTES = 1 << 20  # only files worth remembering
+
+
+def _read_hash_cache(cache: Path) -> dict[str, str]:
+    """The entries of the sha256 cache; an altered file (its digest differs) is reported and dropped."""
+    try:
+        saved = json.loads(cache.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError):
+        saved = None
+    entries = saved.get("entries") if isinstance(saved, dict) else None
+    if not isinstance(entries, dict) or saved.get("digest") != content_digest({"entries": entries}):
+        cache_mismatch(cache)
+        return {}
+    return entries
+
+
 def sha256_cached(path: str | os.PathLike) -> str:
-    """:func:`sha256_file`, remembered by (real path, size, mtime) in this process and in
-    ``$LANTERN_CACHE/sha256.json`` (or ``~/.cache/lantern``); a changed file has a new size or mtime."""
+    """:func:`sha256_file`, remembered by (real path, size, mtime) in this process and, for files of 1 MiB or
+    more, in ``$LANTERN_CACHE/sha256.json`` (or ``~/.cache/lantern``) with the digest of its entries; a changed
+    file has a new size or mtime, an altered cache is recomputed."""
     real = os.path.realpath(path)
     stat = os.stat(real)
     key = (real, stat.st_size, stat.st_mtime_ns)
     if key in _HASHES:
         return _HASHES[key]
+    if stat.st_size < HASH_CACHE_MIN_BYTES:
+        _HASHES[key] = sha256_file(real)
+        return _HASHES[key]
     cache = _hash_cache_file()
     entry = f"{real}|{stat.st_size}|{stat.st_mtime_ns}"
-    try:
-        stored = json.loads(cache.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        stored = {}
-    stored = stored if isinstance(stored, dict) else {}
+    stored = _read_hash_cache(cache)
     digest = stored.get(entry)
     if not (isinstance(digest, str) and len(digest) == 64):
         digest = sha256_file(real)
-        if stat.st_size >= 1 << 20:  # only files worth remembering; a cache that cannot be written is skipped
-            stored = {k: v for k, v in stored.items() if not k.startswith(f"{real}|")} | {entry: digest}
-            try:
-                write_json_atomic(cache, stored)
-            except OSError:
-                pass
+        stored = {k: v for k, v in stored.items() if not k.startswith(f"{real}|")} | {entry: digest}
+        try:  # a cache that cannot be written is skipped
+            write_json_atomic(cache, {"entries": stored, "digest": content_digest({"entries": stored})})
+        except OSError:
+            pass
     _HASHES[key] = digest
     return digest
 

@@ -29,7 +29,7 @@ from lantern.run.export import export
 @hydra.main(version_base="1.3", config_path=str(REPO_ROOT / "conf"), config_name="export_hf")
 def main(cfg: DictConfig) -> None:
     """Entry point: export, then one line naming the folders; user errors exit 2 with one line."""
-    written = run_or_exit(lambda: export(cfg), cfg.out_dir)
+    written = run_or_exit(lambda: export(cfg))  # nothing is made before every check (conf: hydra.run.dir=.)
     folders = ", ".join(f"{part} {path}" for part, path in written.items())
     print(f"HF layout ({cfg.weights_dtype}): {folders}")
 

@@ -29,11 +29,12 @@ BARRIER_TIMEOUT_S = 7 * 24 * 3600.0  # under torchrun the other ranks wait while
 @hydra.main(version_base="1.3", config_path=str(REPO_ROOT / "conf"), config_name="train_drafter")
 def main(cfg: DictConfig) -> None:
     """Entry point: run the stages, print a one-line summary; user errors exit 2 with one line."""
-    world = run_or_exit(lambda: world_from_env(cfg.device, BARRIER_TIMEOUT_S), cfg.out_dir)
+    # nothing is made before every check passes (conf: hydra.run.dir=.; the lock then makes out_dir)
+    world = run_or_exit(lambda: world_from_env(cfg.device, BARRIER_TIMEOUT_S))
     cfg.device = rank_device(cfg.device, world)  # cuda -> cuda:LOCAL_RANK under torchrun
     hold = (lambda folder: FolderLock(folder, what="drafter factory folder")) if world.is_main else None
     try:
-        report = run_or_exit(lambda: run(cfg, world, hold), cfg.out_dir)
+        report = run_or_exit(lambda: run(cfg, world, hold))
     finally:
         world.close()
     if not world.is_main:

@@ -198,7 +198,8 @@ def test_images_data_tokenises_class_folders(tmp_path):
     rows = ShardStore(out / "data", key, "data").read(torch.arange(9))
     assert rows["prompt"].tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
     assert rows["codes"].shape == (9, 16) and len({tuple(r) for r in rows["codes"].tolist()}) >= 2
-    assert json.loads((out / "data" / "prompts.json").read_text()) == {"kind": "class", "items": [0, 1, 2]}
+    table = json.loads((out / "data" / "prompts.json").read_text())
+    assert table == {"kind": "class", "items": [0, 1, 2], "digest": table["digest"]}
     line = error_line(
         factory("data=images", f"data_root={tmp_path / 'none'}", "stage=data", f"out_dir={tmp_path / 'g'}")
     )
@@ -257,10 +258,8 @@ def test_images_data_reads_a_caption_file_for_a_text_target(tmp_path):
         cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert json.loads((out / "data" / "prompts.json").read_text()) == {
-        "kind": "text",
-        "items": ["a white shirt", "a black boot"],
-    }
+    table = json.loads((out / "data" / "prompts.json").read_text())
+    assert table == {"kind": "text", "items": ["a white shirt", "a black boot"], "digest": table["digest"]}
     from lantern.training.shards import ShardStore
 
     key = json.loads((out / "data" / "index.json").read_text())["key"]
@@ -309,8 +308,13 @@ def test_a_target_without_teacher_states_is_refused():
 def test_an_unfinished_training_is_not_exported_and_ttt_is_bounded(tmp_path):
     out = tmp_path / "f"
     assert factory(*SMALL, f"out_dir={out}").returncode == 0  # steps=6, exported
+    before = {p: p.read_bytes() if p.is_file() else None for p in sorted(out.rglob("*"))}  # .lock included
     line = error_line(factory(*SMALL, "steps=9", "stage=export", f"out_dir={out}"))
     assert "holds the weights of step 6, not of steps=9" in line
+    assert {p: p.read_bytes() if p.is_file() else None for p in sorted(out.rglob("*"))} == before  # no file changed
+    line = error_line(factory(*SMALL, "lr=0.001", "stage=train", f"out_dir={out}"))  # a resume under another lr
+    assert "checkpoint.pt' was written with a different config (lr: 0.003 -> 0.001)" in line
+    assert {p: p.read_bytes() if p.is_file() else None for p in sorted(out.rglob("*"))} == before  # refused unlocked
     line = error_line(factory(*SMALL, "drafter=eagle3", "drafter.ttt_steps=16", f"out_dir={tmp_path / 'g'}"))
     assert line == "error: drafter.ttt_steps=16: expected an integer <= 15 (image tokens - 1)"
     assert not (tmp_path / "g").exists()

@@ -21,6 +21,7 @@ from lantern.metrics.fid import (
     StatsKey,
     clean_resize,
     fid_from_features,
+    fid_from_stats,
     fid_with_cleanfid,
     frechet_distance,
     inception_path,
@@ -219,6 +220,35 @@ def test_reference_stats_cache_hit_and_miss(tmp_path):
     wrong.write_bytes(path.read_bytes())  # a file under the name of another key is never reused
     reference_stats("toy", np.concatenate([images, images[:1]]), stub, tmp_path, progress=False)
     assert stub.calls == 6
+
+
+def test_an_altered_statistics_cache_is_recomputed_with_one_line(tmp_path, capsys):
+    """The issue's repro: 0.5 added to ``mu`` with key and fingerprint kept (and the old digest) moves FID
+    unless the cache's own digest is checked; the clean figure comes back and stderr says why, once."""
+    rng = np.random.default_rng(4)
+    images, generated = (rng.integers(0, 256, (6, 8, 8, 3), dtype=np.uint8) for _ in range(2))
+    stub = CountingExtractor()
+    run = FIDStats.from_features(stub.features(generated))
+    clean = fid_from_stats(reference_stats("toy", images, stub, tmp_path, progress=False), run)
+    path = tmp_path / StatsKey("toy", 8, "stub-net", 6).filename()
+    with np.load(path) as data:
+        stored = {name: data[name] for name in data.files}
+    with path.open("wb") as handle:
+        np.savez(handle, **{**stored, "mu": stored["mu"] + 0.5})
+    tampered = FIDStats(stored["mu"] + 0.5, stored["sigma"], 6)
+    assert abs(fid_from_stats(tampered, run) - clean) > 1.0  # what a silent reuse would report
+    capsys.readouterr()
+    again = fid_from_stats(reference_stats("toy", images, stub, tmp_path, progress=False), run)
+    assert again == clean and stub.calls == 3
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "does not match the digest" in lines[0] and path.name in lines[0]
+    reference_stats("toy", images, stub, tmp_path, progress=False)  # rewritten clean: a silent hit
+    assert stub.calls == 3 and not capsys.readouterr().err
+    stored.pop("digest")
+    with path.open("wb") as handle:
+        np.savez(handle, **stored)  # a file without its digest is not trusted either
+    assert fid_from_stats(reference_stats("toy", images, stub, tmp_path, progress=False), run) == clean
+    assert stub.calls == 4 and "does not match the digest" in capsys.readouterr().err
 
 
 def test_reference_stats_of_a_folder(tmp_path):

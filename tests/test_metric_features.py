@@ -77,18 +77,40 @@ def test_features_on_disk_survive_the_process_and_a_bad_file_is_recomputed(tmp_p
     source = np.random.default_rng(2).integers(0, 256, (4, 4, 4, 3), dtype=np.uint8)
     net = Counting()
     first = shared.features(net, shared.image_set(source), cache_dir=tmp_path)
-    (path,) = (tmp_path / "features").glob("*.npy")
+    (path,) = (tmp_path / "features").glob("*.npz")
     shared.forget()  # a new process
     np.testing.assert_array_equal(shared.features(net, shared.image_set(source), cache_dir=tmp_path), first)
     assert net.seen == 4
     shared.forget()
-    np.save(path, np.zeros((3, 6)))  # a file of another set's size under this name
+    shared._save_npz(path, np.zeros((3, 6)))  # a file of another set's size under this name
     shared.features(net, shared.image_set(source), cache_dir=tmp_path)
     assert net.seen == 8
     shared.forget()
     path.write_bytes(b"not numpy")
     shared.features(net, shared.image_set(source), cache_dir=tmp_path)
     assert net.seen == 12
+
+
+def test_altered_cached_features_are_recomputed_with_one_line(tmp_path, capsys):
+    """The digest stored with the features: values changed under the same name and digest are never used."""
+    source = np.random.default_rng(3).integers(0, 256, (4, 4, 4, 3), dtype=np.uint8)
+    net = Counting()
+    clean = np.array(shared.features(net, shared.image_set(source), cache_dir=tmp_path))
+    (path,) = (tmp_path / "features").glob("*.npz")
+    capsys.readouterr()
+    with np.load(path) as data:
+        digest = str(data["digest"])
+    with path.open("wb") as handle:
+        np.savez(handle, values=clean + 0.5, digest=np.str_(digest))  # tampered, digest kept
+    shared.forget()
+    again = shared.features(net, shared.image_set(source), cache_dir=tmp_path)
+    np.testing.assert_array_equal(again, clean)
+    assert net.seen == 8
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "does not match the digest" in lines[0] and path.name in lines[0]
+    shared.forget()
+    np.testing.assert_array_equal(shared.features(net, shared.image_set(source), cache_dir=tmp_path), clean)
+    assert net.seen == 8 and not capsys.readouterr().err  # rewritten clean: read back silently
 
 
 def test_a_folder_fingerprint_is_the_pixels_and_names(tmp_path):

@@ -83,3 +83,21 @@ def test_hashes_are_cached_by_path_size_and_mtime(tmp_path, monkeypatch):
     assert files.sha256_cached(path) == first and not calls  # read from the disk cache, not rehashed
     path.write_bytes(b"y" * (1 << 20 + 1))
     assert files.sha256_cached(path) == "0" * 64 and calls  # another size: hashed again
+
+
+def test_an_altered_hash_cache_is_recomputed_with_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "big.bin"
+    path.write_bytes(b"x" * (1 << 20))
+    clean = files.sha256_cached(path)
+    cache = tmp_path / "cache" / "sha256.json"
+    saved = json.loads(cache.read_text())
+    saved["entries"] = {entry: "0" * 64 for entry in saved["entries"]}  # the wrong hash, digest kept
+    cache.write_text(json.dumps(saved))
+    files._HASHES.clear()
+    capsys.readouterr()
+    assert files.sha256_cached(path) == clean
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "does not match the digest" in lines[0] and "sha256.json" in lines[0]
+    files._HASHES.clear()
+    assert files.sha256_cached(path) == clean and not capsys.readouterr().err  # rewritten clean

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lantern import checks
 from lantern.errors import ConfigError
+from lantern.run import tracking
 from lantern.run.dry_build import dry_build
 
 # The knobs whose default is null (so their kind cannot come from the default): name -> check.
@@ -140,6 +141,7 @@ def check_run_config(cfg: DictConfig, overrides: Sequence[str] = ()) -> dict:
     resolved config."""
     resolved = resolve(cfg)
     check_knobs(resolved)
+    tracking.check_tracker((resolved.get("job") or {}).get("tracker"))  # W&B names, before any work
     if overrides:
         check_overrides(cfg, overrides)
     return resolved

@@ -1,6 +1,6 @@
 """How every metric of this package attaches its bootstrap interval (see :mod:`lantern.metrics.intervals`).
 
-A metric takes ``interval_resamples`` (an int >= 2, or None for no interval) and ``interval_seed``; it
+A metric takes ``interval_resamples`` (an int in [2, 10000], or None for no interval) and ``interval_seed``; it
 returns its figure with :func:`mean_fields` (per-prompt scores: CLIP, HPS, accuracy) or
 :func:`statistic_fields` (set statistics: FID, precision/recall, KID, IS). With ``resamples=None`` only
 the figure is returned, never a ``_ci`` key.
@@ -16,6 +16,7 @@ import numpy as np
 from lantern import checks
 from lantern.metrics.intervals import (
     DEFAULT_LEVEL,
+    MAX_RESAMPLES,
     PERCENTILE,
     bootstrap,
     bootstrap_mean,
@@ -32,9 +33,11 @@ SHIFTED = PERCENTILE + ", shifted by the estimate minus the mean of the draws"
 
 
 def interval_settings(resamples: int | None, seed: int, owner: str) -> tuple[int | None, int]:
-    """Checked ``(resamples, seed)`` of metric ``owner``; refused with one line naming the value."""
+    """Checked ``(resamples, seed)`` of metric ``owner``; refused with one line naming the value (at most
+    :data:`~lantern.metrics.intervals.MAX_RESAMPLES` draws: each costs a statistic or a row of indices)."""
     if resamples is not None:
-        resamples = checks.integer(f"metrics.{owner}.interval_resamples", resamples, 2, nullable=True)
+        name = f"metrics.{owner}.interval_resamples"
+        resamples = checks.integer(name, resamples, 2, MAX_RESAMPLES, nullable=True)
         check_interval_settings(resamples, DEFAULT_LEVEL)
     seed = checks.integer(f"metrics.{owner}.interval_seed", seed, 0)
     return resamples, seed

@@ -4,9 +4,10 @@ A run's metrics (FID, KID, IS on Inception; precision/recall on VGG16; CLIP, HPS
 same images. :func:`run_images` reads a run folder's first ``count`` images once per process (keyed by
 the folder, the count and the files' sizes and modification times) and fingerprints their pixels;
 :func:`features` memoises the features of an image set per (network id, fingerprint), and with a
-``cache_dir`` also keeps them on disk as ``features/<net_id>-<fingerprint>.npy`` (for reference sets,
-which every run reads). A network is built at most once per key (:func:`shared`); extractors load it on first use, so
-nothing is loaded when every feature is cached.
+``cache_dir`` also keeps them on disk as ``features/<net_id>-<fingerprint>.npz`` with the digest of their
+content (for reference sets, which every run reads; an altered file is recomputed, with a line on stderr).
+A network is built at most once per key (:func:`shared`); extractors load it on first use, so nothing is
+loaded when every feature is cached.
 
 An image source is a uint8 (N, H, W, 3) array (gray (N, H, W) is replicated) or a folder of PNGs
 (sorted recursively, read a batch at a time; sizes may differ).
@@ -27,7 +28,7 @@ import numpy as np
 from PIL import Image
 
 from lantern.errors import ConfigError
-from lantern.files import image_name, write_atomic
+from lantern.files import cache_mismatch, content_digest, image_name, write_atomic
 
 ImageSource = np.ndarray | str | os.PathLike
 MEMORY_ENTRIES = 8
@@ -168,15 +169,36 @@ def shared(key: tuple, build: Callable[[], object]) -> object:
 
 
 def _disk_path(cache_dir: str | os.PathLike, net_id: str, digest: str) -> Path:
-    return Path(cache_dir) / "features" / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', net_id)}-{digest[:32]}.npy"
+    return Path(cache_dir) / "features" / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', net_id)}-{digest[:32]}.npz"
 
 
-def _save_npy(path: Path, values: np.ndarray) -> None:
+def _save_npz(path: Path, values: np.ndarray) -> None:
+    digest = content_digest({"values": values})
+
     def write(tmp: str) -> None:
-        with open(tmp, "wb") as handle:  # a handle, so numpy does not append .npy to the temporary name
-            np.save(handle, values)
+        with open(tmp, "wb") as handle:  # a handle, so numpy does not append .npz to the temporary name
+            np.savez(handle, values=values, digest=np.str_(digest))
 
     write_atomic(path, write)
+
+
+def _load_npz(path: Path, rows: int) -> np.ndarray | None:
+    """The (rows, D) features cached in ``path``, or None (reported on stderr when the file is there but its
+    content differs from its digest or its shape from the set's)."""
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            values, digest = data["values"], str(data["digest"])
+    except (OSError, ValueError, KeyError, EOFError):
+        values, digest = None, None
+    if values is None or digest != content_digest({"values": values}):
+        cache_mismatch(path)
+        return None
+    if values.ndim != 2 or len(values) != rows:
+        cache_mismatch(path, f"holds features shaped {values.shape}, not ({rows}, D)")
+        return None
+    return values
 
 
 def features(
@@ -198,18 +220,11 @@ def features(
         _FEATURES.move_to_end(key)
         return _FEATURES[key]
     path = None if cache_dir is None else _disk_path(cache_dir, extractor.net_id, images.fingerprint)
-    values = None
-    if path is not None and path.is_file():
-        try:
-            values = np.load(path, allow_pickle=False)
-        except (OSError, ValueError):
-            values = None
-        if values is not None and (values.ndim != 2 or len(values) != len(images)):
-            values = None
+    values = None if path is None else _load_npz(path, len(images))
     if values is None:
         values = np.asarray(extractor.features(images.source, batch_size=batch_size, progress=progress))
         if path is not None:
-            _save_npy(path, values)
+            _save_npz(path, values)
     values.setflags(write=False)
     _FEATURES[key] = values
     while len(_FEATURES) > MEMORY_ENTRIES:

@@ -16,8 +16,9 @@ imaginary parts; ``method="sqrtm"`` is the pytorch-fid / clean-fid algorithm. Bo
 to the covariances when the first attempt fails.
 
 Reference statistics are cached as ``.npz`` files keyed by (reference set name, resolution,
-feature network id, number of images); each file also stores its key and a fingerprint of the
-images, and a file whose stored key or fingerprint differs is recomputed, never reused.
+feature network id, number of images); each file also stores its key, a fingerprint of the
+images and a digest of its own content: a file whose stored key or fingerprint differs is recomputed,
+never reused, and one whose content differs from its digest is also recomputed, with a line on stderr.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from tqdm.auto import tqdm
 
 from lantern import REPO_ROOT, checks
 from lantern.errors import CheckpointError, ConfigError
-from lantern.files import note_input, write_atomic
+from lantern.files import cache_mismatch, content_digest, note_input, write_atomic
 from lantern.metrics import features as shared_features
 from lantern.metrics.bootstrap import SET_RESAMPLES, interval_settings, statistic_fields
 from lantern.metrics.features import ImageSource, as_rgb_batch, iter_batches, list_pngs, read_png
@@ -328,19 +329,28 @@ def _source_key_and_fingerprint(name: str, images: ImageSource, feature_net: str
     return StatsKey(name, int(height), feature_net, int(count)), shared_features.image_set(images).fingerprint
 
 
+def _stats_digest(mu: np.ndarray, sigma: np.ndarray, count: int, key: str, fingerprint: str) -> str:
+    return content_digest({"mu": mu, "sigma": sigma, "count": np.int64(count), "key": key, "fingerprint": fingerprint})
+
+
 def load_cached_stats(path: str | os.PathLike, key: StatsKey, fingerprint: str | None = None) -> FIDStats | None:
-    """The statistics in ``path`` if it exists and was written for ``key`` (and ``fingerprint``), else None."""
+    """The statistics in ``path`` if it exists and was written for ``key`` (and ``fingerprint``), else None.
+
+    A file whose content differs from the digest stored with it (altered, cut short, or written before
+    digests) is reported on stderr and never used."""
     path = Path(path)
     if not path.is_file():
         return None
     try:
         with np.load(path, allow_pickle=False) as data:
-            stored_key = json.loads(str(data["key"]))
-            stored_fingerprint = str(data["fingerprint"])
-            mu, sigma, count = data["mu"], data["sigma"], int(data["count"])
-    except (OSError, ValueError, KeyError):
+            stored_key, stored_fingerprint = str(data["key"]), str(data["fingerprint"])
+            mu, sigma, count, digest = data["mu"], data["sigma"], int(data["count"]), str(data["digest"])
+    except (OSError, ValueError, KeyError, EOFError):
+        digest = None
+    if digest is None or digest != _stats_digest(mu, sigma, count, stored_key, stored_fingerprint):
+        cache_mismatch(path)
         return None
-    if stored_key != asdict(key) or (fingerprint is not None and stored_fingerprint != fingerprint):
+    if json.loads(stored_key) != asdict(key) or (fingerprint is not None and stored_fingerprint != fingerprint):
         return None
     if count != key.count or mu.ndim != 1 or sigma.shape != (len(mu), len(mu)):
         return None
@@ -348,7 +358,10 @@ def load_cached_stats(path: str | os.PathLike, key: StatsKey, fingerprint: str |
 
 
 def save_stats(path: str | os.PathLike, stats: FIDStats, key: StatsKey, fingerprint: str) -> Path:
-    """Write ``stats`` with its ``key`` and ``fingerprint`` to ``path`` atomically (:func:`lantern.files.write_atomic`)."""
+    """Write ``stats`` with its ``key``, ``fingerprint`` and content digest to ``path`` atomically
+    (:func:`lantern.files.write_atomic`)."""
+    stored_key = json.dumps(asdict(key), sort_keys=True)
+    digest = _stats_digest(stats.mu, stats.sigma, stats.count, stored_key, fingerprint)
 
     def write(tmp: str) -> None:
         with open(tmp, "wb") as handle:  # a handle, so numpy does not append .npz to the temporary name
@@ -357,8 +370,9 @@ def save_stats(path: str | os.PathLike, stats: FIDStats, key: StatsKey, fingerpr
                 mu=stats.mu,
                 sigma=stats.sigma,
                 count=np.int64(stats.count),
-                key=np.str_(json.dumps(asdict(key), sort_keys=True)),
+                key=np.str_(stored_key),
                 fingerprint=np.str_(fingerprint),
+                digest=np.str_(digest),
             )
 
     return write_atomic(path, write)

@@ -25,6 +25,9 @@ from lantern import checks
 DEFAULT_LEVEL = 0.95
 PERCENTILE = "percentile bootstrap over prompts"
 CI_SUFFIX = "_ci"
+MAX_RESAMPLES = 10_000
+"""The most draws an interval takes: a mean's draws are one (resamples, N) index array (10,000 x 30,000 prompts
+is 2.4 GB), a set statistic's each recompute it; the percentile ends settle long before."""
 
 
 def ci_key(name: str) -> str:
@@ -56,8 +59,9 @@ class Interval:
 
 
 def check_interval_settings(resamples: int, level: float) -> None:
-    """Refuse a resample count below 2 or a level outside (0, 1) (one line naming the value)."""
-    checks.integer("interval resamples", resamples, 2)
+    """Refuse a resample count outside [2, :data:`MAX_RESAMPLES`] or a level outside (0, 1) (one line naming
+    the value)."""
+    checks.integer("interval resamples", resamples, 2, MAX_RESAMPLES)
     checks.real("interval level", level, 0, 1, low_open=True, high_open=True)
 
 

@@ -83,6 +83,14 @@ def _short_run(run, root: Path | None) -> str:
     return run
 
 
+def _protocol(name, subset) -> str:
+    """The protocol cell: its name, `` (subset)`` when the run used its first N prompts, ``-`` without one (a
+    row without a protocol beside rows with one reads back from pandas as NaN, never as None)."""
+    if not isinstance(name, str) or not name:
+        return "-"
+    return name + (" (subset)" if not pd.isna(subset) and bool(subset) else "")
+
+
 def shown(table: Table, root: Path | None = None, times: str = "x") -> pd.DataFrame:
     """The table formatted for reading: one text column per shown quantity, ``-`` where a value is missing."""
     data = frame(table)
@@ -125,7 +133,7 @@ def shown(table: Table, root: Path | None = None, times: str = "x") -> pd.DataFr
             }
         )
         if protocols:
-            out["protocol"] = (row["protocol"] or "-") + (" (subset)" if row["protocol_subset"] else "")
+            out["protocol"] = _protocol(row["protocol"], row["protocol_subset"])
         if joined:
             out["latency run"] = _short_run(row["latency_run"], root)
         rows.append(out)

@@ -10,6 +10,9 @@ randomness depends only on (seed, i), so sharding never changes an image.
 from __future__ import annotations
 
 import os
+import signal
+import threading
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -86,6 +89,31 @@ def export_submitit_tasks() -> None:
     TorchDistributedEnvironment().export(set_cuda_visible_devices=False)  # each rank picks cuda:LOCAL_RANK itself
 
 
+LAUNCHER_POLL_S = 0.5
+_watching: list[int] = []  # the launcher's pid once this process watches it
+
+
+def die_with_launcher(poll_s: float = LAUNCHER_POLL_S) -> None:
+    """End this process as soon as its launcher (the parent: torchrun's agent) is gone, however it ended.
+
+    torchrun starts each worker in a session of its own, so killing the launcher (``kill -9``, a lost login)
+    would leave the workers training on, holding the folder's lock and the accelerators. A daemon thread
+    watches the parent pid and kills this process when it changes (the orphan is re-parented): exactly as if
+    it had been killed with the launcher, so a rerun resumes from what the atomic writers finished.
+    """
+    if _watching:
+        return
+    parent = os.getppid()
+    _watching.append(parent)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="die-with-launcher", daemon=True).start()
+
+
 def world_from_env(device: str = "cpu", timeout_s: float = 1800.0) -> World:
     """Join the process group torchrun (or a multi-task submitit job) described in the environment.
 
@@ -97,6 +125,7 @@ def world_from_env(device: str = "cpu", timeout_s: float = 1800.0) -> World:
     if size <= 1:
         return World()
     rank, local_rank = rank_from_env(), int(os.environ.get("LOCAL_RANK", "0"))
+    die_with_launcher()
     if not torch.distributed.is_initialized():
         backend = "nccl" if str(device).startswith("cuda") else "gloo"
         if backend == "nccl":

@@ -7,6 +7,7 @@ seeded random weights), so the folders hold exactly the weights a run decodes wi
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -33,6 +34,7 @@ class NoConditioner:
 def export(cfg: DictConfig) -> dict[str, Path]:
     """Write ``cfg.parts`` of ``cfg.model`` to ``cfg.out_dir``/target and /drafter (``config.json`` and
     ``model.safetensors`` in ``cfg.weights_dtype``); return the folders written, by part."""
+    out = Path(cfg.out_dir)  # required: a missing out_dir is refused first
     parts = list(cfg.parts) if OmegaConf.is_list(cfg.parts) else [cfg.parts]
     if not parts:
         raise checks.refuse("parts", parts, f"a non-empty list of {', '.join(PARTS)}")
@@ -42,7 +44,6 @@ def export(cfg: DictConfig) -> dict[str, Path]:
     refused = cfg.model.get("target_export_refused")
     if "target" in parts and refused:
         raise ConfigError(f"model={cfg.model.name}: {refused}; parts=[drafter] exports the drafter")
-    out = Path(cfg.out_dir)
     if "conditioner" in cfg.model.bundle:  # a separate text encoder (LlamaGen t2i); a family's own tokenizer stays
         stand_in = {"_target_": f"{NoConditioner.__module__}.NoConditioner", "_partial_": True}
         OmegaConf.update(cfg, "model.bundle.conditioner", stand_in, merge=False)
@@ -56,10 +57,17 @@ def export(cfg: DictConfig) -> dict[str, Path]:
             raise ConfigError(f"model={cfg.model.name} has no drafter to export; pass parts=[target]")
         drafter = instantiate(cfg.model.drafter)
         drafter.check_target(bundle.target.config)
+    made = [folder for folder in (out, *out.parents) if not folder.exists()]  # made by the writes below
     written = {}
-    if "target" in parts:
-        written["target"] = bundle.save_target(out / "target", dtype)
-    if drafter is not None:
-        embeddings = drafter.config.arch.folder_embeddings(bundle.target)  # the table the family's folders keep
-        written["drafter"] = save_drafter_folder(drafter, embeddings, out / "drafter", dtype)
+    try:
+        if "target" in parts:
+            written["target"] = bundle.save_target(out / "target", dtype)
+        if drafter is not None:
+            embeddings = drafter.config.arch.folder_embeddings(bundle.target)  # the table the family's folders keep
+            written["drafter"] = save_drafter_folder(drafter, embeddings, out / "drafter", dtype)
+    except BaseException:
+        for folder in made:  # each part's folder is atomic; what this call made and left empty goes too
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
     return written

@@ -18,6 +18,27 @@ from lantern import checks
 from lantern.errors import ConfigError
 
 MODES = ("offline", "online", "disabled")
+NAME_MAX = 128  # W&B's limit on a project name
+NAME_FORBIDDEN = "/\\#?%:"  # characters W&B refuses in a project name (its entity names are plainer still)
+
+
+def check_name(key: str, value, what: str) -> str:
+    """``value`` as a W&B ``what`` name (project or entity): 1 to 128 printable characters, none of ``/ \\ # ? %
+    :`` and, for an entity, no spaces; W&B itself refuses the others only when the run is logged, after the work."""
+    spaces = what == "entity"
+    text = value if isinstance(value, str) else ""
+    bad = not text or len(text) > NAME_MAX or not text.isprintable() or any(c in NAME_FORBIDDEN for c in text)
+    if bad or (spaces and any(c.isspace() for c in text)):
+        forbidden = " ".join(NAME_FORBIDDEN) + (" or a space" if spaces else "")
+        raise checks.refuse(key, value, f"a W&B {what} name of 1 to {NAME_MAX} characters, none of {forbidden}")
+    return text
+
+
+def check_tracker(node) -> None:
+    """Check a tracker's settings (``job.tracker`` of a resolved run config: mode, project, entity) before any
+    work, as its constructor does; anything but a W&B tracker node is left alone."""
+    if isinstance(node, dict) and str(node.get("_target_", "")).endswith(".WandbLogger"):
+        WandbLogger(**{k: v for k, v in node.items() if k in ("mode", "project", "entity")})
 
 
 def scalars(record: dict) -> dict:
@@ -59,16 +80,16 @@ class WandbLogger:
         name: str | None = None,
         quiet: bool = True,
         timeout_s: int = 15,
+        entity: str | None = None,
     ):
         checks.choice("wandb.mode", mode, MODES)
-        self.mode, self.project, self.group, self.name, self.quiet, self.timeout_s = (
-            mode,
-            project,
-            group,
-            name,
-            quiet,
-            timeout_s,
-        )
+        check_name("wandb.project", project, "project")
+        if entity is not None:
+            check_name("wandb.entity", entity, "entity")
+        elif os.environ.get("WANDB_ENTITY"):  # W&B reads the variable when no entity is given
+            entity = check_name("WANDB_ENTITY", os.environ["WANDB_ENTITY"], "entity")
+        self.mode, self.project, self.entity, self.group, self.name = mode, project, entity, group, name
+        self.quiet, self.timeout_s = quiet, timeout_s
         if quiet:
             os.environ.setdefault("WANDB_SILENT", "true")  # W&B reads it when it starts, also in its service process
 
@@ -106,6 +127,7 @@ class WandbLogger:
         name = self.name or f"{record.get('decoding')}-{Path(out_dir).name}"
         run = wandb.init(
             project=self.project,
+            entity=self.entity,
             group=self.group,
             name=name,
             dir=str(out_dir),
@@ -132,6 +154,7 @@ class WandbLogger:
         columns = list(rows[0])
         run = wandb.init(
             project=self.project,
+            entity=self.entity,
             group=self.group or f"sweep-{Path(out_dir).name}",
             name=f"table-{Path(out_dir).name}",
             dir=str(out_dir),

@@ -29,7 +29,7 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from lantern.errors import ConfigError
-from lantern.files import note_input, write_json_atomic
+from lantern.files import cache_mismatch, note_input, write_json_atomic
 from lantern.models.condition import Condition
 from lantern.models.sampling import SamplingConfig
 from lantern.rng import keys_tensor
@@ -60,15 +60,30 @@ def prompts_digest(kind: str, prompts: Sequence) -> str:
 
 
 def write_prompts(folder: Path, kind: str, prompts: Sequence) -> None:
-    write_json_atomic(folder / PROMPTS_NAME, {"kind": kind, "items": list(prompts)})
+    """The prompt table beside the shards, with the digest of its content (:func:`read_prompts` checks it)."""
+    write_json_atomic(
+        folder / PROMPTS_NAME, {"kind": kind, "items": list(prompts), "digest": prompts_digest(kind, prompts)}
+    )
 
 
-def read_prompts(folder: Path) -> tuple[str, list]:
+def read_prompts(folder: Path, kind: str, prompts: Sequence) -> list:
+    """The prompt table the shards were made with, which the shards' key says is ``(kind, prompts)``.
+
+    A table whose content differs from its digest or from ``prompts`` (altered after the data stage) is
+    reported on stderr and written again from ``prompts``, never used.
+    """
     path = folder / PROMPTS_NAME
     if not path.is_file():
         raise ConfigError(f"{str(path)!r} is missing: run stage=data first")
-    saved = json.loads(path.read_text(encoding="utf-8"))
-    return saved["kind"], saved["items"]
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        stored = prompts_digest(saved["kind"], saved["items"])
+    except (OSError, ValueError, KeyError, TypeError):
+        saved, stored = {}, None
+    if stored != saved.get("digest") or stored != prompts_digest(kind, prompts):
+        cache_mismatch(path)
+        write_prompts(folder, kind, prompts)
+    return list(prompts)
 
 
 def self_distill(

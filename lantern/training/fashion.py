@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from lantern.files import save_torch_atomic
+from lantern.files import cache_mismatch, content_digest, save_torch_atomic
 from lantern.models.llamagen.vq import VQModel
 from lantern.models.world.fashion_mnist import NUM_CLASSES, FashionMNISTImages, all_captions
 from lantern.training.vq import image_batch
@@ -25,19 +25,27 @@ def tokenize(
     """Codes (N, G*G) int64 of every image, read from ``cache`` when it was made by the same tokenizer.
 
     ``vq_hash`` is the sha256 of the tokenizer's weights file; a cache made by another file or for
-    a dataset of another length is recomputed and overwritten.
+    a dataset of another length is recomputed and overwritten, and so is one whose content differs from
+    the digest stored with it (with a line on stderr).
     """
     cache = Path(cache)
     if cache.is_file():
-        saved = torch.load(cache, map_location="cpu", weights_only=True)
-        if saved.get("vq_sha256") == vq_hash and saved["codes"].shape[0] == len(dataset):
+        try:
+            saved = torch.load(cache, map_location="cpu", weights_only=True)
+            intact = saved["digest"] == content_digest({"vq_sha256": saved["vq_sha256"], "codes": saved["codes"]})
+        except (OSError, RuntimeError, KeyError, TypeError, EOFError):
+            saved, intact = None, False
+        if not intact:
+            cache_mismatch(cache)
+        elif saved.get("vq_sha256") == vq_hash and saved["codes"].shape[0] == len(dataset):
             return saved["codes"].long()
     codes = []
     for start in tqdm(range(0, len(dataset), batch), desc="tokenising", unit="batch", disable=not progress):
         images = image_batch(dataset, torch.arange(start, min(start + batch, len(dataset))))
         codes.append(vq.encode(images).flatten(1).to(torch.int16))  # (b, G*G)
     codes = torch.cat(codes)
-    save_torch_atomic(cache, {"vq_sha256": vq_hash, "codes": codes})
+    digest = content_digest({"vq_sha256": vq_hash, "codes": codes})
+    save_torch_atomic(cache, {"vq_sha256": vq_hash, "codes": codes, "digest": digest})
     return codes.long()
 
 

@@ -20,7 +20,7 @@ import math
 import os
 import random
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +160,27 @@ def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             flat[name] = value
     return flat
+
+
+def check_resume_config(
+    path: Path, saved: Mapping[str, Any] | None, config: Mapping[str, Any] | None, ignore: Sequence[str]
+) -> None:
+    """Refuse to resume the checkpoint ``path`` written under ``saved`` with ``config`` when they differ in a
+    key outside ``ignore`` (the first four differences named); a job calls it before it locks its folder."""
+    if config is None or saved is None:
+        return
+    old, new = _flatten(saved), _flatten(config)
+
+    def ignored(key: str) -> bool:
+        return any(key == k or key.endswith(f".{k}") for k in ignore)
+
+    diff = sorted(k for k in set(old) | set(new) if not ignored(k) and old.get(k) != new.get(k))
+    if diff:
+        shown = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:4])
+        raise ConfigError(
+            f"{str(path)!r} was written with a different config ({shown}"
+            f"{', ...' if len(diff) > 4 else ''}); use the same settings to resume or a fresh out_dir"
+        )
 
 
 def _rng_state() -> dict[str, Any]:
@@ -363,20 +384,7 @@ class Trainer:
         return self.train_wall_s + running
 
     def _check_config(self, saved: Mapping[str, Any] | None) -> None:
-        if self.config is None or saved is None:
-            return
-        old, new = _flatten(saved), _flatten(self.config)
-
-        def ignored(key: str) -> bool:
-            return any(key == k or key.endswith(f".{k}") for k in self.resume_ignore)
-
-        diff = sorted(k for k in set(old) | set(new) if not ignored(k) and old.get(k) != new.get(k))
-        if diff:
-            shown = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:4])
-            raise ConfigError(
-                f"{str(self.checkpoint_path)!r} was written with a different config ({shown}"
-                f"{', ...' if len(diff) > 4 else ''}); use the same settings to resume or a fresh out_dir"
-            )
+        check_resume_config(self.checkpoint_path, saved, self.config, self.resume_ignore)
 
     def _check_inputs(self, saved: Mapping[str, Any]) -> None:
         """Refuse to resume when a file the checkpoint was trained from (data, tokenizer, teacher) now has

@@ -18,6 +18,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import time
 from pathlib import Path
 
@@ -35,53 +36,12 @@ from lantern.results.provenance import environment
 from lantern.training import drafter_data
 from lantern.training.drafter import FeatureObjective, evaluate_features
 from lantern.training.drafter_features import FEATURE_DTYPES, check_target, teacher_features
-from lantern.training.loop import DEFAULT_RESUME_IGNORE, EpochBatches, Trainer, check_trainer_knobs, warmup_cosine
+from lantern.training.jobs.drafter_checks import RESUME_IGNORE, check_config, check_ready, require, trained_weights
+from lantern.training.loop import EpochBatches, Trainer, warmup_cosine
 from lantern.training.shards import ShardStore
 
-STAGES = ("data", "features", "train", "export", "all")
-DATA_KINDS = ("self", "images")
-DRAFTER_KINDS = ("eagle", "eagle3")
 REPORT_NAME = "report.json"
 DRAFTER_FOLDER = "drafter"
-# Settings that change nothing the drafter learns, so a resumed training may change them.
-RESUME_IGNORE = (
-    *DEFAULT_RESUME_IGNORE,
-    "stage",
-    "generation.batch_size",
-    "features.batch_size",
-    "eval_batch_size",
-    "compare_with",
-)
-
-
-def check_config(cfg: DictConfig) -> None:
-    """Every knob of the factory, before anything is loaded or written (one ConfigError naming the value)."""
-    check_trainer_knobs(cfg)
-    checks.choice("stage", cfg.stage, STAGES)
-    checks.choice("data", cfg.data, DATA_KINDS)
-    if cfg.data == "self" or cfg.num_samples is not None:
-        checks.integer("num_samples", cfg.num_samples, 2)
-    checks.integer("generation.batch_size", cfg.generation.batch_size, 1)
-    checks.integer("generation.seed", cfg.generation.seed, 0)
-    checks.integer("features.batch_size", cfg.features.batch_size, 1)
-    checks.choice("features.dtype", cfg.features.dtype, tuple(FEATURE_DTYPES))
-    checks.probability("features.cond_dropout", cfg.features.cond_dropout)
-    checks.real("held_out", cfg.held_out, 0, 1, low_open=True, high_open=True)
-    drafter = cfg.drafter
-    checks.choice("drafter.kind", drafter.kind, DRAFTER_KINDS)
-    checks.integer("drafter.n_layer", drafter.n_layer, 1)
-    checks.integer("drafter.ttt_steps", drafter.ttt_steps, 1)
-    checks.real("drafter.noise", drafter.noise, 0)
-    checks.real("drafter.feature_weight", drafter.feature_weight, 0)
-    checks.real("drafter.ce_weight", drafter.ce_weight, 0)
-    if drafter.taps is not None and not all(checks.is_number(t) and int(t) == t for t in drafter.taps):
-        raise checks.refuse("drafter.taps", list(drafter.taps), "a list of layer indices or null")
-    checks.integer("eval_batch_size", cfg.eval_batch_size, 1)
-    checks.integer("top_k", cfg.top_k, 1)
-    if len(cfg.betas) != 2:
-        raise checks.refuse("betas", list(cfg.betas), "two numbers in [0, 1)")
-    for beta in cfg.betas:
-        checks.real("betas", beta, 0, 1, high_open=True)
 
 
 def _digest(payload) -> str:
@@ -119,6 +79,8 @@ class Factory:
         self.data = ShardStore(self.out_dir / "data", self._data_key(), "drafter training sequences")
         name = "features" if not self.taps else "features_taps-" + "-".join(map(str, self.taps))
         self.features = ShardStore(self.out_dir / name, self._feature_key(), "drafter features")
+        if cfg.compare_with:  # read now (weights only, shapes checked), not after data, features and training
+            self._compare_drafter()
 
     # -- sources and keys ------------------------------------------------------------------------------
 
@@ -246,16 +208,10 @@ class Factory:
                 cfg.progress,
             )
 
-    def _require(self, store: ShardStore, rows: int, stage: str) -> None:
-        if store.rows < rows:
-            raise ConfigError(
-                f"{str(store.folder)!r} holds {store.rows} of {rows} rows: run stage={stage} (or stage=all) first"
-            )
-
     def make_features(self) -> None:
-        self._require(self.data, self.total_rows, "data")
+        require(self.data, self.total_rows, "data")
         cfg = self.cfg
-        _, prompts = drafter_data.read_prompts(self.data.folder)
+        prompts = drafter_data.read_prompts(self.data.folder, self.kind, self.prompts)
         teacher_features(
             self.features,
             self.data,
@@ -279,11 +235,9 @@ class Factory:
         return Drafter(config).to(self.bundle.device)
 
     def train(self) -> dict:
-        self._require(self.features, self.total_rows, "features")
+        require(self.features, self.total_rows, "features")
         cfg, world = self.cfg, self.world
         train_rows, _ = self.split()
-        if int(cfg.batch_size) % world.size:
-            raise checks.refuse("batch_size", cfg.batch_size, f"a multiple of the {world.size} torchrun processes")
         drafter = self.new_drafter()
         model = drafter
         if world.distributed:
@@ -346,22 +300,24 @@ class Factory:
         config["features_key"] = self.features.key
         return config
 
+    def _compare_drafter(self) -> Drafter:
+        """``compare_with``'s drafter for this target (a pickle is refused by the weights-only load)."""
+        given = self.cfg.compare_with
+        kind = "folder" if isinstance(given, str) and os.path.isdir(given) else "file"
+        path = checks.path("compare_with", given, kind, "a drafter file or folder")
+        return load_drafter_for(
+            path,
+            self.target.config,
+            str(self.cfg.model.name),
+            str(self.bundle.device),
+            condition_input=self.cfg.compare_condition_input,
+        )
+
     def export(self, summary: dict | None) -> dict:
         """Write ``out_dir/drafter`` from the trained weights, evaluate it and write the report."""
         from safetensors.torch import load_file
 
-        weights = self.out_dir / "train" / "drafter.safetensors"
-        if not weights.is_file():
-            raise ConfigError(f"{str(weights)!r} is missing: run stage=train (or stage=all) first")
-        from safetensors import safe_open
-
-        with safe_open(str(weights), framework="pt") as handle:
-            step = (handle.metadata() or {}).get("step")
-        if step != str(int(self.cfg.steps)):
-            raise ConfigError(
-                f"{str(weights)!r} holds the weights of step {step}, not of steps={self.cfg.steps}: "
-                "run stage=train (or stage=all) to finish training first"
-            )
+        weights = trained_weights(self.out_dir, self.cfg.steps)
         drafter = self.new_drafter()
         drafter.load_state_dict({k: v.float() for k, v in load_file(str(weights)).items()}, strict=True)
         folder = self.out_dir / DRAFTER_FOLDER
@@ -401,13 +357,7 @@ class Factory:
             "drafter_config": {**OmegaConf.to_container(spec, resolve=True), "taps": list(self.taps)},
         }
         if self.cfg.compare_with:
-            other = load_drafter_for(
-                self.cfg.compare_with,
-                self.target.config,
-                name,
-                device,
-                condition_input=self.cfg.compare_condition_input,
-            )
+            other = self._compare_drafter()
             report["compare_with"] = {"drafter": str(self.cfg.compare_with), "held_out": evaluate(other)}
         if summary is not None:
             report["training"] = {k: summary[k] for k in ("steps", "resumed_from", "train_wall_s", "logs")}
@@ -427,6 +377,7 @@ def run(cfg: DictConfig, world, hold=None) -> dict:
     check_config(cfg)
     torch.set_num_threads(int(cfg.num_threads))
     factory = Factory(cfg, world)
+    check_ready(factory)
     stage = cfg.stage
     timings: dict[str, float] = {}
     with hold(factory.out_dir) if hold is not None else contextlib.nullcontext():
