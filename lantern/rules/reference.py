@@ -151,18 +151,19 @@ class LanternReference:
         # Every sibling's k+1 nearest codes in one lookup: the test reads the first k, a rejection zeroes all.
         wide = self.table.columns(self.k + 1, p.device)[xs]  # (R, K, k+1)
         current = p
-        law = torch.zeros_like(p)  # (R, V)
         reach = torch.ones(rows, dtype=p.dtype, device=p.device)  # (R,) probability that sibling s is tested
-        gains = []
+        gains, mass = [], []
         for slot in range(count):
             x, live = xs[:, slot], valid[:, slot]
             p_tilde, moved, m = self.relaxed_probability(current, x, wide[:, slot, : self.k])
             gains.append(moved)
-            law = law.scatter_add(1, x[:, None], torch.where(live, reach * p_tilde, 0.0)[:, None])
+            mass.append(torch.where(live, reach * p_tilde, 0.0))  # (R,) the law's mass at x_s
             reach = torch.where(live, reach * (1 - p_tilde).clamp_min(0), reach)
             rejected = _renormalised(current.scatter(1, self.rejected(x, wide[:, slot], m), 0.0))
             current = torch.where(live[:, None], rejected, current)
-        law = law + reach[:, None] * current
+        # Every tested sibling is zero in the final law, so adding the siblings' masses onto it in one scatter
+        # gives the same sums as adding them one by one first.
+        law = (reach[:, None] * current).scatter_add(1, xs, torch.stack(mass, dim=1))  # (R, V)
         drawn = race(law, noise, sampling)  # (R,)
         chosen = first(valid & (tokens == drawn[:, None]))
         moved = torch.stack(gains, dim=1).gather(1, chosen.clamp_min(0)[:, None])[:, 0]  # (R,)
