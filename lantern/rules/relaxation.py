@@ -211,9 +211,7 @@ class NeighbourRelaxation:
             offer, room = (offer - sent).clamp_min(0), (room - got).clamp_min(0)
             budget, moved = budget - spent, moved + spent
         return Relaxed(
-            target=target.clamp_min(0),
-            tv=moved[:, 0],
-            gain=torch.zeros(rows, count, dtype=p.dtype, device=p.device),
+            target=target.clamp_min(0), tv=moved[:, 0], gain=torch.zeros(rows, count, dtype=p.dtype, device=p.device)
         )
 
     def _ask(self, offer: torch.Tensor, near: torch.Tensor, room: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
