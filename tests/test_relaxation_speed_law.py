@@ -183,3 +183,25 @@ def test_the_oracle_is_not_the_new_code():
     ):
         for name in names:
             assert name in vars(frozen) and getattr(frozen, name) is not getattr(new, name), name
+
+
+def test_compiled_transport_skips_spent_rounds_without_changing_the_law():
+    """Under torch.compile on the CPU the rounds after a spent budget sit behind ``torch.cond``: the graph
+    compiles whole, and both branches give the eager (and the frozen) law, on rows that all spend delta in
+    the first round (the skip) and on rows close enough to their drafter that none does (every round runs)."""
+    from lantern.decoding.compile import inductor_options
+
+    table, delta = _table(), 0.1
+    relaxation = NeighbourRelaxation(K, table, delta=delta)
+    compiled = torch.compile(relaxation.transport, fullgraph=True, **inductor_options("default", "cpu"))
+    generator = torch.Generator().manual_seed(5)
+    p, q = (torch.softmax(3 * torch.randn(8, VOCAB, generator=generator), -1) for _ in range(2))  # far apart
+    active = torch.ones(8, dtype=torch.bool)
+    for target, skips in ((p, True), (0.9 * q + 0.1 * p, False)):
+        got, eager = compiled(target, q, active), relaxation.transport(target, q, active)
+        frozen = FrozenRelaxation(K, table, delta=delta).transport(target, q, active)
+        assert bool((eager.tv >= delta - 1e-6).all()) == skips
+        assert bool((eager.tv < delta - 1e-3).all()) == (not skips)
+        for field in ("target", "tv"):
+            _close(getattr(got, field), getattr(eager, field), f"compiled {field}")
+            _close(getattr(got, field), getattr(frozen, field), f"compiled vs frozen {field}")
