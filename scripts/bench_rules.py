@@ -2,21 +2,23 @@
 
 One process, the two sides interleaved call by call on identical inputs, eager and ``torch.compile``'d
 (``fullgraph=True``, the harness's Inductor options), medians of many repeats; prints each case's old and
-new median in microseconds and their ratio. Relative figures hold on a loaded machine; absolute ones do not.
+new median in microseconds and their ratio. Relative figures hold on a loaded machine; absolute ones do not
+(``--clock cpu`` times the process's CPU time, which another process's load does not inflate as much).
 
-    python scripts/bench_rules.py                       # every case, eager and compiled
-    python scripts/bench_rules.py --cases sampled --compile none --reps 400
+    python scripts/bench_rules.py                       # the default cases, eager and compiled
+    python scripts/bench_rules.py --cases sampled --compile none --reps 400 --threads 1 --clock cpu
+
+Its body stays here rather than in ``lantern/run``: the old side is the frozen oracle under ``tests/``.
 
 Cases (world-sized: V 2048, k 1000 of a 1024-column table, batch 1): ``sampled`` / ``deterministic``: a
 bounded LANTERN delta 0.1 rule's work in a walk over a chain(3) of that kind (the transport resp. the merge of
 its three nodes in one call, then a node call per level); ``pp``: the same with LANTERN++ lambda 3, sampled; ``reference``: one deterministic
 reference-rule node with 10 siblings (one level of the dynamic tree); ``reference_sampled``: the reference
-rule's work in a sampled chain(3) walk (its TV audit included: O(V k) per node).
+rule's work in a sampled chain(3) walk (its TV audit included: O(V k) per node, so not among the defaults).
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -29,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from frozen_rules import FrozenComposed, FrozenReference, FrozenRelaxation  # noqa: E402
 
 from lantern import rng  # noqa: E402
+from lantern.cli.main import ArgumentParser  # noqa: E402
 from lantern.decoding.compile import inductor_options  # noqa: E402
 from lantern.decoding.tree.draft import chain  # noqa: E402
 from lantern.decoding.tree.verify import _relax_chain  # noqa: E402
@@ -41,6 +44,7 @@ from lantern.rules.relaxation import NeighbourRelaxation, NeighbourTable  # noqa
 
 VOCAB, K, DEPTH, SIBLINGS = 2048, 1000, 3, 10
 CASES = ("sampled", "deterministic", "pp", "reference", "reference_sampled")
+DEFAULT_CASES = CASES[:4]
 
 
 class Drafter:
@@ -144,10 +148,10 @@ def interleaved(old, new, reps: int, clock) -> tuple[float, float]:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--cases", default=",".join(CASES))
+    parser = ArgumentParser(__doc__)
+    parser.add_argument("--cases", default=",".join(DEFAULT_CASES), help=f"comma-separated, of {','.join(CASES)}")
     parser.add_argument("--compile", default="both", choices=("both", "none", "default"))
-    parser.add_argument("--reps", type=int, default=200)
+    parser.add_argument("--reps", type=int, default=200, help="calls of each side, interleaved")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
         "--clock",
@@ -155,7 +159,7 @@ def main(argv=None) -> None:
         choices=("wall", "cpu"),
         help="cpu: the process's CPU time (what a loaded machine's preemption does not inflate; all threads summed)",
     )
-    args = parser.parse_args(argv)
+    args = parser.parse(argv)
     names = args.cases.split(",")
     if not set(names) <= set(CASES):
         print(f"error: --cases must be among {','.join(CASES)}", file=sys.stderr)
