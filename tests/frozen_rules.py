@@ -13,7 +13,7 @@ import torch
 
 from lantern.models.sampling import SamplingConfig, race
 from lantern.rules.api import Composed, NodeOutcome, Relaxed
-from lantern.rules.exact import first, without
+from lantern.rules.exact import first
 from lantern.rules.reference import LanternReference, _renormalised
 from lantern.rules.relaxation import NeighbourRelaxation
 
@@ -48,17 +48,7 @@ class FrozenRelaxation(NeighbourRelaxation):
         return Relaxed(target=target, tv=gain.sum(dim=1), gain=gain)
 
     def transport(self, p: torch.Tensor, q: torch.Tensor, active: torch.Tensor, count: int = 0) -> Relaxed:
-        """Move surplus mass ``p > q`` onto nearby deficits ``q > p``, within the budget.
-
-        ``active`` (R,) marks nodes that have candidates; other rows keep ``p``. ``count``: the
-        width of the returned (all-zero) ``gain``. Only the ``donors`` largest surpluses offer mass
-        (they hold nearly all of it; scanning every token's k neighbours would cost O(V k) per row), and
-        each searches its first ``scan`` neighbours for receivers. A round lets every donor ask
-        (``fill``: for the deficits of its neighbours nearest first until its offer is spent;
-        ``first``: for its whole offer at the first neighbour in deficit); a receiver asked for more
-        than it may take gives every asker the same share; what is left of offers and deficits goes
-        to the next round.
-        """
+        """The transport at 4df88c0 (see ``NeighbourRelaxation.transport``)."""
         rows, vocab = p.shape
         table = self.table.columns(self.scan, p.device)  # (V, scan)
         surplus = (p - q).clamp_min(0) * active[:, None]  # (R, V)
@@ -102,18 +92,7 @@ class FrozenRelaxation(NeighbourRelaxation):
 class FrozenComposed(Composed):
     """``Composed`` at 4df88c0."""
 
-    def node(
-        self,
-        p,
-        tokens,
-        valid,
-        q,
-        u,
-        noise,
-        sampling: SamplingConfig,
-        audit: bool = True,
-        relaxed: Relaxed | None = None,
-    ) -> NodeOutcome:
+    def node(self, p, tokens, valid, q, u, noise, sampling, audit=True, relaxed=None) -> NodeOutcome:
         if relaxed is None:
             relaxed = self.relax(p, tokens, valid, q)
         drawn = race(relaxed.target, noise, sampling)  # (R,) y ~ p' (the argmax when greedy)
@@ -130,36 +109,7 @@ class FrozenComposed(Composed):
 
 
 class FrozenReference(LanternReference):
-    """``LanternReference`` at 4df88c0 (its greedy walk is not frozen: the rewrite left it alone)."""
-
-    def relaxed_probability(
-        self, p: torch.Tensor, x: torch.Tensor, near: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(p~(x), S_m, m)`` (R,) for candidates ``x`` (R,) on ``p`` (R, V): ``S_m`` is the mass of the
-        longest prefix of x's k nearest neighbours within the bound (zero-mass ones fill prefix slots).
-        ``near`` (R, k): those neighbours, when the caller looked them up already."""
-        self.table.check(p)
-        near = self.table.columns(self.k, p.device)[x] if near is None else near  # (R, k)
-        px = p.gather(1, x[:, None])[:, 0]
-        cumulative = p.gather(1, near).cumsum(dim=1)  # (R, k)
-        # A running sum of masses never decreases (rounding is monotone too), so the sums within the bound
-        # are a prefix and the largest of them is the prefix's mass.
-        merged = cumulative <= self._bound(px)  # (R, k) a prefix
-        moved = torch.where(merged, cumulative, 0.0).amax(dim=1)  # (R,) 0 when nothing fits
-        return px + moved, moved, merged.sum(dim=1)
-
-    @staticmethod
-    def rejected(x: torch.Tensor, wide: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-        """(R, k+2) the codes the reference zeroes in ``p`` after rejecting ``x``: ``x`` and, when
-        ``m >= 1``, the slice ``nearest_latents[x, :k+1]`` (``wide``, (R, k+1); ``x`` again in its place otherwise)."""
-        return torch.cat([x[:, None], torch.where((m > 0)[:, None], wide, x[:, None])], dim=1)
-
-    def zeroed(self, p: torch.Tensor, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-        """(R, V) bool: the entries the reference zeroes after rejecting ``x``: the slice
-        ``nearest_latents[x, :k+1]`` when ``m >= 1`` (``x`` itself is added by the caller where it applies)."""
-        near = self.table.columns(self.k + 1, p.device)[x]  # (R, k+1): one more than the test used
-        mask = torch.zeros(p.shape, dtype=torch.bool, device=p.device)
-        return mask.scatter_(1, near, (m > 0)[:, None].expand_as(near))
+    """``LanternReference.node`` at 4df88c0 (the rest, unchanged by the rewrite, is inherited)."""
 
     def node(self, p, tokens, valid, q, u, noise, sampling: SamplingConfig, audit: bool = True) -> NodeOutcome:
         """Siblings in order on the modified distribution (see the module docstring)."""
@@ -194,58 +144,3 @@ class FrozenReference(LanternReference):
         merged = torch.where(chosen >= 0, moved, 0.0)
         tv = 0.5 * (law - p).abs().sum(dim=1)
         return NodeOutcome(chosen=chosen, target=current, proposal=q, emitted=drawn, tv=tv, merged=merged)
-
-    def _sampled(self, p, tokens, valid, q, u, audit: bool) -> NodeOutcome:
-        """The static-tree variant: ``u <= p~(x) / q'(x)``; neighbours zeroed in ``q'`` on rejection."""
-        rows, count = tokens.shape
-        tv = self._sampled_law_tv(p, q) if audit else torch.full((rows,), math.nan, dtype=p.dtype, device=p.device)
-        tv = torch.where(valid.sum(dim=1) > 1, math.nan, tv)  # several sampled siblings: no closed form
-        tv = torch.where(valid.any(dim=1), tv, torch.zeros_like(tv))
-        current, proposal = p, q
-        chosen = torch.full((rows,), -1, dtype=torch.long, device=p.device)
-        merged = torch.zeros(rows, dtype=p.dtype, device=p.device)
-        for slot in range(count):
-            x = tokens[:, slot].clamp_min(0)
-            trying = valid[:, slot] & (chosen < 0)
-            p_tilde, moved, m = self.relaxed_probability(current, x)
-            qx = proposal.gather(1, x[:, None])[:, 0]
-            accept = trying & (qx > 0) & (u[:, slot] * qx <= p_tilde)
-            chosen = torch.where(accept, slot, chosen)
-            merged = torch.where(accept, moved, merged)
-            reject = trying & ~accept
-            q_zeroed = proposal.masked_fill(self.zeroed(current, x, m), 0.0)  # not renormalised, as the reference
-            current = torch.where(reject[:, None], _renormalised((current - q_zeroed).clamp_min(0)), current)
-            proposal = torch.where(reject[:, None], without(proposal, x), proposal)
-        return NodeOutcome(chosen=chosen, target=current, proposal=proposal, emitted=None, tv=tv, merged=merged)
-
-    def _sampled_law_tv(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-        """TV(p, law) for ONE sampled candidate ``x ~ q`` under the reference rule, summed over every x.
-
-        Rejecting x leaves ``norm(max(0, p - q_x))`` with ``q_x`` = ``q`` zeroed on Z_x (x's k+1
-        neighbours when m(x) >= 1): that is ``r0 + min(p, q) on Z_x`` over its sum, with
-        ``r0 = max(0, p - q)``, so the mixture needs O(V k) work per row, not O(V^2).
-        """
-        rows, vocab = p.shape
-        near = self.table.columns(self.k, p.device)  # (V, k)
-        wide = self.table.columns(self.k + 1, p.device)  # (V, k+1)
-        cumulative = p[:, near].cumsum(dim=2)  # (R, V, k): neighbour mass of every x
-        merged = cumulative <= self._bound(p)  # (R, V, k) a prefix (see relaxed_probability)
-        m = merged.sum(dim=2)  # (R, V)
-        moved = torch.where(merged, cumulative, 0.0).amax(dim=2)  # (R, V)
-        accept = torch.where(
-            q > 0, torch.clamp((p + moved) / q.clamp_min(1e-30), max=1.0), torch.zeros_like(p)
-        )  # (R, V)
-        r0 = (p - q).clamp_min(0)
-        overlap = torch.minimum(p, q)
-        extra = torch.where(m > 0, overlap[:, wide].sum(dim=2), torch.zeros_like(p))  # (R, V) mass freed on Z_x
-        norm = r0.sum(dim=1, keepdim=True) + extra  # (R, V)
-        weight = q * (1 - accept)  # (R, V) probability of drawing x and rejecting it
-        spread = torch.where(norm > 0, weight / norm.clamp_min(1e-30), torch.zeros_like(p))
-        on_zeroed = torch.zeros_like(p).scatter_add_(
-            1,
-            wide.reshape(1, -1).expand(rows, -1),
-            (spread * (m > 0))[:, :, None].expand(-1, -1, wide.shape[1]).reshape(rows, -1),
-        )
-        empty = torch.where(norm > 0, torch.zeros_like(p), weight).sum(dim=1, keepdim=True) / vocab
-        law = q * accept + r0 * spread.sum(dim=1, keepdim=True) + overlap * on_zeroed + empty
-        return 0.5 * (law - p).abs().sum(dim=1)
