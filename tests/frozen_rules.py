@@ -109,7 +109,7 @@ class FrozenComposed(Composed):
 
 
 class FrozenReference(LanternReference):
-    """``LanternReference.node`` at 4df88c0 (the rest, unchanged by the rewrite, is inherited)."""
+    """``LanternReference.node`` and its sampled TV audit at 4df88c0 (the rest, unchanged, is inherited)."""
 
     def node(self, p, tokens, valid, q, u, noise, sampling: SamplingConfig, audit: bool = True) -> NodeOutcome:
         """Siblings in order on the modified distribution (see the module docstring)."""
@@ -144,3 +144,30 @@ class FrozenReference(LanternReference):
         merged = torch.where(chosen >= 0, moved, 0.0)
         tv = 0.5 * (law - p).abs().sum(dim=1)
         return NodeOutcome(chosen=chosen, target=current, proposal=q, emitted=drawn, tv=tv, merged=merged)
+
+    def _sampled_law_tv(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """The sampled candidate's realised TV at 4df88c0 (see ``LanternReference._sampled_law_tv``)."""
+        rows, vocab = p.shape
+        near = self.table.columns(self.k, p.device)  # (V, k)
+        wide = self.table.columns(self.k + 1, p.device)  # (V, k+1)
+        cumulative = p[:, near].cumsum(dim=2)  # (R, V, k): neighbour mass of every x
+        merged = cumulative <= self._bound(p)  # (R, V, k) a prefix (see relaxed_probability)
+        m = merged.sum(dim=2)  # (R, V)
+        moved = torch.where(merged, cumulative, 0.0).amax(dim=2)  # (R, V)
+        accept = torch.where(
+            q > 0, torch.clamp((p + moved) / q.clamp_min(1e-30), max=1.0), torch.zeros_like(p)
+        )  # (R, V)
+        r0 = (p - q).clamp_min(0)
+        overlap = torch.minimum(p, q)
+        extra = torch.where(m > 0, overlap[:, wide].sum(dim=2), torch.zeros_like(p))  # (R, V) mass freed on Z_x
+        norm = r0.sum(dim=1, keepdim=True) + extra  # (R, V)
+        weight = q * (1 - accept)  # (R, V) probability of drawing x and rejecting it
+        spread = torch.where(norm > 0, weight / norm.clamp_min(1e-30), torch.zeros_like(p))
+        on_zeroed = torch.zeros_like(p).scatter_add_(
+            1,
+            wide.reshape(1, -1).expand(rows, -1),
+            (spread * (m > 0))[:, :, None].expand(-1, -1, wide.shape[1]).reshape(rows, -1),
+        )
+        empty = torch.where(norm > 0, torch.zeros_like(p), weight).sum(dim=1, keepdim=True) / vocab
+        law = q * accept + r0 * spread.sum(dim=1, keepdim=True) + overlap * on_zeroed + empty
+        return 0.5 * (law - p).abs().sum(dim=1)

@@ -204,16 +204,22 @@ class LanternReference:
         rows, vocab = p.shape
         near = self.table.columns(self.k, p.device)  # (V, k)
         wide = self.table.columns(self.k + 1, p.device)  # (V, k+1)
-        cumulative = p[:, near].cumsum(dim=2)  # (R, V, k): neighbour mass of every x
-        merged = cumulative <= self._bound(p)  # (R, V, k) a prefix (see relaxed_probability)
-        m = merged.sum(dim=2)  # (R, V)
-        moved = torch.where(merged, cumulative, 0.0).amax(dim=2)  # (R, V)
+        # Gathers by index_select: the same values as p[:, near], several times faster than advanced indexing on CPU.
+        cumulative = p.index_select(1, near.flatten()).view(rows, vocab, -1).cumsum(dim=2)  # (R, V, k) of every x
+        # The sums within the bound are a prefix (see relaxed_probability): its length is where the bound
+        # falls among the running sums, and its mass the last sum in it; no (R, V, k) mask or copy.
+        bound = torch.as_tensor(self._bound(p), dtype=p.dtype, device=p.device).expand(rows, vocab, 1)
+        m = torch.searchsorted(cumulative, bound.contiguous(), right=True)[..., 0]  # (R, V)
+        last = cumulative.gather(2, (m - 1).clamp_min(0)[..., None])[..., 0]  # (R, V)
+        moved = torch.where(m > 0, last, torch.zeros_like(last))  # (R, V)
         accept = torch.where(
             q > 0, torch.clamp((p + moved) / q.clamp_min(1e-30), max=1.0), torch.zeros_like(p)
         )  # (R, V)
         r0 = (p - q).clamp_min(0)
         overlap = torch.minimum(p, q)
-        extra = torch.where(m > 0, overlap[:, wide].sum(dim=2), torch.zeros_like(p))  # (R, V) mass freed on Z_x
+        extra = torch.where(
+            m > 0, overlap.index_select(1, wide.flatten()).view(rows, vocab, -1).sum(dim=2), torch.zeros_like(p)
+        )  # (R, V) mass freed on Z_x
         norm = r0.sum(dim=1, keepdim=True) + extra  # (R, V)
         weight = q * (1 - accept)  # (R, V) probability of drawing x and rejecting it
         spread = torch.where(norm > 0, weight / norm.clamp_min(1e-30), torch.zeros_like(p))
