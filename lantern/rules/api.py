@@ -126,7 +126,8 @@ class CandidateTest(Protocol):
     candidates: str
 
     def try_siblings(self, p, x, valid, q, u, y) -> SiblingOutcome:
-        """Try siblings ``x`` (R, K) in order against ``p`` (R, V); ``y`` (R,) a token drawn from ``p``."""
+        """Try siblings ``x`` (R, K) in order against ``p`` (R, V); ``y`` (R,) a token drawn from ``p`` (None for
+        sampled candidates, whose test draws from its residual instead)."""
         ...
 
 
@@ -171,7 +172,9 @@ class Composed:
     ) -> NodeOutcome:
         if relaxed is None:
             relaxed = self.relax(p, tokens, valid, q)
-        drawn = race(relaxed.target, noise, sampling)  # (R,) y ~ p' (the argmax when greedy)
+        # (R,) y ~ p' (the argmax when greedy). A test of sampled candidates never uses it: after a rejection
+        # the token comes from its residual, so that pass over the vocabulary is skipped.
+        drawn = None if self.candidates == "sampled" else race(relaxed.target, noise, sampling)
         outcome = self.test.try_siblings(relaxed.target, tokens, valid, q, u, drawn)
         merged = relaxed.gain.gather(1, outcome.chosen.clamp_min(0)[:, None])[:, 0]  # (R,)
         return NodeOutcome(

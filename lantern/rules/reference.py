@@ -151,18 +151,19 @@ class LanternReference:
         # Every sibling's k+1 nearest codes in one lookup: the test reads the first k, a rejection zeroes all.
         wide = self.table.columns(self.k + 1, p.device)[xs]  # (R, K, k+1)
         current = p
-        law = torch.zeros_like(p)  # (R, V)
         reach = torch.ones(rows, dtype=p.dtype, device=p.device)  # (R,) probability that sibling s is tested
-        gains = []
+        gains, mass = [], []
         for slot in range(count):
             x, live = xs[:, slot], valid[:, slot]
             p_tilde, moved, m = self.relaxed_probability(current, x, wide[:, slot, : self.k])
             gains.append(moved)
-            law = law.scatter_add(1, x[:, None], torch.where(live, reach * p_tilde, 0.0)[:, None])
+            mass.append(torch.where(live, reach * p_tilde, 0.0))  # (R,) the law's mass at x_s
             reach = torch.where(live, reach * (1 - p_tilde).clamp_min(0), reach)
             rejected = _renormalised(current.scatter(1, self.rejected(x, wide[:, slot], m), 0.0))
             current = torch.where(live[:, None], rejected, current)
-        law = law + reach[:, None] * current
+        # Every tested sibling is zero in the final law, so adding the siblings' masses onto it in one scatter
+        # gives the same sums as adding them one by one first.
+        law = (reach[:, None] * current).scatter_add(1, xs, torch.stack(mass, dim=1))  # (R, V)
         drawn = race(law, noise, sampling)  # (R,)
         chosen = first(valid & (tokens == drawn[:, None]))
         moved = torch.stack(gains, dim=1).gather(1, chosen.clamp_min(0)[:, None])[:, 0]  # (R,)
@@ -203,16 +204,22 @@ class LanternReference:
         rows, vocab = p.shape
         near = self.table.columns(self.k, p.device)  # (V, k)
         wide = self.table.columns(self.k + 1, p.device)  # (V, k+1)
-        cumulative = p[:, near].cumsum(dim=2)  # (R, V, k): neighbour mass of every x
-        merged = cumulative <= self._bound(p)  # (R, V, k) a prefix (see relaxed_probability)
-        m = merged.sum(dim=2)  # (R, V)
-        moved = torch.where(merged, cumulative, 0.0).amax(dim=2)  # (R, V)
+        # Gathers by index_select: the same values as p[:, near], several times faster than advanced indexing on CPU.
+        cumulative = p.index_select(1, near.flatten()).view(rows, vocab, -1).cumsum(dim=2)  # (R, V, k) of every x
+        # The sums within the bound are a prefix (see relaxed_probability): its length is where the bound
+        # falls among the running sums, and its mass the last sum in it; no (R, V, k) mask or copy.
+        bound = torch.as_tensor(self._bound(p), dtype=p.dtype, device=p.device).expand(rows, vocab, 1)
+        m = torch.searchsorted(cumulative, bound.contiguous(), right=True)[..., 0]  # (R, V)
+        last = cumulative.gather(2, (m - 1).clamp_min(0)[..., None])[..., 0]  # (R, V)
+        moved = torch.where(m > 0, last, torch.zeros_like(last))  # (R, V)
         accept = torch.where(
             q > 0, torch.clamp((p + moved) / q.clamp_min(1e-30), max=1.0), torch.zeros_like(p)
         )  # (R, V)
         r0 = (p - q).clamp_min(0)
         overlap = torch.minimum(p, q)
-        extra = torch.where(m > 0, overlap[:, wide].sum(dim=2), torch.zeros_like(p))  # (R, V) mass freed on Z_x
+        extra = torch.where(
+            m > 0, overlap.index_select(1, wide.flatten()).view(rows, vocab, -1).sum(dim=2), torch.zeros_like(p)
+        )  # (R, V) mass freed on Z_x
         norm = r0.sum(dim=1, keepdim=True) + extra  # (R, V)
         weight = q * (1 - accept)  # (R, V) probability of drawing x and rejecting it
         spread = torch.where(norm > 0, weight / norm.clamp_min(1e-30), torch.zeros_like(p))

@@ -156,12 +156,14 @@ class NeighbourRelaxation:
             live = valid[:, slot]
             near = table[x]  # (R, k) nearest first
             other = sibling.gather(1, near)  # (R, k) siblings are never taken
-            weight = target.gather(1, near).masked_fill(other, 0.0)  # (R, k)
+            mass = target.gather(1, near)  # (R, k)
+            weight = mass.masked_fill(other, 0.0)
             cumulative = weight.cumsum(dim=1)
             limit = torch.minimum(budget, self._cap(p, p.gather(1, x[:, None])[:, 0]))  # (R,)
-            taken = (cumulative <= limit[:, None]).to(torch.int64).cumprod(dim=1).bool() & live[:, None] & ~other
+            # Weights are >= 0, so running sums never decrease: the sums within the limit are already a prefix.
+            taken = (cumulative <= limit[:, None]) & live[:, None] & ~other  # (R, k)
             moved = (weight * taken).sum(dim=1)  # (R,)
-            target = target.scatter(1, near, target.gather(1, near).masked_fill(taken, 0.0))
+            target = target.scatter(1, near, mass.masked_fill(taken, 0.0))
             target = target.scatter_add(1, x[:, None], moved[:, None])
             budget = budget - moved
             gain[:, slot] = moved
@@ -186,34 +188,63 @@ class NeighbourRelaxation:
         offer, donor = surplus.topk(min(self.donors, vocab), dim=1)  # (R, M) the largest surpluses
         near = table[donor]  # (R, M, scan) each donor's nearest codes
         budget = torch.full((rows, 1), math.inf if self.delta is None else self.delta, dtype=p.dtype, device=p.device)
-        target, moved = p, p.new_zeros(rows)
-        for _ in range(self.rounds):
-            receiver, asked = self._ask(offer, near, room)  # (R, A) each
-            claimed = torch.zeros_like(p).scatter_add_(1, receiver, asked)  # (R, V) asked of each receiver
-            share = torch.where(
-                claimed > 0, torch.clamp(room / claimed.clamp_min(1e-30), max=1.0), torch.zeros_like(room)
-            )
-            given = asked * share.gather(1, receiver)  # (R, A)
-            given = given * torch.clamp(budget / given.sum(dim=1, keepdim=True).clamp_min(1e-30), max=1.0)
-            sent = given.view(rows, donor.shape[1], -1).sum(dim=2)  # (R, M) what each donor gave
-            got = torch.zeros_like(p).scatter_add_(1, receiver, given)  # (R, V) what each receiver took
-            target = target.scatter_add(1, donor, -sent) + got
-            offer, room = (offer - sent).clamp_min(0), (room - got).clamp_min(0)
-            budget = budget - given.sum(dim=1, keepdim=True)
-            moved = moved + given.sum(dim=1)
+        state = (p, offer, room, budget, p.new_zeros(rows, 1))  # target, offers and room left, budget, moved
+        for index in range(self.rounds):
+            if index > 0 and self.delta is not None and p.device.type == "cpu" and torch.compiler.is_compiling():
+                # Once every row's budget is spent a round moves nothing, to the bit: a compiled graph on the
+                # CPU skips it (reading the flag costs nothing there; on a GPU it would wait for the device,
+                # and eagerly torch.cond costs more than the round it saves), so every other case runs it.
+                state = torch.cond((state[3] <= 0).all(), _unchanged, self._round, (donor, near, *state))
+            else:
+                state = self._round(donor, near, *state)
+        target, _, _, _, moved = state
         return Relaxed(
-            target=target.clamp_min(0), tv=moved, gain=torch.zeros(rows, count, dtype=p.dtype, device=p.device)
+            target=target.clamp_min(0), tv=moved[:, 0], gain=torch.zeros(rows, count, dtype=p.dtype, device=p.device)
         )
+
+    def _round(self, donor, near, target, offer, room, budget, moved) -> tuple[torch.Tensor, ...]:
+        """One round of the transport: every donor asks, receivers grant, the budget scales (see
+        :meth:`transport`). ``donor`` (R, M), ``near`` (R, M, scan); returns the next ``(target (R, V),
+        offer (R, M), room (R, V), budget (R, 1), moved (R, 1))``."""
+        receiver, asked = self._ask(offer, near, room)  # (R, M, W) each, W = scan (fill) or 1 (first)
+        flat = receiver.flatten(1)  # (R, M * W)
+        claimed = torch.zeros_like(room).scatter_add_(1, flat, asked.flatten(1))  # (R, V) asked of each receiver
+        share = torch.where(
+            claimed > 0, torch.clamp(room / claimed.clamp_min(1e-30), max=1.0), torch.zeros_like(room)
+        )  # (R, V) the part of every ask a receiver grants
+        granted = share.gather(1, flat).view_as(asked).mul_(asked)  # (R, M, W)
+        total = granted.flatten(1).sum(dim=1, keepdim=True)  # (R, 1) before the budget
+        scale = torch.clamp(budget / total.clamp_min(1e-30), max=1.0)  # (R, 1) the budget's one factor
+        if self.receivers == "fill":
+            # A receiver grants every ask the same share, so it gets min(claimed, room) times the budget's
+            # factor: no second scatter over the M * scan asks (and one asked for all its room keeps none).
+            sent, got, spent = granted.sum(dim=2) * scale, torch.minimum(claimed, room) * scale, total * scale
+        else:  # one ask per donor: few, and the law's rounding (a receiver's leftover room) is kept as it was
+            given = granted[:, :, 0] * scale  # (R, M)
+            sent, got = given, torch.zeros_like(room).scatter_add_(1, flat, given)
+            spent = given.sum(dim=1, keepdim=True)
+        # Donors are distinct codes: a plain scatter (no summing scatter, which Inductor hands to ATen on CPU).
+        target = target.scatter(1, donor, target.gather(1, donor) - sent) + got
+        # A budget that bound this round is spent, exactly (not up to rounding), so later rounds move nothing.
+        budget = torch.where(scale < 1, torch.zeros_like(budget), budget - spent)
+        return target, (offer - sent).clamp_min(0), (room - got).clamp_min(0), budget, moved + spent
 
     def _ask(self, offer: torch.Tensor, near: torch.Tensor, room: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Where donors with ``offer`` (R, M) and neighbours ``near`` (R, M, scan) ask for how much of
-        the receivers' ``room`` (R, V): (receivers, amounts), each (R, M * scan) or (R, M)."""
+        the receivers' ``room`` (R, V): (receivers, amounts), each (R, M, scan) (``fill``) or (R, M, 1)."""
         if self.receivers == "fill":
             need = room.gather(1, near.flatten(1)).view(near.shape)  # (R, M, scan)
-            before = need.cumsum(dim=2) - need  # (R, M, scan) room at nearer neighbours
-            asked = torch.minimum(need, (offer[:, :, None] - before).clamp_min(0))  # nearest first
-            return near.flatten(1), asked.flatten(1)
+            # In place, each the same bits as its out-of-place form (a - b is a + (-b); min(a, b) is a clamped
+            # at b): eagerly the (R, M, scan) temporaries are most of the cost.
+            left = need.cumsum(dim=2).sub_(need)  # (R, M, scan) room at nearer neighbours
+            left = left.neg_().add_(offer[:, :, None]).clamp_min_(0)  # (R, M, scan) offer left for each
+            return near, left.clamp_max_(need)  # nearest first
         needy = (room > 0).to(torch.uint8).gather(1, near.flatten(1)).view(near.shape)  # (R, M, scan)
-        first = needy.argmax(dim=2)  # (R, M) the first neighbour with room (0 when none)
-        receiver = near.gather(2, first[:, :, None])[:, :, 0]  # (R, M)
-        return receiver, torch.where(needy.amax(dim=2).bool(), offer, torch.zeros_like(offer))
+        first = needy.argmax(dim=2, keepdim=True)  # (R, M, 1) the first neighbour with room (0 when none)
+        asked = torch.where(needy.amax(dim=2).bool(), offer, torch.zeros_like(offer))  # (R, M)
+        return near.gather(2, first), asked[:, :, None]
+
+
+def _unchanged(donor, near, *state) -> tuple[torch.Tensor, ...]:
+    """A transport round that moves nothing (``torch.cond``'s branches return fresh tensors)."""
+    return tuple(part.clone() for part in state)
