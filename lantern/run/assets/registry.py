@@ -23,6 +23,7 @@ import yaml
 
 from lantern import REPO_ROOT, checks
 from lantern.errors import ConfigError
+from lantern.metrics.protocol import select
 
 REGISTRY_DIR = REPO_ROOT / "conf" / "assets"
 HEX = set("0123456789abcdef")
@@ -188,15 +189,6 @@ def _load(folder: str) -> dict[str, Asset]:
     return table
 
 
-def _select(tree: dict, dotted: str):
-    node = tree
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
-
-
 def _strings(tree) -> set[str]:
     if isinstance(tree, dict):
         return set().union(*(_strings(v) for v in tree.values())) if tree else set()
@@ -222,7 +214,7 @@ def needed(resolved: dict, registry: dict[str, Asset] | None = None) -> list[tup
     only in a speculative decoder's section, so ``decoding=ar`` needs no drafter).
     """
     registry = load_registry() if registry is None else registry
-    root = _select(resolved, "paths.assets")
+    root = select(resolved, "paths.assets")
     if not root or not named(resolved):
         return []
     used = _strings({k: v for k, v in resolved.items() if k not in ("model", "assets")})
@@ -233,7 +225,7 @@ def needed(resolved: dict, registry: dict[str, Asset] | None = None) -> list[tup
             raise ConfigError(f"{key}: asset {name!r} is not in the registry (conf/assets/)")
         asset = registry[name]
         target = os.path.normpath(asset.path(root))
-        value = _select(resolved, key)
+        value = select(resolved, key)
         if key == "-" or (isinstance(value, str) and os.path.normpath(value) == target and target in used):
             found.append((key, asset))
     return found
