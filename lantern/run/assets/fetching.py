@@ -46,29 +46,28 @@ def listing(resolved: dict) -> list[str]:
                 repo=asset.source.repo, file=f"<weights named by {asset.shards}>", revision=asset.source.revision
             )
             files.append(AssetFile(asset.name, f"{asset.dest}/<weights named by {asset.shards}>", shards))
-        for file in files:
-            size, sha, where = expected(file, lock)
-            if asset.kind == "derived":
-                source = f"recipe {asset.recipe.get('_target_', '?').rsplit('.', 1)[-1]}({', '.join(asset.inputs)})"
-                sha = (lock.get(file.relative) or {}).get("sha256")
-                where = "its lock entry" if sha else "nothing (not yet made)"
-            else:
-                source = file.source.describe()
-            shown = (
-                f"{size} B"
-                if size is not None
-                else (f"~{asset.approx_bytes / 1e9:.2f} GB" if asset.approx_bytes else "?")
-            )
-            pin = (
-                f"sha256 {sha[:12]}... ({where})"
-                if sha
-                else (f"prefix {file.sha256_prefix}" if file.sha256_prefix else "unpinned: locked on first fetch")
-            )
-            there = "present" if (root / file.relative).exists() else "missing"
-            lines.append(
-                f"  {asset.name}: {source} | {shown} | {pin} | {root / file.relative} | {there} | {asset.licence}"
-            )
+        lines += [_row(asset, file, number, len(files), root, lock) for number, file in enumerate(files)]
     return lines
+
+
+def _row(asset: Asset, file: AssetFile, number: int, count: int, root: Path, lock: Lock) -> str:
+    """One line of :func:`listing`; a folder's approximate size is on its first file."""
+    size, sha, where = expected(file, lock)
+    unpinned = "unpinned: locked on first fetch"
+    if asset.kind == "derived":
+        source = f"recipe {asset.recipe.get('_target_', '?').rsplit('.', 1)[-1]}({', '.join(asset.inputs)})"
+        sha = (lock.get(file.relative) or {}).get("sha256")
+        where, unpinned = "its lock entry", "made and locked on first fetch"
+    else:
+        source = file.source.describe()
+    shown = f"{size} B" if size is not None else "?"
+    if size is None and asset.approx_bytes and number == 0:
+        shown = f"~{asset.approx_bytes / 1e9:.2f} GB" + (" in all" if count > 1 else "")
+    pin = f"sha256 {sha[:12]}... ({where})" if sha else unpinned
+    if not sha and file.sha256_prefix:
+        pin = f"sha256 prefix {file.sha256_prefix} (published)"
+    there = "present" if (root / file.relative).exists() else "missing"
+    return f"  {asset.name}: {source} | {shown} | {pin} | {root / file.relative} | {there} | {asset.licence}"
 
 
 def _holding(root: Path, say: Say) -> FolderLock:
