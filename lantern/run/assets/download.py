@@ -102,7 +102,9 @@ def download(source: Source, root: Path, relative: str, progress: bool = True) -
     """Download ``source`` into its staging place under ``root``, resuming what is there; return the file."""
     if source.url is None:
         from huggingface_hub import hf_hub_download
+        from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
 
+        (enable_progress_bars if progress else disable_progress_bars)()
         folder = root / PARTIAL_DIR / "hub" / source.repo / source.revision
         path = _hub_call(
             source,
