@@ -393,7 +393,7 @@ def reference_stats(
 
     ``images`` is a uint8 (N, H, W, 3) array or a folder of PNGs. The key is (``name``, resolution,
     ``extractor.net_id``, N); a cached file whose stored key or image fingerprint differs is
-    recomputed and overwritten.
+    recomputed and overwritten. A shipped world's statistics of exactly this set come first (:func:`shipped_stats`).
     """
     key, fingerprint = _source_key_and_fingerprint(name, images, extractor.net_id)
     shipped = shipped_stats(key, fingerprint)
