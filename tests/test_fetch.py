@@ -323,3 +323,14 @@ def test_the_real_presets_fail_in_seconds_here_and_list(tmp_path):
         "HPS_v2.1",
     ):
         assert name in listed.stdout
+
+
+def test_a_derived_file_is_refused_when_altered_and_remade_when_removed(setup):
+    root, server = setup
+    fetching.fetch(resolved(root), say=lambda _: None, progress=False)
+    (root / "derived/a.txt").write_bytes(b"edited")
+    with pytest.raises(AssetError, match="asset inner.* was altered"):
+        fetching.fetch(resolved(root), say=lambda _: None, progress=False)
+    (root / "derived/a.txt").unlink()
+    fetching.fetch(resolved(root), say=lambda _: None, progress=False)  # made again from its input
+    assert (root / "derived/a.txt").read_bytes() == BIG[::-1]
