@@ -249,6 +249,7 @@ def test_a_full_disk_then_a_rerun_complete_the_set(setup, tmp_path):
     proc = _cli(root, server.server_address[1], tmp_path, "--no-progress", limit=300_000)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and err.strip().count("\n") == 0 and err.startswith("error: "), err
+    assert "free some space" in err
     assert not (root / "org/weights/model.bin").exists() and not (root / "plain/data.zip").exists()
     proc = _cli(root, server.server_address[1], tmp_path, "--no-progress")
     out, err = proc.communicate(timeout=60)

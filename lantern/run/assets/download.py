@@ -8,6 +8,7 @@ with a short timeout so that a machine without network fails in seconds, naming 
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import socket
@@ -88,7 +89,14 @@ def _hub_call(source: Source, call):
         ) from exc
     except (errors.EntryNotFoundError, errors.RevisionNotFoundError) as exc:
         raise AssetError(f"{source.describe()}: no such file or revision on the hub") from exc
-    except (errors.HfHubHTTPError, OSError, ValueError) as exc:
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise AssetError(
+                f"{source.describe()}: the disk refused the download ({exc.strerror}); free some space or set "
+                "paths.assets=DIR, then rerun to resume"
+            ) from exc
+        raise AssetError(f"{source.describe()}: the download failed ({exc}); rerun to resume") from exc
+    except (errors.HfHubHTTPError, ValueError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise AssetError(f"{source.describe()}: the download failed ({reason}); rerun to resume") from exc
 
