@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -125,3 +126,49 @@ def test_run_py_refuses_a_file_changed_after_locking_before_any_work(local, tmp_
     proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "gpt.pt' (asset fake_gpt) has sha256" in proc.stderr and not out.exists()
+
+
+class NoExtraction:
+    """A feature network that must not run: the world's reference statistics are shipped."""
+
+    net_id = "inception-2015-12-05_clean-pil-bicubic-299"
+
+    def features(self, *args, **kwargs):
+        raise AssertionError("reference features were extracted")
+
+
+def test_the_world_ships_its_fid_reference_statistics(tmp_path):
+    from lantern.metrics.classifier import fashion_test_images
+    from lantern.metrics.fid import FEATURE_NET_ID, FID
+
+    assert NoExtraction.net_id == FEATURE_NET_ID
+    fid = FID(
+        "fashion_mnist_test_32", lambda: fashion_test_images(None), cache_dir=str(tmp_path), extractor=NoExtraction()
+    )
+    stats = fid.reference_stats()
+    assert stats.count == 10000 and stats.mu.shape == (2048,) and stats.sigma.shape == (2048, 2048)
+    assert np.allclose(stats.sigma, stats.sigma.T) and not list(tmp_path.iterdir())  # nothing computed or cached
+    shipped = [p for p in (REPO / "worlds/fashion_mnist").glob("*.npz")]
+    assert len(shipped) == 1 and shipped[0].stat().st_size < 20 << 20
+    with np.load(shipped[0]) as data:
+        assert data["mu"].dtype == np.float32 and data["sigma"].dtype == np.float32
+
+
+def test_an_altered_shipped_statistics_file_is_refused(tmp_path, monkeypatch):
+    import shutil
+
+    from lantern.errors import CheckpointError
+    from lantern.metrics import fid
+    from lantern.metrics.classifier import fashion_test_images
+
+    world = tmp_path / "worlds/fashion_mnist"
+    world.mkdir(parents=True)
+    (shipped,) = (REPO / "worlds/fashion_mnist").glob("*.npz")
+    shutil.copy(REPO / "worlds/fashion_mnist/manifest.json", world / "manifest.json")
+    data = bytearray(shipped.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one byte of sigma flipped
+    (world / shipped.name).write_bytes(bytes(data))
+    monkeypatch.setattr(fid, "REPO_ROOT", tmp_path)
+    metric = fid.FID("fashion_mnist_test_32", lambda: fashion_test_images(None), extractor=NoExtraction())
+    with pytest.raises(CheckpointError, match="was altered"):
+        metric.reference_stats()
