@@ -38,6 +38,8 @@ def listing(resolved: dict) -> list[str]:
     """One line per file: asset, source, size, pin, destination, and whether it is there (no network)."""
     root, assets = plan(resolved)
     lock = Lock(root)
+    if not assets:
+        return [f"nothing to fetch: this run reads no asset of the registry (paths.assets is {root})"]
     lines = [f"assets under {root} ({len(assets)}):"]
     for asset in assets:
         files = asset.listed_files(root) or [AssetFile(asset.name, asset.dest, None)]
