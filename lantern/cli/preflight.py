@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from lantern import checks
 from lantern.errors import ConfigError
 from lantern.run import tracking
+from lantern.run.assets.check import check_assets
 from lantern.run.dry_build import dry_build
 
 # The knobs whose default is null (so their kind cannot come from the default): name -> check.
@@ -142,6 +143,7 @@ def check_run_config(cfg: DictConfig, overrides: Sequence[str] = ()) -> dict:
     resolved = resolve(cfg)
     check_knobs(resolved)
     tracking.check_tracker((resolved.get("job") or {}).get("tracker"))  # W&B names, before any work
+    check_assets(resolved)  # files a preset reads from paths.assets: there, and as pinned or locked
     if overrides:
         check_overrides(cfg, overrides)
     return resolved

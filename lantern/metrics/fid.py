@@ -378,6 +378,22 @@ def save_stats(path: str | os.PathLike, stats: FIDStats, key: StatsKey, fingerpr
     return write_atomic(path, write)
 
 
+def shipped_stats(key: StatsKey, fingerprint: str) -> FIDStats | None:
+    """Statistics a shipped world carries for exactly this set (``worlds/*/<key file name>``, float32, pinned in
+    the world's manifest and checked like its other files), so a first run extracts no reference features."""
+    from lantern.models.world.load import world_file
+
+    for folder in sorted((REPO_ROOT / "worlds").glob("*")):
+        if (folder / key.filename()).is_file():
+            stats = load_cached_stats(world_file(str(folder), key.filename()), key, fingerprint)
+            return (
+                None
+                if stats is None
+                else FIDStats(stats.mu.astype(np.float64), stats.sigma.astype(np.float64), stats.count)
+            )
+    return None
+
+
 def reference_stats(
     name: str,
     images: ImageSource,
@@ -391,9 +407,12 @@ def reference_stats(
 
     ``images`` is a uint8 (N, H, W, 3) array or a folder of PNGs. The key is (``name``, resolution,
     ``extractor.net_id``, N); a cached file whose stored key or image fingerprint differs is
-    recomputed and overwritten.
+    recomputed and overwritten. A shipped world's statistics of exactly this set come first (:func:`shipped_stats`).
     """
     key, fingerprint = _source_key_and_fingerprint(name, images, extractor.net_id)
+    shipped = shipped_stats(key, fingerprint)
+    if shipped is not None:
+        return shipped
     path = Path(cache_dir) / key.filename()
     cached = load_cached_stats(path, key, fingerprint)
     if cached is not None:

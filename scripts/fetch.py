@@ -1,0 +1,60 @@
+"""Fetch, pin and verify every file a run reads: the same overrides as run.py, composed the same way.
+
+    python scripts/fetch.py model=llamagen_t2i_xl_256 protocol=lantern_coco17_5k          # download what is missing
+    python scripts/fetch.py model=llamagen_t2i_xl_256 protocol=lantern_coco17_5k --list   # source, size, pin, place
+    python scripts/fetch.py model=llamagen_t2i_xl_256 decoding=ar                         # no drafter for AR
+
+Files land under paths.assets (LANTERN_ASSETS or <repo>/assets), where the presets' path defaults point.
+The drafter is fetched when the composed decoder uses one (the default, lantern, does). Each file is
+checked against its published sha256, or recorded in paths.assets/assets.lock.json on its first fetch
+and checked against that on every later fetch and run. Downloads resume (rerun after a dropped connection,
+Ctrl-C or a full disk); with no network, or HF_HUB_OFFLINE=1, a missing file is one error line naming its
+source and its place (copy it there). Derived files (the protocol's prompt list, the FID reference folder)
+are made from their inputs. Bad input or a failed fetch: one `error:` line, exit 2.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from lantern import REPO_ROOT
+from lantern.cli.main import run_or_exit
+
+
+def compose_run_config(overrides: list[str]) -> dict:
+    """The config run.py would compose from ``overrides``, resolved (values left ``???`` stay so)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides)
+    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__)
+        return
+    show = "--list" in argv
+    quiet = "--no-progress" in argv
+    overrides = [a for a in argv if a not in ("--list", "--no-progress")]
+    unknown = [a for a in overrides if a.startswith("-")]
+
+    def task() -> None:
+        from lantern.errors import ConfigError
+        from lantern.run.assets import fetching
+
+        if unknown:
+            raise ConfigError(f"unknown option {unknown[0]!r}; options: --list, --no-progress (and run.py overrides)")
+        resolved = compose_run_config(overrides)
+        if show:
+            print("\n".join(fetching.listing(resolved)))
+        else:
+            fetching.fetch(resolved, progress=not quiet)
+
+    run_or_exit(task)
+
+
+if __name__ == "__main__":
+    main()
