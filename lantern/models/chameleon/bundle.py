@@ -16,9 +16,10 @@ from lantern import checks
 from lantern.errors import CheckpointError, ConfigError
 from lantern.models.bundle import (
     ModelBundle,
-    TimingParts,
     family_drafter,
     finish_family_bundle,
+    preset_config,
+    require_drafter,
     require_folder,
     timing_parts,
 )
@@ -30,6 +31,7 @@ from lantern.models.chameleon.vocab import TINY_WORDS, read_layout, tiny_vocabul
 from lantern.models.chameleon.vqgan import ChameleonVQGAN, VQGANConfig
 from lantern.models.checkpoint import check_state_dict, read_state_dict
 from lantern.models.devices import resolve_device, resolve_dtype
+from lantern.models.drafter import load_drafter_for
 from lantern.models.prompt_ids import load_tokenizer
 
 
@@ -169,35 +171,20 @@ def load_bundle(
 
 
 # ----- drafters and neighbours -----------------------------------------------------------------------------
-def random_drafter(
-    target: Mapping,
-    vq: Mapping,
-    init_seed: int = 0,
-    device: str = "cpu",
-    dtype: str = "float32",
-    path=None,
-    name: str = "tiny_random_chameleon",
-):
+def random_drafter(target, vq, init_seed=0, device="cpu", dtype="float32", path=None, name="tiny_random_chameleon"):
     """A seeded random one-layer drafter for the random preset (speculative smoke runs and tests), or, when
     ``path`` is given, the drafter loaded from it (an HF folder in ``jadohu/anole_drafter``'s layout, e.g. one
     ``scripts/train_drafter.py`` exported, or the trainer's ``drafter.safetensors``). Either way a drafter of
     Chameleon's own layer and 1D RoPE (:class:`~lantern.models.chameleon.model.ChameleonDrafterArch`)."""
-    config, _ = random_config(target, vq_config(vq))
-    return family_drafter(config, path, name, init_seed, device, dtype)
+    return family_drafter(random_config(target, vq_config(vq))[0], path, name, init_seed, device, dtype)
 
 
-def load_drafter(
-    path, gpt_ckpt, target: Mapping, vq: Mapping, device: str = "cpu", dtype: str = "float32", name: str = "anole_7b"
-):
+def load_drafter(path, gpt_ckpt, target: Mapping, vq: Mapping, device="cpu", dtype="float32", name="anole_7b"):
     """The drafter at ``path`` for the target folder ``gpt_ckpt`` (whose ``config.json`` alone is read here):
     LANTERN's ``jadohu/anole_drafter`` folder or one ``scripts/train_drafter.py`` exported."""
-    from lantern.models.drafter import load_drafter_for
-
-    if path is None:
-        raise ConfigError(
-            "no drafter checkpoint given: pass model.drafter_ckpt=PATH (LANTERN's jadohu/anole_drafter folder, or "
-            "one scripts/train_drafter.py exported); decoding=ar, sjd and gsd need no drafter"
-        )
+    require_drafter(
+        path, "LANTERN's jadohu/anole_drafter folder, or one scripts/train_drafter.py exported", "ar, sjd and gsd"
+    )
     require_folder(gpt_ckpt, hf.ARCHITECTURE)
     cls_token_num = checks.integer("model.cls_token_num", target["cls_token_num"], 2)
     config = hf.check_folder(gpt_ckpt, _grid(target, vq_config(vq)), cls_token_num)
@@ -211,14 +198,7 @@ def random_codebook(vq: Mapping, init_seed: int = 0) -> torch.Tensor:
 
 
 # ----- timing (scripts/gpu_check.py) ------------------------------------------------------------------------
-def timing(
-    architecture: Mapping | None,
-    target: Mapping,
-    vq: Mapping,
-    device: str = "cpu",
-    dtype: str = "float32",
-    init_seed: int = 0,
-) -> TimingParts:
+def timing(architecture: Mapping | None, target: Mapping, vq: Mapping, device="cpu", dtype="float32", init_seed=0):
     """Random-weight parts of a preset for the GPU check: a target of ``architecture`` (the fields of
     :class:`ChameleonConfig` but ``grid_size`` and ``cls_token_num``, which ``target`` and ``vq`` give; null:
     the random preset's own) and a one-layer drafter, both made directly on ``device`` in ``dtype``."""
@@ -226,7 +206,5 @@ def timing(
     if architecture is None:
         config, _ = random_config(target, vq_cfg)
     else:
-        cls_token_num = checks.integer("model.cls_token_num", target["cls_token_num"], 2)
-        config = ChameleonConfig(**dict(architecture), grid_size=_grid(target, vq_cfg), cls_token_num=cls_token_num)
-    conditioner = ChameleonConditioner.for_model(None, config, device=device)
-    return timing_parts(ChameleonTarget, config, conditioner, device, dtype, init_seed)
+        config = preset_config(ChameleonConfig, architecture, target, _grid(target, vq_cfg))
+    return timing_parts(ChameleonTarget, config, ChameleonConditioner, device, dtype, init_seed)

@@ -19,13 +19,15 @@ from lantern import checks
 from lantern.errors import CheckpointError, ConfigError
 from lantern.models.bundle import (
     ModelBundle,
-    TimingParts,
     family_drafter,
     finish_family_bundle,
+    preset_config,
+    require_drafter,
     require_folder,
     timing_parts,
 )
 from lantern.models.devices import resolve_device, resolve_dtype
+from lantern.models.drafter import load_drafter_for
 from lantern.models.janus import hf
 from lantern.models.janus.condition import TINY_WORDS, JanusConditioner, tiny_vocabulary, word_tokenizer
 from lantern.models.janus.model import JanusConfig, JanusTarget
@@ -187,30 +189,15 @@ def load_bundle(
 
 
 # ----- drafters and neighbours -----------------------------------------------------------------------------
-def random_drafter(
-    target: Mapping,
-    vq: Mapping,
-    init_seed: int = 0,
-    device: str = "cpu",
-    dtype: str = "float32",
-    path=None,
-    name: str = "tiny_random_janus",
-):
+def random_drafter(target, vq, init_seed=0, device="cpu", dtype="float32", path=None, name="tiny_random_janus"):
     """A seeded random one-layer drafter for the random preset, or, when ``path`` is given, the drafter loaded
     from it (a folder ``scripts/train_drafter.py`` exported, or the trainer's ``drafter.safetensors``)."""
-    config, _ = random_config(target, vq)
-    return family_drafter(config, path, name, init_seed, device, dtype)
+    return family_drafter(random_config(target, vq)[0], path, name, init_seed, device, dtype)
 
 
 def load_drafter(path, gpt_ckpt, target: Mapping, device: str = "cpu", dtype: str = "float32", name: str = "janus"):
     """The drafter at ``path`` for the target folder ``gpt_ckpt`` (whose config and tokenizer alone are read)."""
-    from lantern.models.drafter import load_drafter_for
-
-    if path is None:
-        raise ConfigError(
-            "no drafter checkpoint given: pass model.drafter_ckpt=PATH (one scripts/train_drafter.py exported; "
-            "none is released for Janus); decoding=ar, sjd, gsd and zipar need no drafter"
-        )
+    require_drafter(path, "one scripts/train_drafter.py exported; none is released for Janus")
     config, _, _, _ = _folder_parts(gpt_ckpt, target)
     return load_drafter_for(path, config, name, device, dtype)
 
@@ -226,14 +213,7 @@ def folder_codebook(folder: str | os.PathLike) -> torch.Tensor:
 
 
 # ----- timing (scripts/gpu_check.py) ------------------------------------------------------------------------
-def timing(
-    architecture: Mapping | None,
-    target: Mapping,
-    vq: Mapping | None = None,
-    device: str = "cpu",
-    dtype: str = "float32",
-    init_seed: int = 0,
-) -> TimingParts:
+def timing(architecture: Mapping | None, target: Mapping, vq=None, device="cpu", dtype="float32", init_seed=0):
     """Random-weight parts of a preset for the GPU check: a target of ``architecture`` (the fields of
     :class:`JanusConfig` but ``grid_size`` and ``cls_token_num``, which ``target`` and ``vq`` give, ``vq``
     null the release's VQ-16; ``architecture`` null: the random preset's own) and a one-layer drafter, both
@@ -241,8 +221,5 @@ def timing(
     if architecture is None:
         config, _ = random_config(target, vq or {})
     else:
-        cls_token_num = checks.integer("model.cls_token_num", target["cls_token_num"], 2)
-        grid = _grid(target, vq_config(vq or {}))
-        config = JanusConfig(**dict(architecture), grid_size=grid, cls_token_num=cls_token_num)
-    conditioner = JanusConditioner.for_model(None, config, device=device)
-    return timing_parts(JanusTarget, config, conditioner, device, dtype, init_seed)
+        config = preset_config(JanusConfig, architecture, target, _grid(target, vq_config(vq or {})))
+    return timing_parts(JanusTarget, config, JanusConditioner, device, dtype, init_seed)

@@ -17,6 +17,7 @@ from torch import nn
 from lantern import checks
 from lantern.errors import ConfigError
 from lantern.models.kv_cache import KVCache
+from lantern.models.llamagen import hf_layout
 from lantern.models.llamagen.rope import apply_rope, rope_table_2d
 from lantern.models.target import EmbeddingsTarget, check_taps
 
@@ -67,6 +68,11 @@ class GPTConfig:
     def max_seq_len(self) -> int:
         """Length of the RoPE table: condition slots plus one per image token."""
         return self.cls_token_num + self.num_image_tokens
+
+    def drafter_arch(self) -> LlamaGenArch:
+        """What an EAGLE drafter for this target is (:class:`~lantern.models.drafter.DrafterArch`): LlamaGen's
+        own blocks and 2D RoPE, the LANTERN release's folder layout (:class:`LlamaGenArch`)."""
+        return LlamaGenArch(self)
 
 
 # Named architectures: (n_layer, n_head, dim). The first five are LlamaGen's; the small ones are for
@@ -307,3 +313,75 @@ class Transformer(EmbeddingsTarget, nn.Module):
         return KVCache.allocate(
             cfg.n_layer, batch, cfg.n_head, max_len or cfg.max_seq_len, cfg.head_dim, weight.dtype, weight.device
         )
+
+
+# ----- drafters -----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LlamaGenArch:
+    """LlamaGen's drafter: its :class:`TransformerBlock`, its 2D RoPE table (row ``i + 1`` for entry ``i``: the
+    input token's coordinates), no input norm on layer 0, and the LANTERN release's HF layout
+    (:mod:`lantern.models.llamagen.hf_layout`). It sits beside :class:`GPTConfig`, whose ``drafter_arch()``
+    gives it, as Chameleon's and Janus's archs sit beside theirs."""
+
+    target: GPTConfig
+    norm_eps: float = 1e-6
+    first_norm: str = "attention_norm"
+
+    @property
+    def dim(self) -> int:
+        return self.target.dim
+
+    @property
+    def n_head(self) -> int:
+        return self.target.n_head
+
+    @property
+    def n_kv_head(self) -> int:
+        return self.target.n_head
+
+    @property
+    def head_dim(self) -> int:
+        return self.target.head_dim
+
+    @property
+    def vocab_size(self) -> int:
+        return self.target.vocab_size
+
+    @property
+    def grid_size(self) -> int:
+        return self.target.grid_size
+
+    @property
+    def cls_token_num(self) -> int:
+        return self.target.cls_token_num
+
+    @property
+    def n_layer(self) -> int:
+        return self.target.n_layer
+
+    @property
+    def embedding_rows(self) -> int:
+        return self.target.vocab_size
+
+    def block(self, norm_eps: float) -> nn.Module:
+        return TransformerBlock(replace(self.target, n_layer=1, norm_eps=norm_eps))
+
+    def rope_table(self) -> torch.Tensor:
+        target = self.target
+        table = rope_table_2d(target.grid_size, target.head_dim, target.cls_token_num, target.rope_base)
+        return table[1:]  # (T + N - 1, hd/2, 2): entry i takes the row of position i + 1
+
+    def folder_config(self, n_layer, norm_eps, condition_input, taps) -> dict:
+        return hf_layout.drafter_config(self.target, n_layer, norm_eps, condition_input, taps)
+
+    def check_folder_config(self, config, norm_eps, source, what) -> None:
+        hf_layout.check_drafter_config(config, self.target, norm_eps, source, what)
+
+    def to_folder(self, state_dict, embeddings) -> dict:
+        return hf_layout.drafter_to_hf(state_dict, embeddings)
+
+    def from_folder(self, state_dict, source):
+        return hf_layout.drafter_from_hf(state_dict, source)
+
+    def folder_embeddings(self, target) -> torch.Tensor:
+        return target.input_embeddings()
