@@ -17,7 +17,6 @@ from typing import Protocol
 
 import torch
 
-from lantern import checks
 from lantern.errors import CheckpointError, ConfigError
 from lantern.models.devices import resolve_device, resolve_dtype
 from lantern.models.target import Target
@@ -97,13 +96,6 @@ def require_drafter(path, where: str, needless: str = "ar, sjd, gsd and zipar") 
         raise ConfigError(
             f"no drafter checkpoint given: pass model.drafter_ckpt=PATH ({where}); decoding={needless} need no drafter"
         )
-
-
-def preset_config(config_class, architecture, target, grid_size: int, **extra):
-    """``config_class`` of a preset's ``architecture`` (its fields but the grid and the condition slots, which
-    ``grid_size`` and ``target``'s ``cls_token_num`` give), for random-weight timing at a real model's sizes."""
-    cls_token_num = checks.integer("model.cls_token_num", target["cls_token_num"], 2)
-    return config_class(**dict(architecture), grid_size=grid_size, cls_token_num=cls_token_num, **extra)
 
 
 def family_drafter(config, path, name: str, init_seed: int = 0, device: str = "cpu", dtype: str = "float32"):

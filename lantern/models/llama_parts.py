@@ -21,7 +21,7 @@ Llama-style drafter folder is alike.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 import torch
@@ -158,6 +158,19 @@ class LlamaBody(nn.Module):
         self.norm = RMSNorm(config.dim, config.norm_eps)
 
 
+def seeded_weights(model: torch.nn.Module, init_seed: int, law: Callable[[str], tuple[float, float]]):
+    """``model`` with every parameter drawn in order from one CPU generator seeded ``init_seed``:
+    ``mean + std * randn`` (just ``std * randn`` for mean 0), ``law(name)`` giving (mean, std). The seeded
+    random presets' targets (a family's ``random_target`` says its law)."""
+    generator = torch.Generator().manual_seed(init_seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            mean, std = law(name)
+            draw = std * torch.randn(param.shape, generator=generator)
+            param.copy_(draw if mean == 0 else mean + draw)
+    return model
+
+
 @dataclass(frozen=True)
 class LlamaShape:
     """The sizes every Llama-style family config starts with, and their shape facts and checks. A family's
@@ -170,6 +183,20 @@ class LlamaShape:
     ffn_hidden: int
     text_vocab_size: int  # the whole vocabulary (the body's embedding rows)
     num_codes: int  # the image codes decoders sample from
+
+    @classmethod
+    def for_architecture(cls, architecture: Mapping, target: Mapping, grid_size: int, **extra):
+        """The config of a preset's ``architecture`` (its fields but the grid and the condition slots, which
+        ``grid_size`` and ``target``'s ``cls_token_num`` give): random-weight timing at a real model's sizes."""
+        cls_token_num = checks.integer("model.cls_token_num", target["cls_token_num"], 2)
+        return cls(**dict(architecture), grid_size=grid_size, cls_token_num=cls_token_num, **extra)
+
+    @staticmethod
+    def node_sizes(target: Mapping, text_vocab_size: int) -> dict:
+        """The sizes a random preset's ``target`` node states (``n_layer``, ``n_head``, ``dim``, ``ffn_hidden``)
+        and the size of its vocabulary, as config fields."""
+        sizes = {key: target[key] for key in ("n_layer", "n_head", "dim", "ffn_hidden")}
+        return {**sizes, "text_vocab_size": text_vocab_size}
 
     def check_shape(self, integers: tuple[str, ...]) -> None:
         """ConfigError unless ``integers`` are positive, the condition holds BOS and BOI and the width splits

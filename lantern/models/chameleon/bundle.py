@@ -14,24 +14,17 @@ import torch
 
 from lantern import checks
 from lantern.errors import CheckpointError, ConfigError
-from lantern.models.bundle import (
-    ModelBundle,
-    family_drafter,
-    finish_family_bundle,
-    preset_config,
-    require_drafter,
-    require_folder,
-    timing_parts,
-)
+from lantern.models.bundle import family_drafter, finish_family_bundle, require_drafter, require_folder, timing_parts
 from lantern.models.chameleon import hf
 from lantern.models.chameleon.condition import ChameleonConditioner
 from lantern.models.chameleon.folder import ChameleonBundle
 from lantern.models.chameleon.model import ChameleonConfig, ChameleonTarget
 from lantern.models.chameleon.vocab import TINY_WORDS, read_layout, tiny_vocabulary, word_tokenizer
 from lantern.models.chameleon.vqgan import ChameleonVQGAN, VQGANConfig
-from lantern.models.checkpoint import check_state_dict, read_state_dict
+from lantern.models.checkpoint import check_state_dict, read_state_dict, tokenizer_file
 from lantern.models.devices import resolve_device, resolve_dtype
 from lantern.models.drafter import load_drafter_for
+from lantern.models.llama_parts import seeded_weights
 from lantern.models.prompt_ids import load_tokenizer
 
 
@@ -56,11 +49,7 @@ def random_config(target: Mapping, vq: VQGANConfig) -> tuple[ChameleonConfig, di
     vocab = tiny_vocabulary(num_codes, tuple(target.get("words") or TINY_WORDS))
     layout = read_layout(vocab, "the random preset's vocabulary")
     config = ChameleonConfig(
-        n_layer=target["n_layer"],
-        n_head=target["n_head"],
-        dim=target["dim"],
-        ffn_hidden=target["ffn_hidden"],
-        text_vocab_size=len(vocab),
+        **ChameleonConfig.node_sizes(target, len(vocab)),
         grid_size=_grid(target, vq),
         cls_token_num=target["cls_token_num"],
         **vars(layout),
@@ -71,16 +60,14 @@ def random_config(target: Mapping, vq: VQGANConfig) -> tuple[ChameleonConfig, di
 def random_target(config: ChameleonConfig, init_seed: int = 0, target_class=ChameleonTarget) -> ChameleonTarget:
     """A seeded random target (std 0.02 weights as transformers' init; LayerNorm/RMSNorm weights perturbed so
     the norms matter in tests); ``target_class`` a family variant's (Lumina-mGPT's)."""
-    generator = torch.Generator().manual_seed(init_seed)
-    model = target_class(config)
+
+    def law(name: str) -> tuple[float, float]:
+        if name.endswith("norm.weight"):
+            return 1.0, 0.1
+        return 0.0, 0.1 if name.endswith("norm.bias") else 0.02
+
+    model = seeded_weights(target_class(config), init_seed, law)
     with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
-                param.copy_(1 + 0.1 * torch.randn(param.shape, generator=generator))
-            elif name.endswith("norm.bias"):
-                param.copy_(0.1 * torch.randn(param.shape, generator=generator))
-            else:
-                param.copy_(0.02 * torch.randn(param.shape, generator=generator))
         model.model.embed_tokens.weight[config.pad_id].zero_()  # as transformers' padding_idx row
     return model
 
@@ -114,7 +101,7 @@ def random_bundle(
     convert=None,
     target_class=ChameleonTarget,
     conditioner_class=ChameleonConditioner,
-) -> ModelBundle:
+) -> ChameleonBundle:
     """The seeded random tiny Chameleon (no files): target, VQGAN and a word-level tokenizer over its
     vocabulary. ``gpt_ckpt`` (an HF folder of the same architecture), when given, replaces the target.
     ``config_of`` (the random config and vocabulary, default :func:`random_config`), ``convert``,
@@ -146,7 +133,7 @@ def load_bundle(
     convert=None,
     target_class=ChameleonTarget,
     conditioner_class=ChameleonConditioner,
-) -> ModelBundle:
+) -> ChameleonBundle:
     """A Chameleon target from an HF folder (``model.gpt_ckpt``) with Meta's VQGAN (``model.vq_ckpt``,
     ``vqgan.ckpt``) and the folder's tokenizer. ``convert``, ``target_class`` and ``conditioner_class``: a
     family variant's (Lumina-mGPT's, :mod:`lantern.models.chameleon.lumina_bundle`)."""
@@ -161,7 +148,7 @@ def load_bundle(
         raise CheckpointError(
             f"the folder's {config.num_codes} image tokens do not match the VQGAN's {vq_cfg.num_embeddings} codes"
         )
-    tokenizer = load_tokenizer(hf.tokenizer_file(gpt_ckpt))
+    tokenizer = load_tokenizer(tokenizer_file(gpt_ckpt))
     if vq_ckpt is None or not os.path.isfile(os.fspath(vq_ckpt)):
         raise CheckpointError(f"model.vq_ckpt={vq_ckpt!r}: expected Chameleon's vqgan.ckpt")
     vq_model = load_vqgan(vq_ckpt, vq_cfg)
@@ -206,5 +193,5 @@ def timing(architecture: Mapping | None, target: Mapping, vq: Mapping, device="c
     if architecture is None:
         config, _ = random_config(target, vq_cfg)
     else:
-        config = preset_config(ChameleonConfig, architecture, target, _grid(target, vq_cfg))
+        config = ChameleonConfig.for_architecture(architecture, target, _grid(target, vq_cfg))
     return timing_parts(ChameleonTarget, config, ChameleonConditioner, device, dtype, init_seed)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from lantern.models.bundle import ModelBundle, family_drafter, preset_config, timing_parts
+from lantern.models.bundle import ModelBundle, family_drafter, timing_parts
 from lantern.models.chameleon import bundle as chameleon
 from lantern.models.chameleon.condition import ChameleonConditioner
 from lantern.models.chameleon.lumina import EOL, LuminaConfig, LuminaTarget, lumina_config, size_token
@@ -61,13 +61,7 @@ def random_config(target: Mapping, vq: Mapping) -> tuple[LuminaConfig, dict[str,
 
 
 def random_bundle(
-    name: str,
-    target: Mapping,
-    vq: Mapping,
-    init_seed: int = 0,
-    device: str = "cpu",
-    dtype: str = "float32",
-    gpt_ckpt: str | None = None,
+    name: str, target: Mapping, vq: Mapping, init_seed=0, device="cpu", dtype="float32", gpt_ckpt=None
 ) -> ModelBundle:
     """The seeded random tiny Lumina-mGPT (no files); ``gpt_ckpt`` (an HF folder of the same architecture and
     vocabulary) replaces the target."""
@@ -88,13 +82,7 @@ def random_bundle(
 
 
 def load_bundle(
-    name: str,
-    gpt_ckpt: str | None,
-    vq_ckpt: str | None,
-    target: Mapping,
-    vq: Mapping,
-    device: str = "cpu",
-    dtype: str = "float32",
+    name: str, gpt_ckpt: str | None, vq_ckpt: str | None, target: Mapping, vq: Mapping, device="cpu", dtype="float32"
 ) -> ModelBundle:
     """Lumina-mGPT from an HF ``ChameleonForConditionalGeneration`` folder with Chameleon's VQGAN, as
     :func:`lantern.models.chameleon.bundle.load_bundle` with Lumina's ids, target and prompt template."""
@@ -119,5 +107,5 @@ def timing(architecture: Mapping | None, target: Mapping, vq: Mapping, device="c
         config, _ = random_config(target, vq_cfg)
     else:
         grid, pixels = chameleon._grid(target, vq_cfg), int(target["image_size"])
-        config = preset_config(LuminaConfig, architecture, target, grid, image_pixels=pixels)
+        config = LuminaConfig.for_architecture(architecture, target, grid, image_pixels=pixels)
     return timing_parts(LuminaTarget, config, LuminaConditioner, device, dtype, init_seed)

@@ -83,8 +83,8 @@ def load_bundle(
     gpt_ckpt: str,
     vq_ckpt: str,
     conditioner: Callable,
-    device: str = "cpu",
-    dtype: str = "float32",
+    device="cpu",
+    dtype="float32",
 ) -> ModelBundle:
     """Build the configured architectures and load their weights strictly from ``gpt_ckpt`` / ``vq_ckpt``.
 
@@ -107,10 +107,10 @@ def random_bundle(
     gpt: Mapping,
     vq: Mapping,
     conditioner: Callable,
-    init_seed: int = 0,
-    device: str = "cpu",
-    dtype: str = "float32",
-    gpt_ckpt: str | None = None,
+    init_seed=0,
+    device="cpu",
+    dtype="float32",
+    gpt_ckpt=None,
 ) -> ModelBundle:
     """A bundle with randomly initialised weights (seeded): for tests, smoke runs and speed benchmarks.
 
