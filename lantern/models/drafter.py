@@ -28,7 +28,7 @@ what a drafter for it is: width, heads, vocabulary, grid and condition slots, th
 (the target's own kind of layer), the RoPE table its entries read (the target's own position scheme), and
 its HF folder layout. Every target config gives its arch with a ``drafter_arch()`` method (LlamaGen's
 :class:`~lantern.models.llamagen.gpt.LlamaGenArch`: its blocks, 2D RoPE and the LANTERN release's layout;
-the Llama-style families' share :class:`~lantern.models.llama_parts.LlamaDrafterArch`). Nothing here names
+the Llama-style families' share :class:`~lantern.models.llama_drafter.LlamaDrafterArch`). Nothing here names
 a family; a family's own loaders (its preset nodes -> a target config) live in its folder.
 """
 

@@ -47,16 +47,8 @@ from torch import nn
 from lantern import checks
 from lantern.errors import ConfigError
 from lantern.models.kv_cache import KVCache
-from lantern.models.llama_parts import (
-    Attention,
-    DecoderLayer,
-    LlamaBody,
-    LlamaDrafterArch,
-    LlamaShape,
-    RopeRowsLayer,
-    RopeTarget,
-    rope_angles,
-)
+from lantern.models.llama_drafter import LlamaDrafterArch, RopeRowsLayer
+from lantern.models.llama_parts import Attention, DecoderLayer, LlamaBody, LlamaShape, RopeTarget, rope_angles
 
 QK_NORM_EPS = 1e-5  # transformers' ChameleonLayerNorm ignores the config's eps
 ARCHITECTURE = "ChameleonForConditionalGeneration"
@@ -293,7 +285,7 @@ class ChameleonTarget(RopeTarget, nn.Module):
 
 
 class DrafterLayer(RopeRowsLayer, ChameleonLayer):
-    """Chameleon's decoder layer as a drafter layer over RoPE rows (:class:`~lantern.models.llama_parts.RopeRowsLayer`)."""
+    """Chameleon's decoder layer as a drafter layer over RoPE rows (:class:`~lantern.models.llama_drafter.RopeRowsLayer`)."""
 
 
 @dataclass(frozen=True)

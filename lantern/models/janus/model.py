@@ -41,7 +41,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from lantern import checks
-from lantern.models.llama_parts import LlamaBody, LlamaDrafterArch, LlamaShape, RopeTarget, rope_angles
+from lantern.models.llama_drafter import LlamaDrafterArch
+from lantern.models.llama_parts import LlamaBody, LlamaShape, RopeTarget, rope_angles
 
 ARCHITECTURE = "JanusForConditionalGeneration"
 
