@@ -17,7 +17,7 @@ from torch import nn
 
 from lantern.errors import CheckpointError, ConfigError
 from lantern.models.checkpoint import check_folder_keys
-from lantern.models.drafter import EMBED_KEY, own_keys, split_folder
+from lantern.models.drafter import EMBED_KEY, ConfigSizes, own_keys, split_folder
 from lantern.models.llama_parts import DecoderLayer, inv_freq, rope_angles, rope_theta_of
 
 
@@ -50,7 +50,7 @@ class LlamaDrafterLayer(RopeRowsLayer, DecoderLayer):
     """Llama's pre-norm layer as a drafter layer."""
 
 
-class LlamaDrafterArch:
+class LlamaDrafterArch(ConfigSizes):
     """The :class:`~lantern.models.drafter.DrafterArch` of a Llama-style target whose config ``self.config``
     names its sizes as :class:`LlamaShape` does (``dim``, ``n_head``, ``n_kv_head``, ``num_codes``, ``grid_size``,
     ``cls_token_num``, ``n_layer``, ``norm_eps``, ``ffn_hidden``, ``rope_theta``).
@@ -71,43 +71,6 @@ class LlamaDrafterArch:
     folder_note: str = "a LlamaForCausalLM config.json"  # what a folder of this family holds, for messages
     table_note: str = "the image codes' table"  # what its frozen table is, for messages
     first_norm: str = ""
-
-    # ----- sizes (the target config's) -----------------------------------------------------------------
-    @property
-    def dim(self) -> int:
-        return self.config.dim
-
-    @property
-    def n_head(self) -> int:
-        return self.config.n_head
-
-    @property
-    def n_kv_head(self) -> int:
-        return self.config.n_kv_head
-
-    @property
-    def head_dim(self) -> int:
-        return self.config.head_dim
-
-    @property
-    def vocab_size(self) -> int:
-        return self.config.num_codes
-
-    @property
-    def grid_size(self) -> int:
-        return self.config.grid_size
-
-    @property
-    def cls_token_num(self) -> int:
-        return self.config.cls_token_num
-
-    @property
-    def n_layer(self) -> int:
-        return self.config.n_layer
-
-    @property
-    def embedding_rows(self) -> int:
-        return self.config.num_codes
 
     @property
     def norm_eps(self) -> float:

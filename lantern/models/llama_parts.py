@@ -28,7 +28,7 @@ from torch import nn
 from lantern import checks
 from lantern.errors import CheckpointError, ConfigError
 from lantern.models.kv_cache import KVCache
-from lantern.models.target import EmbeddingsTarget, check_taps
+from lantern.models.target import EmbeddingsTarget, GridShape, check_taps
 
 
 class RMSNorm(nn.Module):
@@ -167,7 +167,7 @@ def seeded_weights(model: torch.nn.Module, init_seed: int, law: Callable[[str], 
 
 
 @dataclass(frozen=True)
-class LlamaShape:
+class LlamaShape(GridShape):
     """The sizes every Llama-style family config starts with, and their shape facts and checks. A family's
     config is a frozen dataclass over it that adds its own fields (``n_kv_head``, ``grid_size``,
     ``cls_token_num`` among them) and calls :meth:`check_shape` from its ``__post_init__``."""
@@ -208,21 +208,9 @@ class LlamaShape:
             )
 
     @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_head
-
-    @property
     def vocab_size(self) -> int:
         """What decoders sample from: the image codes."""
         return self.num_codes
-
-    @property
-    def num_image_tokens(self) -> int:
-        return self.grid_size * self.grid_size
-
-    @property
-    def max_seq_len(self) -> int:
-        return self.cls_token_num + self.num_image_tokens
 
 
 class RopeTarget(EmbeddingsTarget):
