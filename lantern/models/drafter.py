@@ -124,48 +124,6 @@ class DrafterArch(Protocol):
         ...
 
 
-class ConfigSizes:
-    """The sizes a :class:`DrafterArch` reports, read from its target config ``self.config``, which names them
-    (``dim``, ``n_head``, ``n_kv_head``, ``head_dim``, ``num_codes``, ``grid_size``, ``cls_token_num``,
-    ``n_layer``); ``embedding_rows`` is the image codes unless a family's arch says otherwise."""
-
-    @property
-    def dim(self) -> int:
-        return self.config.dim
-
-    @property
-    def n_head(self) -> int:
-        return self.config.n_head
-
-    @property
-    def n_kv_head(self) -> int:
-        return self.config.n_kv_head
-
-    @property
-    def head_dim(self) -> int:
-        return self.config.head_dim
-
-    @property
-    def vocab_size(self) -> int:
-        return self.config.num_codes
-
-    @property
-    def grid_size(self) -> int:
-        return self.config.grid_size
-
-    @property
-    def cls_token_num(self) -> int:
-        return self.config.cls_token_num
-
-    @property
-    def n_layer(self) -> int:
-        return self.config.n_layer
-
-    @property
-    def embedding_rows(self) -> int:
-        return self.config.num_codes
-
-
 def drafter_arch(target) -> DrafterArch:
     """The :class:`DrafterArch` of a target config (its own ``drafter_arch()``), or an arch as given."""
     make = getattr(target, "drafter_arch", None)

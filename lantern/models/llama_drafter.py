@@ -1,4 +1,5 @@
-"""The one EAGLE drafter arch of the Llama-style families (Chameleon, Janus): :class:`LlamaDrafterArch`.
+"""The one EAGLE drafter arch of the Llama-style families (Chameleon, Janus): :class:`LlamaDrafterArch`; and
+:class:`ConfigSizes`, the sizes every arch reads from its target config (LlamaGen's too).
 
 Sizes from the target config, the family's decoder layer over RoPE rows (:class:`RopeRowsLayer`), the folder's
 ``config.json`` written and checked, the frozen token table beside the tensors; a family adds only what differs
@@ -17,7 +18,7 @@ from torch import nn
 
 from lantern.errors import CheckpointError, ConfigError
 from lantern.models.checkpoint import check_folder_keys
-from lantern.models.drafter import EMBED_KEY, ConfigSizes, own_keys, split_folder
+from lantern.models.drafter import EMBED_KEY, own_keys, split_folder
 from lantern.models.llama_parts import DecoderLayer, inv_freq, rope_angles, rope_theta_of
 
 
@@ -28,6 +29,48 @@ def drafter_cos_sin(rope: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tenso
     if cos.dim() == 2:
         return cos[None, None], sin[None, None]
     return cos[:, None], sin[:, None]
+
+
+class ConfigSizes:
+    """The sizes a :class:`DrafterArch` reports, read from its target config ``self.config``, which names them
+    (``dim``, ``n_head``, ``n_kv_head``, ``head_dim``, ``num_codes``, ``grid_size``, ``cls_token_num``,
+    ``n_layer``); ``embedding_rows`` is the image codes unless a family's arch says otherwise."""
+
+    @property
+    def dim(self) -> int:
+        return self.config.dim
+
+    @property
+    def n_head(self) -> int:
+        return self.config.n_head
+
+    @property
+    def n_kv_head(self) -> int:
+        return self.config.n_kv_head
+
+    @property
+    def head_dim(self) -> int:
+        return self.config.head_dim
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.num_codes
+
+    @property
+    def grid_size(self) -> int:
+        return self.config.grid_size
+
+    @property
+    def cls_token_num(self) -> int:
+        return self.config.cls_token_num
+
+    @property
+    def n_layer(self) -> int:
+        return self.config.n_layer
+
+    @property
+    def embedding_rows(self) -> int:
+        return self.config.num_codes
 
 
 def drafter_rope_table(config) -> torch.Tensor:

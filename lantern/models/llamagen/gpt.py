@@ -16,8 +16,8 @@ from torch import nn
 
 from lantern import checks
 from lantern.errors import ConfigError
-from lantern.models.drafter import ConfigSizes
 from lantern.models.kv_cache import KVCache
+from lantern.models.llama_drafter import ConfigSizes
 from lantern.models.llama_parts import RMSNorm  # fp32, cast back, then scaled: as LlamaGen's own
 from lantern.models.llamagen import hf_layout
 from lantern.models.llamagen.rope import apply_rope, rope_table_2d
