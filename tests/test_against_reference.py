@@ -15,10 +15,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from lantern.models.drafter import Drafter, DrafterConfig, from_reference_keys
+from lantern.models.drafter import Drafter, DrafterConfig
+from lantern.models.llamagen import reference_code as theirs
+from lantern.models.llamagen import reference_layout as convert
+from lantern.models.llamagen.drafter import from_reference_keys
 from lantern.models.llamagen.gpt import Transformer, gpt_config
-from lantern.models.reference import reference_code as theirs
-from lantern.models.reference import reference_layout as convert
 from lantern.rules.api import PathChoice
 
 REPO = Path(__file__).resolve().parents[1]

@@ -83,3 +83,21 @@ def test_t2i_run_loads_official_format_files_and_a_local_t5(tmp_path):
         and "no_t5" in no_t5.stderr.strip().splitlines()[-1]
         and not (tmp_path / "no_t5_run").exists()
     )
+
+
+def test_every_family_bundle_gives_its_codebook_as_its_neighbour_tables_read_it():
+    """``bundle.codebook()`` is the family-free way to the tokenizer's rows: for every random preset it is the
+    codebook its neighbour config builds tables over (model.neighbours), and it is the tokenizer's own."""
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    presets = ("tiny_random_c2i", "tiny_random_chameleon", "tiny_random_janus", "tiny_random_lumina")
+    with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):
+        for preset in presets:
+            cfg = compose("config", overrides=[f"model={preset}", "device=cpu", "dtype=float32"])
+            bundle = instantiate(cfg.model.bundle)
+            neighbours = instantiate(cfg.model.neighbours, cache_dir="unused")
+            book = bundle.codebook()
+            assert book.ndim == 2 and book.shape[0] == bundle.target.config.vocab_size, preset
+            assert not book.requires_grad and torch.equal(book, bundle.vq.raw_codebook().detach()), preset
+            assert torch.equal(neighbours.codebook(), book), preset

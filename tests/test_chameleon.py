@@ -19,6 +19,7 @@ from lantern.models.chameleon.condition import ChameleonConditioner
 from lantern.models.chameleon.model import ChameleonTarget
 from lantern.models.chameleon.vocab import TINY_WORDS, image_token_name, read_layout, tiny_vocabulary, word_tokenizer
 from lantern.models.chameleon.vqgan import ChameleonVQGAN, VQGANConfig
+from lantern.models.checkpoint import TOKENIZER_NAME
 from lantern.models.sampling import SamplingConfig
 from lantern.models.target import Target, prefix_causal_mask
 from lantern.rng import keys_tensor
@@ -60,7 +61,7 @@ def hf_model(seed: int = 0, **overrides) -> ChameleonForConditionalGeneration:
 
 def save_folder(model, folder, shard: str | None = None):
     model.save_pretrained(folder, **({"max_shard_size": shard} if shard else {}))
-    word_tokenizer(model.config.vocabulary_map).save(str(folder / hf.TOKENIZER_NAME))
+    word_tokenizer(model.config.vocabulary_map).save(str(folder / TOKENIZER_NAME))
     return folder
 
 

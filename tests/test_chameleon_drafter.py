@@ -24,10 +24,10 @@ from lantern.errors import CheckpointError, ConfigError
 from lantern.models.chameleon import bundle as chameleon
 from lantern.models.chameleon import hf
 from lantern.models.chameleon.model import ChameleonDrafterArch, DrafterLayer
-from lantern.models.drafter import Drafter, DrafterConfig, LlamaGenArch, load_drafter_for, save_drafter_folder
+from lantern.models.drafter import Drafter, DrafterConfig, load_drafter_for, save_drafter_folder
 from lantern.models.kv_cache import NoCache
 from lantern.models.llama_parts import inv_freq, rope_angles
-from lantern.models.llamagen.gpt import gpt_config
+from lantern.models.llamagen.gpt import LlamaGenArch, gpt_config
 from lantern.models.sampling import SamplingConfig, guided_logits_at, probabilities
 from lantern.models.target import prefix_causal_mask
 from lantern.rng import keys_tensor

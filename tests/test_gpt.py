@@ -242,3 +242,19 @@ def test_apply_rope_matches_the_pairwise_formula():
     per_row = table.expand(2, -1, -1, -1)  # (B, S, hd/2, 2)
     torch.testing.assert_close(apply_rope(x, per_row), expected)
     assert apply_rope(x.bfloat16(), table).dtype == torch.bfloat16
+
+
+def test_a_llamagen_config_gives_its_drafter_arch_as_every_family_does():
+    """The drafter reads no family: LlamaGen's GPTConfig names its arch itself, and a config that names none
+    is refused with one message (there is no isinstance fallback)."""
+    from lantern.models.drafter import Drafter, DrafterConfig, drafter_arch
+    from lantern.models.llamagen.gpt import LlamaGenArch, TransformerBlock
+
+    config = gpt_config("GPT-nano", "c2i", 32, downsample=8, vocab_size=64)
+    arch = config.drafter_arch()
+    assert arch == LlamaGenArch(config) and drafter_arch(config) == arch
+    assert (arch.dim, arch.vocab_size, arch.n_layer, arch.first_norm) == (64, 64, 2, "attention_norm")
+    drafter = Drafter(DrafterConfig(config))
+    assert isinstance(drafter.layers[0], TransformerBlock) and drafter.max_entries == config.max_seq_len - 1
+    with pytest.raises(ConfigError, match="no drafter_arch"):
+        drafter_arch(object())

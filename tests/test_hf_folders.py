@@ -18,10 +18,11 @@ from test_run import REPO
 
 from lantern.errors import CheckpointError, ConfigError
 from lantern.files import png_bytes
-from lantern.models.bundle import load_target, random_bundle, save_target_folder
 from lantern.models.condition import ClassConditioner
-from lantern.models.drafter import Drafter, DrafterConfig, load_drafter, save_drafter_folder
+from lantern.models.drafter import Drafter, DrafterConfig, save_drafter_folder
 from lantern.models.kv_cache import NoCache
+from lantern.models.llamagen.bundle import load_target, random_bundle, save_target_folder
+from lantern.models.llamagen.drafter import load_drafter
 from lantern.models.llamagen.gpt import Transformer, gpt_config
 from lantern.models.llamagen.vq import vq_config
 from lantern.models.target import prefix_causal_mask

@@ -14,6 +14,7 @@ from family_helpers import check_greedy_chain_equals_ar_in_one_graph
 
 from lantern.decoding.ar import ARDecoder
 from lantern.errors import CheckpointError, ConfigError
+from lantern.models.checkpoint import TOKENIZER_NAME
 from lantern.models.janus import hf
 from lantern.models.janus.bundle import JanusBundle, folder_codebook
 from lantern.models.janus.condition import JanusConditioner, tiny_vocabulary, word_tokenizer
@@ -61,7 +62,7 @@ def hf_model(seed: int = 0, **text) -> JanusForConditionalGeneration:
 
 def save_folder(model, folder, shard: str | None = None):
     model.save_pretrained(folder, **({"max_shard_size": shard} if shard else {}))
-    word_tokenizer(tiny_vocabulary()).save(str(folder / hf.TOKENIZER_NAME))
+    word_tokenizer(tiny_vocabulary()).save(str(folder / TOKENIZER_NAME))
     return folder
 
 

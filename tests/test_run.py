@@ -242,7 +242,7 @@ def test_default_world_main_job(tmp_path):
 def test_a_neighbour_table_in_the_other_distance_space_is_refused(tmp_path):
     from hydra import compose, initialize_config_dir
 
-    from lantern.models.bundle import random_vq
+    from lantern.models.llamagen.bundle import random_vq
     from lantern.rules.neighbours import codebook_hash, load_or_build_table, table_path
 
     with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):

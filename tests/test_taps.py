@@ -23,22 +23,22 @@ from lantern.decoding.batch import guided_inputs
 from lantern.decoding.tree.decoder import SpeculativeDecoder
 from lantern.decoding.tree.draft import DynamicTree, chain, prior_tree
 from lantern.errors import CheckpointError, ConfigError
-from lantern.models.bundle import random_bundle
 from lantern.models.condition import ClassConditioner
 from lantern.models.drafter import (
+    FOLDER_TAPS_KEY,
     FUSE_KEY,
     TAPS_KEY,
     VOCAB_KEY,
     Drafter,
     DrafterConfig,
     drafter_metadata,
-    load_drafter,
     save_drafter_folder,
 )
 from lantern.models.kv_cache import NoCache
 from lantern.models.llamagen import reference_layout
+from lantern.models.llamagen.bundle import random_bundle
+from lantern.models.llamagen.drafter import load_drafter
 from lantern.models.llamagen.gpt import Transformer, default_taps, gpt_config
-from lantern.models.llamagen.hf_layout import TAPS_KEY as FOLDER_TAPS_KEY
 from lantern.models.llamagen.vq import vq_config
 from lantern.models.sampling import SamplingConfig
 from lantern.models.target import prefix_causal_mask

@@ -6,8 +6,9 @@ from safetensors.torch import save_file
 
 from lantern.errors import CheckpointError, ConfigError
 from lantern.models.condition import Condition
-from lantern.models.drafter import VOCAB_KEY, Drafter, DrafterConfig, drafter_metadata, load_drafter
+from lantern.models.drafter import VOCAB_KEY, Drafter, DrafterConfig, drafter_metadata
 from lantern.models.kv_cache import NoCache
+from lantern.models.llamagen.drafter import load_drafter
 from lantern.models.llamagen.gpt import Transformer, gpt_config
 from lantern.models.target import prefix_causal_mask
 from lantern.training.drafter import FeatureObjective, evaluate_features

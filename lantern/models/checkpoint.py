@@ -1,25 +1,31 @@
-"""Strict loading of model weights in the official LlamaGen formats.
+"""Strict loading of model weights, and HF-layout folders read and written for every family.
 
-Released LlamaGen files are ``torch.save({"model": state_dict})`` (FSDP-saved ones are a raw
-state dict), fp32, tensors only. We load with ``weights_only=True``, accept both wrappers and
-safetensors files, ignore only a stray ``freqs_cis`` buffer, and refuse any other mismatch with
+Weight files: ``torch.save({"model": state_dict})`` (LlamaGen's releases; FSDP-saved ones are a raw
+state dict), ``{"state_dict": ...}`` or safetensors, tensors only. We load with ``weights_only=True``,
+accept both wrappers, ignore only a stray ``freqs_cis`` buffer, and refuse any other mismatch with
 one message naming the missing, unexpected and wrongly shaped keys.
+
+HF-layout folders (``config.json`` and the weights it describes, one file or shards): read and written
+here with no family's names (:func:`read_folder`, :func:`write_folder`), and their ``config.json``
+compared to what a family expects key by key (:func:`check_folder_keys`); each family says which keys.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from lantern.errors import CheckpointError, one_line
-from lantern.files import note_input
+from lantern import checks
+from lantern.errors import CheckpointError, ConfigError, one_line
+from lantern.files import note_input, write_folder_atomic
 
 IGNORED_KEYS = frozenset({"freqs_cis"})
 # HF-layout folders (a config.json and the weights it describes), read by every family's loaders.
@@ -28,6 +34,9 @@ WEIGHTS_NAME = "model.safetensors"
 # Weight files in the order HF's loaders try them; each may instead be sharded under NAME.index.json.
 WEIGHT_FILES = (WEIGHTS_NAME, "pytorch_model.bin")
 INDEX_SUFFIX = ".index.json"
+# Buffers that older transformers versions saved beside the weights; they hold no weights.
+STRAY_SUFFIXES = (".rotary_emb.inv_freq",)
+TOKENIZER_NAME = "tokenizer.json"  # a folder's prompt tokenizer (the ``tokenizers`` library's file)
 _MAX_LISTED = 4
 # torch names the first class or function a weights-only load refused in one of these phrasings.
 _REFUSED_GLOBAL = re.compile(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)")
@@ -143,7 +152,8 @@ def load_weights(module: nn.Module, path: str | os.PathLike, expected: str, role
 
 
 # ----- HF-layout folders -------------------------------------------------------------------------------
-def _folder_source(folder) -> str:
+def folder_source(folder) -> str:
+    """How messages name an HF-layout folder."""
     return f"HF folder {os.fspath(folder)!r}"
 
 
@@ -193,17 +203,161 @@ def read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
             for shard in sorted(set(weight_map.values())):
                 for key, value in read_tensors(folder / shard).items():
                     if key in state:
-                        raise CheckpointError(f"{_folder_source(folder)}: {key} is in two shards (the second: {shard})")
+                        raise CheckpointError(f"{folder_source(folder)}: {key} is in two shards (the second: {shard})")
                     state[key] = value
             absent = sorted(key for key, shard in weight_map.items() if key not in state)
             if absent:
                 raise CheckpointError(
-                    f"{_folder_source(folder)}: missing {absent[0]}, which {index.name} puts in {weight_map[absent[0]]}"
+                    f"{folder_source(folder)}: missing {absent[0]}, which {index.name} puts in {weight_map[absent[0]]}"
                 )
             return state
         if (folder / name).is_file():
             return read_tensors(folder / name)
     raise CheckpointError(
-        f"{_folder_source(folder)} has {CONFIG_NAME} but no weights: expected {WEIGHTS_NAME} "
+        f"{folder_source(folder)} has {CONFIG_NAME} but no weights: expected {WEIGHTS_NAME} "
         f"(or {WEIGHTS_NAME}{INDEX_SUFFIX} and its shards, or pytorch_model.bin)"
     )
+
+
+def read_folder_config(folder: str | os.PathLike) -> tuple[dict, Path]:
+    """A folder's ``config.json`` and the folder as a Path (CheckpointError unless it has one)."""
+    folder = check_hf_folder(folder)
+    return read_hf_config(folder), folder
+
+
+def tokenizer_file(folder: str | os.PathLike) -> Path:
+    """The folder's ``tokenizer.json``; CheckpointError when it has none."""
+    path = Path(folder) / TOKENIZER_NAME
+    if not path.is_file():
+        raise CheckpointError(f"{folder_source(folder)} has no {TOKENIZER_NAME} (the prompt tokenizer)")
+    return path
+
+
+def shard_index(folder: Path) -> tuple[Path, dict[str, str]] | None:
+    """The folder's shard index and its ``weight_map`` (tensor -> shard file), or None for unsharded weights."""
+    for name in WEIGHT_FILES:
+        index = folder / (name + INDEX_SUFFIX)
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+                if not isinstance(weight_map, dict):
+                    raise TypeError("weight_map is not an object")
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise CheckpointError(f"{str(index)!r} is not a shard index ({exc})") from exc
+            return index, weight_map
+    return None
+
+
+def check_shards(folder: Path) -> None:
+    """CheckpointError naming the first shard an index names that is not in ``folder`` (before a large read)."""
+    found = shard_index(folder)
+    if found is None:
+        return
+    index, weight_map = found
+    for shard in sorted(set(map(str, weight_map.values()))):
+        if not (folder / shard).is_file():
+            raise CheckpointError(f"{folder_source(folder)}: shard {shard!r}, named in {index.name}, is not there")
+
+
+def read_tensor(folder: str | os.PathLike, key: str) -> torch.Tensor:
+    """One tensor of a folder's weights, reading only the file that holds it (a codebook for LANTERN's
+    neighbour tables without loading 7B weights)."""
+    from safetensors import safe_open
+
+    folder = check_hf_folder(folder)
+    found = shard_index(folder)
+    if found is not None:
+        index, weight_map = found
+        if key not in weight_map:
+            raise CheckpointError(f"{folder_source(folder)}: {index.name} names no {key}")
+        path = folder / str(weight_map[key])
+    else:
+        path = folder / WEIGHT_FILES[0]
+    if not path.is_file() or path.suffix != ".safetensors":
+        raise CheckpointError(f"{folder_source(folder)}: {key} is not in a safetensors file there ({path.name})")
+    with safe_open(os.fspath(path), framework="pt") as handle:
+        if key not in handle.keys():
+            raise CheckpointError(f"{folder_source(folder)}: {path.name} holds no {key}")
+        return handle.get_tensor(key)
+
+
+def load_folder_target(
+    folder: Path, build: Callable[[], nn.Module], what: str, vq_prefix: str, set_aside: tuple[str, ...] = ()
+) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """``build()`` loaded strictly from a folder's tensors under their own names (fp32 on CPU), and the tensors
+    under ``vq_prefix`` (without it) for the tokenizer; tensors under ``set_aside`` prefixes are not read into
+    the target. The shapes are checked on a meta-device model first (one error naming every misfit, ``what``
+    the architecture); the folder is noted as one input (role ``target``)."""
+    given = {k: v for k, v in read_hf_weights(folder).items() if not k.endswith(STRAY_SUFFIXES)}
+    vq = {k[len(vq_prefix) :]: v for k, v in given.items() if k.startswith(vq_prefix)}
+    own = {k: v for k, v in given.items() if not k.startswith((vq_prefix, *set_aside))}
+    with torch.device("meta"):
+        shapes = {k: tuple(v.shape) for k, v in build().state_dict().items()}
+    check_shapes(shapes, own, what, os.fspath(folder))
+    model = build()
+    model.load_state_dict(own, strict=True)
+    note_input(folder, "target")
+    return model, vq
+
+
+def read_folder(folder: str | os.PathLike, role: str) -> tuple[dict, dict[str, torch.Tensor]]:
+    """An HF-layout folder's ``config.json`` and its tensors (one file or the shards of an index, stray RoPE
+    buffers left out), noted as one input of the current job under ``role`` (the whole folder: a changed
+    config counts)."""
+    folder = check_hf_folder(folder)
+    config = read_hf_config(folder)
+    state = {k: v for k, v in read_hf_weights(folder).items() if not k.endswith(STRAY_SUFFIXES)}
+    note_input(folder, role)
+    return config, state
+
+
+def write_folder(
+    folder: str | os.PathLike, config: Mapping, state_dict: Mapping[str, torch.Tensor], dtype: torch.dtype
+) -> Path:
+    """``config.json`` and ``model.safetensors`` (tensors cast to ``dtype``) into ``folder``, atomically
+    (:func:`lantern.files.write_folder_atomic`: an interrupted export leaves no folder that loads)."""
+    from safetensors.torch import save_file
+
+    # Own copies: tensors that share storage (the q/k/v parts of a fused matrix) are refused by safetensors.
+    tensors = {
+        key: value.detach().to(device="cpu", dtype=dtype).clone().contiguous() for key, value in state_dict.items()
+    }
+    text = json.dumps({**config, "torch_dtype": str(dtype).removeprefix("torch.")}, indent=2) + "\n"
+
+    def write(staging: Path) -> None:
+        save_file(tensors, str(staging / WEIGHTS_NAME), metadata={"format": "pt"})
+        (staging / CONFIG_NAME).write_text(text, encoding="utf-8")
+
+    return write_folder_atomic(folder, write)
+
+
+def same_json(have, want) -> bool:
+    """Equal as JSON values: numbers by value (``1e-05`` is ``1e-5``, ``10000`` is ``10000.0``), a bool or a
+    string only to its own kind."""
+    if isinstance(want, (bool, str)):
+        return type(have) is type(want) and have == want
+    if checks.is_number(want):
+        return checks.is_number(have) and math.isclose(float(have), float(want), rel_tol=1e-9, abs_tol=0.0)
+    return have == want
+
+
+def check_folder_keys(
+    config: Mapping,
+    expected: Mapping,
+    required: tuple[str, ...],
+    source: str,
+    what: str,
+    nullable: tuple[str, ...] = (),
+) -> None:
+    """ConfigError naming the first key of ``expected`` whose value in ``config`` does not fit (a key of
+    ``required`` must be there; the others, or a key of ``nullable`` set to null, are checked when present);
+    ``what`` names the architecture the expected values come from."""
+    for key, want in expected.items():
+        if key not in config or (key in nullable and config[key] is None):
+            if key in required:
+                raise ConfigError(f"{source}: config.json has no {key!r}; expected {checks.shown(want)} for {what}")
+            continue
+        if not same_json(config[key], want):
+            raise ConfigError(
+                f"{source}: config.json has {key}={checks.shown(config[key])}, expected {checks.shown(want)} for {what}"
+            )

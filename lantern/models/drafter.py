@@ -17,7 +17,7 @@ embedding of code 0 (the LANTERN release for LlamaGen feeds zero token ids there
 EAGLE-3-style drafters (``taps``, arXiv 2503.01840) read a fusion of the target's low, middle and high
 layers instead of its final-norm state: ``f_i`` is then ``fuse`` (Linear ``len(taps) * D -> D``, no bias)
 over the residual streams entering the tapped layers at position ``i``
-(:meth:`~lantern.models.llamagen.gpt.Transformer.forward_embeddings`). Only the target's features go
+(:meth:`~lantern.models.target.Target.forward_embeddings`). Only the target's features go
 through ``fuse`` (:meth:`Drafter.target_features`); ``forward`` always reads D-wide features, fused
 target features or the drafter's own previous outputs, so drafting a tree is the same either way. The
 fused features are not normalised (EAGLE-3's own layer norms them first); the first layer stays without
@@ -26,17 +26,17 @@ an input norm so that a drafter with and without taps differ only in ``fuse``.
 Families: the drafter reads its target only through a :class:`DrafterArch`, the family's description of
 what a drafter for it is: width, heads, vocabulary, grid and condition slots, the decoder layer it stacks
 (the target's own kind of layer), the RoPE table its entries read (the target's own position scheme), and
-its HF folder layout. A target config gives its arch with a ``drafter_arch()`` method
-(:meth:`lantern.models.chameleon.model.ChameleonConfig.drafter_arch`: Chameleon's layer with qk-norm and
-1D RoPE); LlamaGen's :class:`~lantern.models.llamagen.gpt.GPTConfig`, which predates this, is described by
-:class:`LlamaGenArch` (its blocks, its 2D RoPE, the LANTERN release's layout), exactly as before.
+its HF folder layout. Every target config gives its arch with a ``drafter_arch()`` method (LlamaGen's
+:class:`~lantern.models.llamagen.gpt.LlamaGenArch`: its blocks, 2D RoPE and the LANTERN release's layout;
+the Llama-style families' share :class:`~lantern.models.llama_drafter.LlamaDrafterArch`). Nothing here names
+a family; a family's own loaders (its preset nodes -> a target config) live in its folder.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -45,13 +45,9 @@ from torch import nn
 
 from lantern import checks
 from lantern.errors import CheckpointError, ConfigError
-from lantern.models.checkpoint import check_shapes, check_state_dict, read_state_dict
+from lantern.models.checkpoint import check_shapes, check_state_dict, read_folder, read_state_dict, write_folder
 from lantern.models.devices import resolve_device, resolve_dtype
 from lantern.models.kv_cache import KVCache
-from lantern.models.llamagen import hf_layout
-from lantern.models.llamagen.gpt import GPTConfig, TransformerBlock, gpt_config
-from lantern.models.llamagen.rope import rope_table_2d
-from lantern.models.llamagen.vq import vq_config
 from lantern.models.target import check_taps
 
 VOCAB_KEY = "lantern.vocab_size"
@@ -62,6 +58,26 @@ DIM_KEY = "lantern.dim"
 # The target layers an EAGLE-3-style drafter taps, comma-separated ("2,12,21"); absent or empty: none.
 TAPS_KEY = "lantern.taps"
 FUSE_KEY = "fuse.weight"
+# Our own keys of a drafter folder's config.json (the releases' loaders ignore both): what condition entries
+# read (a folder that states it overrides the preset), and the tapped target layers (a list of ints; absent:
+# none, as every release). EMBED_KEY: the frozen copy of the target's token table a drafter folder keeps.
+CONDITION_KEY = "lantern_condition_input"
+FOLDER_TAPS_KEY = "lantern_taps"
+EMBED_KEY = "embed_tokens.weight"
+
+
+def own_keys(config: dict, condition_input: str, taps: tuple[int, ...]) -> dict:
+    """A drafter folder's ``config`` with our own keys (condition entries' input, taps) where they are set."""
+    if condition_input:
+        config[CONDITION_KEY] = condition_input
+    if taps:
+        config[FOLDER_TAPS_KEY] = [int(tap) for tap in taps]
+    return config
+
+
+def split_folder(state_dict: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+    """A drafter folder's tensors under our names, and its frozen table (or None), which is only checked."""
+    return {k: v for k, v in state_dict.items() if k != EMBED_KEY}, state_dict.get(EMBED_KEY)
 
 
 class DrafterArch(Protocol):
@@ -108,136 +124,17 @@ class DrafterArch(Protocol):
         ...
 
 
-class ConfigSizes:
-    """The sizes a :class:`DrafterArch` reports, read from a family's target config ``self.config`` that names them
-    as Chameleon's and Janus's do (``dim``, ``n_head``, ``n_kv_head``, ``head_dim``, ``num_codes``, ``grid_size``,
-    ``cls_token_num``, ``n_layer``, ``norm_eps``). A family overrides what differs (``embedding_rows``)."""
-
-    @property
-    def dim(self) -> int:
-        return self.config.dim
-
-    @property
-    def n_head(self) -> int:
-        return self.config.n_head
-
-    @property
-    def n_kv_head(self) -> int:
-        return self.config.n_kv_head
-
-    @property
-    def head_dim(self) -> int:
-        return self.config.head_dim
-
-    @property
-    def vocab_size(self) -> int:
-        return self.config.num_codes
-
-    @property
-    def grid_size(self) -> int:
-        return self.config.grid_size
-
-    @property
-    def cls_token_num(self) -> int:
-        return self.config.cls_token_num
-
-    @property
-    def n_layer(self) -> int:
-        return self.config.n_layer
-
-    @property
-    def embedding_rows(self) -> int:
-        return self.config.num_codes
-
-    @property
-    def norm_eps(self) -> float:
-        return self.config.norm_eps
-
-
-@dataclass(frozen=True)
-class LlamaGenArch:
-    """LlamaGen's drafter: its :class:`~lantern.models.llamagen.gpt.TransformerBlock`, its 2D RoPE table (row
-    ``i + 1`` for entry ``i``: the input token's coordinates), no input norm on layer 0, and the LANTERN
-    release's HF layout (:mod:`lantern.models.llamagen.hf_layout`)."""
-
-    target: GPTConfig
-    norm_eps: float = 1e-6
-    first_norm: str = "attention_norm"
-
-    @property
-    def dim(self) -> int:
-        return self.target.dim
-
-    @property
-    def n_head(self) -> int:
-        return self.target.n_head
-
-    @property
-    def n_kv_head(self) -> int:
-        return self.target.n_head
-
-    @property
-    def head_dim(self) -> int:
-        return self.target.head_dim
-
-    @property
-    def vocab_size(self) -> int:
-        return self.target.vocab_size
-
-    @property
-    def grid_size(self) -> int:
-        return self.target.grid_size
-
-    @property
-    def cls_token_num(self) -> int:
-        return self.target.cls_token_num
-
-    @property
-    def n_layer(self) -> int:
-        return self.target.n_layer
-
-    @property
-    def embedding_rows(self) -> int:
-        return self.target.vocab_size
-
-    def block(self, norm_eps: float) -> nn.Module:
-        return TransformerBlock(replace(self.target, n_layer=1, norm_eps=norm_eps))
-
-    def rope_table(self) -> torch.Tensor:
-        target = self.target
-        table = rope_table_2d(target.grid_size, target.head_dim, target.cls_token_num, target.rope_base)
-        return table[1:]  # (T + N - 1, hd/2, 2): entry i takes the row of position i + 1
-
-    def folder_config(self, n_layer, norm_eps, condition_input, taps) -> dict:
-        return hf_layout.drafter_config(self.target, n_layer, norm_eps, condition_input, taps)
-
-    def check_folder_config(self, config, norm_eps, source, what) -> None:
-        hf_layout.check_drafter_config(config, self.target, norm_eps, source, what)
-
-    def to_folder(self, state_dict, embeddings) -> dict:
-        return hf_layout.drafter_to_hf(state_dict, embeddings)
-
-    def from_folder(self, state_dict, source):
-        return hf_layout.drafter_from_hf(state_dict, source)
-
-    def folder_embeddings(self, target) -> torch.Tensor:
-        return target.input_embeddings()
-
-
 def drafter_arch(target) -> DrafterArch:
-    """The :class:`DrafterArch` of a target config: its own ``drafter_arch()``, an arch as given, or, for
-    LlamaGen's GPTConfig, :class:`LlamaGenArch`."""
+    """The :class:`DrafterArch` of a target config (its own ``drafter_arch()``), or an arch as given."""
     make = getattr(target, "drafter_arch", None)
     if callable(make):
         return make()
     if callable(getattr(target, "block", None)):
         return target
-    if not isinstance(target, GPTConfig):
-        raise ConfigError(
-            f"no EAGLE drafter is described for a target config of type {type(target).__name__} "
-            "(its family gives none: no drafter_arch())"
-        )
-    return LlamaGenArch(target)
+    raise ConfigError(
+        f"no EAGLE drafter is described for a target config of type {type(target).__name__} "
+        "(its family gives none: no drafter_arch())"
+    )
 
 
 @dataclass(frozen=True)
@@ -246,7 +143,7 @@ class DrafterConfig:
 
     ``target`` is the target's config (or a :class:`DrafterArch`); ``arch`` is its description
     (:func:`drafter_arch`). ``norm_eps`` None: the family's (LlamaGen 1e-6, Chameleon the target's).
-    ``taps`` (layer indices of the target, see :func:`~lantern.models.llamagen.gpt.default_taps`): the
+    ``taps`` (layer indices of the target, e.g. LlamaGen's ``default_taps``): the
     drafter reads the fused inputs of those layers instead of the final-norm state; empty (the default,
     and every drafter before EAGLE-3) reads the final-norm state.
     """
@@ -362,44 +259,9 @@ class Drafter(nn.Module):
             )
 
 
-def from_reference_keys(state_dict: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
-    """Rename a LANTERN/EAGLE drafter state dict (``layers.0.self_attn.q_proj.weight``...) to ours
-    (:func:`lantern.models.llamagen.hf_layout.drafter_from_hf`): the renamed dict and the file's frozen
-    ``embed_tokens.weight`` (or ``None``), which is only used for checking."""
-    return hf_layout.drafter_from_hf(state_dict)
-
-
-def _target_config(gpt: Mapping, vq: Mapping) -> GPTConfig:
-    downsample = vq_config(vq["preset"], **dict(vq.get("overrides") or {})).downsample
-    return gpt_config(
-        gpt["preset"], gpt["model_type"], int(gpt["image_size"]), downsample, **dict(gpt.get("overrides") or {})
-    )
-
-
 def _layer_count(state_dict: Mapping[str, torch.Tensor]) -> int:
     indices = {int(k.split(".")[1]) for k in state_dict if k.startswith("layers.") and k.split(".")[1].isdigit()}
     return max(indices) + 1 if indices else 1
-
-
-def load_drafter(
-    path: str | os.PathLike | None,
-    gpt: Mapping,
-    vq: Mapping,
-    device: str = "cpu",
-    dtype: str = "float32",
-    norm_eps: float = 1e-6,
-    condition_input: str = "embedding",
-) -> Drafter:
-    """Build the drafter for the LlamaGen target described by ``gpt``/``vq`` (model-config nodes) and load ``path``
-    (:func:`load_drafter_for`: a file or an HF-layout folder)."""
-    if path is None:
-        raise ConfigError(
-            "no drafter checkpoint given: pass model.drafter_ckpt=PATH (a drafter trained with "
-            "scripts/train_drafter.py, an HF-layout folder, or the LANTERN release's drafter for LlamaGen-XL t2i); "
-            "decoding=ar, sjd, gsd and zipar need no drafter"
-        )
-    target = _target_config(gpt, vq)
-    return load_drafter_for(path, target, gpt["preset"], device, dtype, norm_eps, condition_input)
 
 
 def load_drafter_for(
@@ -461,28 +323,28 @@ def load_drafter_folder(
     :func:`save_drafter_folder`), fp32 on CPU.
 
     Strict, in the folder's own names: ``config.json`` must fit the target (the arch's
-    ``check_folder_config``; LlamaGen: :func:`lantern.models.llamagen.hf_layout.check_drafter_config`), then
+    ``check_folder_config``), then
     every tensor must be there with its shape and nothing else (``embed_tokens.weight`` included: the
     releases' loaders require it too). What the drafter reads at condition entries is ``condition_input``
     (the preset's) unless the folder's ``config.json`` carries
-    :data:`~lantern.models.llamagen.hf_layout.CONDITION_KEY`, which was written with the drafter and wins.
-    The drafter's taps are ``config.json``'s :data:`~lantern.models.llamagen.hf_layout.TAPS_KEY` (absent:
+    :data:`CONDITION_KEY`, which was written with the drafter and wins.
+    The drafter's taps are ``config.json``'s :data:`FOLDER_TAPS_KEY` (absent:
     none, as in LANTERN's releases); ``fuse.weight`` without them, or the reverse, is one error.
     """
     arch = drafter_arch(target)
     norm_eps = arch.norm_eps if norm_eps is None else norm_eps
-    config, given = hf_layout.read_folder(folder, "drafter")
+    config, given = read_folder(folder, "drafter")
     source = f"HF folder {os.fspath(folder)!r}"
     arch.check_folder_config(config, norm_eps, source, what)
     n_layer = config.get(
         "num_hidden_layers", _layer_count({k: v for k, v in given.items() if k != "embed_tokens.weight"})
     )
     n_layer = checks.integer(f"{source}: config.json num_hidden_layers", n_layer, 1)
-    if hf_layout.CONDITION_KEY in config:
-        key = f"{source}: config.json {hf_layout.CONDITION_KEY}"
-        condition_input = checks.choice(key, config[hf_layout.CONDITION_KEY], CONDITION_INPUTS)
+    if CONDITION_KEY in config:
+        key = f"{source}: config.json {CONDITION_KEY}"
+        condition_input = checks.choice(key, config[CONDITION_KEY], CONDITION_INPUTS)
     taps = _folder_taps(config, arch.n_layer, source)
-    _check_fuse(taps, FUSE_KEY in given, source, f"config.json {hf_layout.TAPS_KEY}")
+    _check_fuse(taps, FUSE_KEY in given, source, f"config.json {FOLDER_TAPS_KEY}")
     drafter = Drafter(DrafterConfig(target, n_layer, norm_eps, condition_input, taps))
     table = torch.empty(arch.embedding_rows, arch.dim, device="meta")  # (V, D): only its shape is compared
     own = arch.to_folder(drafter.state_dict(), table)
@@ -504,25 +366,7 @@ def save_drafter_folder(
     config = drafter.config
     layout = config.arch.folder_config(config.n_layer, config.norm_eps, config.condition_input, config.taps)
     state = config.arch.to_folder(drafter.state_dict(), embeddings)
-    return hf_layout.write_folder(folder, layout, state, dtype)
-
-
-def random_drafter(
-    gpt: Mapping,
-    vq: Mapping,
-    init_seed: int = 0,
-    n_layer: int = 1,
-    device: str = "cpu",
-    dtype: str = "float32",
-    path: str | os.PathLike | None = None,
-) -> Drafter:
-    """A seeded, randomly initialised drafter for the described target (smoke runs and tests), or, when
-    ``path`` is given, the drafter loaded from it (:func:`load_drafter`)."""
-    if path is not None:
-        return load_drafter(path, gpt, vq, device, dtype)
-    torch.manual_seed(init_seed)
-    drafter = Drafter(DrafterConfig(_target_config(gpt, vq), n_layer=n_layer))
-    return drafter.to(device=resolve_device(device), dtype=resolve_dtype(dtype)).eval()
+    return write_folder(folder, layout, state, dtype)
 
 
 def drafter_metadata(drafter: Drafter) -> dict[str, str]:
@@ -550,8 +394,8 @@ def _parse_taps(value: str | None, source: str) -> tuple[int, ...]:
 def _folder_taps(config: Mapping, n_layer: int, source: str) -> tuple[int, ...]:
     """The taps a folder's ``config.json`` states (a list of ints under ``lantern_taps``; absent: none), for a
     target of ``n_layer`` layers."""
-    key = f"{source}: config.json {hf_layout.TAPS_KEY}"
-    value = config.get(hf_layout.TAPS_KEY, [])
+    key = f"{source}: config.json {FOLDER_TAPS_KEY}"
+    value = config.get(FOLDER_TAPS_KEY, [])
     if not isinstance(value, list):
         raise checks.refuse(key, value, "a list of layer indices")
     return check_taps(value, n_layer, key)

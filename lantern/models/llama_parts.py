@@ -10,16 +10,16 @@
 * :class:`LlamaShape`, the shape facts and checks both configs state the same way; :class:`RopeTarget`, the
   protocol's methods both targets write the same way over their layers (fp32 RoPE frequencies, the layer loop
   with taps, the static cache);
-* for EAGLE-style drafters: :func:`drafter_cos_sin` (the drafter's RoPE rows), :func:`drafter_rope_table`,
-  :func:`check_folder_keys` and the folder keys of our own.
+* :func:`seeded_weights`, the seeded init of a random preset's target. The one EAGLE drafter arch both families
+  build on is :mod:`lantern.models.llama_drafter`.
 
 Nothing here is a family: it holds no layout of prompts, vocabularies or folders.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -28,13 +28,7 @@ from torch import nn
 from lantern import checks
 from lantern.errors import CheckpointError, ConfigError
 from lantern.models.kv_cache import KVCache
-from lantern.models.target import EmbeddingsTarget, check_taps
-
-# Our own drafter config.json keys (the same names as LlamaGen's drafter folders): what condition entries read,
-# the tapped target layers; the releases' loaders ignore both. EMBED_KEY: the frozen token table of a folder.
-EMBED_KEY = "embed_tokens.weight"
-CONDITION_KEY = "lantern_condition_input"
-TAPS_KEY = "lantern_taps"
+from lantern.models.target import EmbeddingsTarget, GridShape, check_taps
 
 
 class RMSNorm(nn.Module):
@@ -146,10 +140,58 @@ class DecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
-class LlamaShape:
-    """Shape facts and checks of a family config with ``n_layer``, ``n_head``, ``n_kv_head``, ``dim``,
-    ``num_codes``, ``grid_size``, ``cls_token_num`` (a frozen dataclass mixing this in calls
-    :meth:`check_shape` from its ``__post_init__``)."""
+class LlamaBody(nn.Module):
+    """A Llama body in HF's names: ``embed_tokens`` over the whole vocabulary (``text_vocab_size``), ``layers``
+    of the family's ``layer_class``, the final ``norm``."""
+
+    layer_class = DecoderLayer
+
+    def __init__(self, config):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.text_vocab_size, config.dim)
+        self.layers = nn.ModuleList(self.layer_class(config) for _ in range(config.n_layer))
+        self.norm = RMSNorm(config.dim, config.norm_eps)
+
+
+def seeded_weights(model: torch.nn.Module, init_seed: int, law: Callable[[str], tuple[float, float]]):
+    """``model`` with every parameter drawn in order from one CPU generator seeded ``init_seed``:
+    ``mean + std * randn`` (just ``std * randn`` for mean 0), ``law(name)`` giving (mean, std). The seeded
+    random presets' targets (a family's ``random_target`` says its law)."""
+    generator = torch.Generator().manual_seed(init_seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            mean, std = law(name)
+            draw = std * torch.randn(param.shape, generator=generator)
+            param.copy_(draw if mean == 0 else mean + draw)
+    return model
+
+
+@dataclass(frozen=True)
+class LlamaShape(GridShape):
+    """The sizes every Llama-style family config starts with, and their shape facts and checks. A family's
+    config is a frozen dataclass over it that adds its own fields (``n_kv_head``, ``grid_size``,
+    ``cls_token_num`` among them) and calls :meth:`check_shape` from its ``__post_init__``."""
+
+    n_layer: int
+    n_head: int
+    dim: int
+    ffn_hidden: int
+    text_vocab_size: int  # the whole vocabulary (the body's embedding rows)
+    num_codes: int  # the image codes decoders sample from
+
+    @classmethod
+    def for_architecture(cls, architecture: Mapping, target: Mapping, grid_size: int, **extra):
+        """The config of a preset's ``architecture`` (its fields but the grid and the condition slots, which
+        ``grid_size`` and ``target``'s ``cls_token_num`` give): random-weight timing at a real model's sizes."""
+        cls_token_num = checks.integer("model.cls_token_num", target["cls_token_num"], 2)
+        return cls(**dict(architecture), grid_size=grid_size, cls_token_num=cls_token_num, **extra)
+
+    @staticmethod
+    def node_sizes(target: Mapping, text_vocab_size: int) -> dict:
+        """The sizes a random preset's ``target`` node states (``n_layer``, ``n_head``, ``dim``, ``ffn_hidden``)
+        and the size of its vocabulary, as config fields."""
+        sizes = {key: target[key] for key in ("n_layer", "n_head", "dim", "ffn_hidden")}
+        return {**sizes, "text_vocab_size": text_vocab_size}
 
     def check_shape(self, integers: tuple[str, ...]) -> None:
         """ConfigError unless ``integers`` are positive, the condition holds BOS and BOI and the width splits
@@ -166,21 +208,9 @@ class LlamaShape:
             )
 
     @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_head
-
-    @property
     def vocab_size(self) -> int:
         """What decoders sample from: the image codes."""
         return self.num_codes
-
-    @property
-    def num_image_tokens(self) -> int:
-        return self.grid_size * self.grid_size
-
-    @property
-    def max_seq_len(self) -> int:
-        return self.cls_token_num + self.num_image_tokens
 
 
 class RopeTarget(EmbeddingsTarget):
@@ -227,64 +257,3 @@ class RopeTarget(EmbeddingsTarget):
         return self.cache_class.allocate(
             cfg.n_layer, batch, cfg.n_kv_head, max_len or cfg.max_seq_len, cfg.head_dim, weight.dtype, weight.device
         )
-
-
-# ----- drafters -----------------------------------------------------------------------------------------------
-def drafter_cos_sin(rope: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """A drafter's RoPE rows ``rope`` (S, hd, 2) or (B, S, hd, 2) fp32 ``[cos, sin]`` -> cos, sin in ``dtype``
-    shaped to broadcast as the target's: (1, 1, S, hd) or (B, 1, S, hd)."""
-    cos, sin = rope[..., 0].to(dtype), rope[..., 1].to(dtype)
-    if cos.dim() == 2:
-        return cos[None, None], sin[None, None]
-    return cos[:, None], sin[:, None]
-
-
-def drafter_rope_table(config) -> torch.Tensor:
-    """(T + N - 1, hd, 2) fp32 ``[cos, sin]``: drafter entry ``i`` at position ``i + 1``, angles as the target's."""
-    positions = torch.arange(1, config.max_seq_len)
-    cos, sin = rope_angles(positions, inv_freq(config.head_dim, config.rope_theta), torch.float32)
-    return torch.stack([cos, sin], dim=-1)
-
-
-def own_keys(config: dict, condition_input: str, taps: tuple[int, ...]) -> dict:
-    """``config`` with our own keys (condition entries' input, taps) where they are set."""
-    if condition_input:
-        config[CONDITION_KEY] = condition_input
-    if taps:
-        config[TAPS_KEY] = [int(tap) for tap in taps]
-    return config
-
-
-def split_folder(state_dict: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
-    """A drafter folder's tensors under our names, and its frozen table (or None)."""
-    return {k: v for k, v in state_dict.items() if k != EMBED_KEY}, state_dict.get(EMBED_KEY)
-
-
-def same_json(have, want) -> bool:
-    """Equal as JSON values: numbers by value (``1e-05`` is ``1e-5``), a bool or a string only to its kind."""
-    if isinstance(want, (bool, str)):
-        return type(have) is type(want) and have == want
-    if checks.is_number(want):
-        return checks.is_number(have) and math.isclose(float(have), float(want), rel_tol=1e-9, abs_tol=0.0)
-    return have == want
-
-
-def check_folder_keys(
-    config: Mapping,
-    expected: Mapping,
-    required: tuple[str, ...],
-    source: str,
-    what: str,
-    nullable: tuple[str, ...] = (),
-) -> None:
-    """ConfigError naming the first key of ``expected`` whose value in ``config`` does not fit (a key of
-    ``required`` must be there; the others, or a key of ``nullable`` set to null, are checked when present)."""
-    for key, want in expected.items():
-        if key not in config or (key in nullable and config[key] is None):
-            if key in required:
-                raise ConfigError(f"{source}: config.json has no {key!r}; expected {checks.shown(want)} for {what}")
-            continue
-        if not same_json(config[key], want):
-            raise ConfigError(
-                f"{source}: config.json has {key}={checks.shown(config[key])}, expected {checks.shown(want)} for {what}"
-            )

@@ -22,23 +22,32 @@ SPECIAL_NAMES = {"bos_id": "BOS", "pad_id": "pad", "eot_id": "EOT", "boi_id": "B
 class PromptConditioner:
     """Captions -> prompt ids (B, T) in a family's slot layout and their mask (B, T), T the model's condition
     slots. A family sets ``templates`` (the first is the default) and ``special`` (its config's special-id
-    fields, in its constructor's order after ``cls_token_num``) and writes ``ids`` and ``place``."""
+    fields, held under their own names, given after ``cls_token_num`` in that order) and writes ``ids`` and
+    ``place``."""
 
     kind = "text"
     templates: tuple[str, ...] = ()
     special: tuple[str, ...] = ()
 
-    def _setup(self, tokenizer, cls_token_num: int, template: str, device) -> None:
+    def __init__(self, tokenizer, cls_token_num: int, *ids: int, template: str | None = None, device="cpu"):
+        """``ids``: the values of ``special``, in its order; ``template`` None: the family's first."""
+        template = template or self.templates[0]
         if template not in self.templates:
             raise ConfigError(f"prompt template={template!r}: expected one of {', '.join(self.templates)}")
+        if len(ids) != len(self.special):
+            raise ConfigError(
+                f"{type(self).__name__} takes {len(self.special)} special ids ({', '.join(self.special)})"
+            )
         self.tokenizer, self.cls_token_num, self.template = tokenizer, int(cls_token_num), template
         self.device = torch.device(device)
+        for name, value in zip(self.special, ids, strict=True):
+            setattr(self, name, value)
 
     @classmethod
     def for_model(cls, tokenizer, config, template: str | None = None, device="cpu"):
         """The conditioner of a target's ``config`` (its slots and special ids)."""
         ids = (getattr(config, name) for name in cls.special)
-        return cls(tokenizer, config.cls_token_num, *ids, template or cls.templates[0], device)
+        return cls(tokenizer, config.cls_token_num, *ids, template=template, device=device)
 
     def check_model(self, config) -> None:
         """ConfigError unless ``config`` has these slots and special ids."""

@@ -28,6 +28,24 @@ class TargetShape(Protocol):
     max_seq_len: int  # T + N: rows of the position table
 
 
+class GridShape:
+    """The shape facts every family's config derives the same way from its ``dim``, ``n_head``, ``grid_size``
+    and ``cls_token_num`` (mixed into the config dataclasses)."""
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_head
+
+    @property
+    def num_image_tokens(self) -> int:
+        return self.grid_size * self.grid_size
+
+    @property
+    def max_seq_len(self) -> int:
+        """Condition slots plus one per image token (the rows of a position table)."""
+        return self.cls_token_num + self.num_image_tokens
+
+
 @runtime_checkable
 class Target(Protocol):
     """A target model: no decoding state of its own; callers pass caches, positions, slots and masks."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -22,7 +21,6 @@ import torch.nn.functional as F
 
 from lantern.errors import CheckpointError, ConfigError
 from lantern.files import note_input, save_torch_atomic
-from lantern.models.bundle import random_vq
 from lantern.models.checkpoint import read_state_dict
 from lantern.rules.relaxation import NeighbourTable
 
@@ -265,21 +263,3 @@ class CodebookNeighbours:
             check_table(indices, codebook)
             self._tables[normalize] = NeighbourTable(indices, normalize)
         return self._tables[normalize]
-
-
-def random_neighbours(
-    vq: Mapping,
-    init_seed: int = 0,
-    k_max: int = 1024,
-    normalize: bool | None = None,
-    cache_dir: str = "outputs/neighbours",
-    path: str | None = None,
-):
-    """The codebook neighbours of :func:`random_bundle`'s tokenizer (for smoke runs of LANTERN)."""
-    return CodebookNeighbours(
-        k_max=k_max,
-        normalize=normalize,
-        cache_dir=cache_dir,
-        path=path,
-        codebook=random_vq(vq, init_seed).raw_codebook().detach(),
-    )

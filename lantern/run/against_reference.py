@@ -46,8 +46,8 @@ from hydra.utils import instantiate
 from lantern import checks
 from lantern.errors import ConfigError
 from lantern.files import write_json_atomic, write_text_atomic
-from lantern.models.reference import reference_code as theirs
-from lantern.models.reference import reference_layout as convert
+from lantern.models.llamagen import reference_code as theirs
+from lantern.models.llamagen import reference_layout as convert
 from lantern.models.world.load import DEFAULT_WORLD
 from lantern.results.provenance import environment
 from lantern.rng import keys_tensor, sample_key

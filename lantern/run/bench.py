@@ -30,9 +30,9 @@ from lantern import REPO_ROOT, checks
 from lantern.decoding.ar import ARDecoder
 from lantern.decoding.compile import check_compile
 from lantern.files import write_json_atomic, write_text_atomic
-from lantern.models.bundle import random_gpt
 from lantern.models.condition import ClassConditioner
 from lantern.models.devices import resolve_device
+from lantern.models.llamagen.bundle import random_gpt
 from lantern.models.sampling import SamplingConfig
 from lantern.results.baselines import JOIN_KEYS
 from lantern.results.provenance import environment

@@ -35,9 +35,9 @@ from lantern.decoding.tree.decoder import SpeculativeDecoder
 from lantern.decoding.tree.draft import chain
 from lantern.errors import ConfigError
 from lantern.files import write_json_atomic, write_text_atomic
-from lantern.models.bundle import random_gpt
 from lantern.models.condition import Condition
 from lantern.models.drafter import Drafter, DrafterConfig
+from lantern.models.llamagen.bundle import random_gpt
 from lantern.models.sampling import SamplingConfig
 from lantern.results.provenance import environment
 from lantern.rng import keys_tensor

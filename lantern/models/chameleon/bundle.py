@@ -14,22 +14,17 @@ import torch
 
 from lantern import checks
 from lantern.errors import CheckpointError, ConfigError
-from lantern.models.bundle import (
-    ModelBundle,
-    TimingParts,
-    family_drafter,
-    finish_family_bundle,
-    require_folder,
-    timing_parts,
-)
+from lantern.models.bundle import family_drafter, finish_family_bundle, require_drafter, require_folder, timing_parts
 from lantern.models.chameleon import hf
 from lantern.models.chameleon.condition import ChameleonConditioner
 from lantern.models.chameleon.folder import ChameleonBundle
 from lantern.models.chameleon.model import ChameleonConfig, ChameleonTarget
 from lantern.models.chameleon.vocab import TINY_WORDS, read_layout, tiny_vocabulary, word_tokenizer
 from lantern.models.chameleon.vqgan import ChameleonVQGAN, VQGANConfig
-from lantern.models.checkpoint import check_state_dict, read_state_dict
+from lantern.models.checkpoint import check_state_dict, read_state_dict, tokenizer_file
 from lantern.models.devices import resolve_device, resolve_dtype
+from lantern.models.drafter import load_drafter_for
+from lantern.models.llama_parts import seeded_weights
 from lantern.models.prompt_ids import load_tokenizer
 
 
@@ -54,11 +49,7 @@ def random_config(target: Mapping, vq: VQGANConfig) -> tuple[ChameleonConfig, di
     vocab = tiny_vocabulary(num_codes, tuple(target.get("words") or TINY_WORDS))
     layout = read_layout(vocab, "the random preset's vocabulary")
     config = ChameleonConfig(
-        n_layer=target["n_layer"],
-        n_head=target["n_head"],
-        dim=target["dim"],
-        ffn_hidden=target["ffn_hidden"],
-        text_vocab_size=len(vocab),
+        **ChameleonConfig.node_sizes(target, len(vocab)),
         grid_size=_grid(target, vq),
         cls_token_num=target["cls_token_num"],
         **vars(layout),
@@ -69,16 +60,14 @@ def random_config(target: Mapping, vq: VQGANConfig) -> tuple[ChameleonConfig, di
 def random_target(config: ChameleonConfig, init_seed: int = 0, target_class=ChameleonTarget) -> ChameleonTarget:
     """A seeded random target (std 0.02 weights as transformers' init; LayerNorm/RMSNorm weights perturbed so
     the norms matter in tests); ``target_class`` a family variant's (Lumina-mGPT's)."""
-    generator = torch.Generator().manual_seed(init_seed)
-    model = target_class(config)
+
+    def law(name: str) -> tuple[float, float]:
+        if name.endswith("norm.weight"):
+            return 1.0, 0.1
+        return 0.0, 0.1 if name.endswith("norm.bias") else 0.02
+
+    model = seeded_weights(target_class(config), init_seed, law)
     with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
-                param.copy_(1 + 0.1 * torch.randn(param.shape, generator=generator))
-            elif name.endswith("norm.bias"):
-                param.copy_(0.1 * torch.randn(param.shape, generator=generator))
-            else:
-                param.copy_(0.02 * torch.randn(param.shape, generator=generator))
         model.model.embed_tokens.weight[config.pad_id].zero_()  # as transformers' padding_idx row
     return model
 
@@ -112,7 +101,7 @@ def random_bundle(
     convert=None,
     target_class=ChameleonTarget,
     conditioner_class=ChameleonConditioner,
-) -> ModelBundle:
+) -> ChameleonBundle:
     """The seeded random tiny Chameleon (no files): target, VQGAN and a word-level tokenizer over its
     vocabulary. ``gpt_ckpt`` (an HF folder of the same architecture), when given, replaces the target.
     ``config_of`` (the random config and vocabulary, default :func:`random_config`), ``convert``,
@@ -144,7 +133,7 @@ def load_bundle(
     convert=None,
     target_class=ChameleonTarget,
     conditioner_class=ChameleonConditioner,
-) -> ModelBundle:
+) -> ChameleonBundle:
     """A Chameleon target from an HF folder (``model.gpt_ckpt``) with Meta's VQGAN (``model.vq_ckpt``,
     ``vqgan.ckpt``) and the folder's tokenizer. ``convert``, ``target_class`` and ``conditioner_class``: a
     family variant's (Lumina-mGPT's, :mod:`lantern.models.chameleon.lumina_bundle`)."""
@@ -159,7 +148,7 @@ def load_bundle(
         raise CheckpointError(
             f"the folder's {config.num_codes} image tokens do not match the VQGAN's {vq_cfg.num_embeddings} codes"
         )
-    tokenizer = load_tokenizer(hf.tokenizer_file(gpt_ckpt))
+    tokenizer = load_tokenizer(tokenizer_file(gpt_ckpt))
     if vq_ckpt is None or not os.path.isfile(os.fspath(vq_ckpt)):
         raise CheckpointError(f"model.vq_ckpt={vq_ckpt!r}: expected Chameleon's vqgan.ckpt")
     vq_model = load_vqgan(vq_ckpt, vq_cfg)
@@ -169,35 +158,20 @@ def load_bundle(
 
 
 # ----- drafters and neighbours -----------------------------------------------------------------------------
-def random_drafter(
-    target: Mapping,
-    vq: Mapping,
-    init_seed: int = 0,
-    device: str = "cpu",
-    dtype: str = "float32",
-    path=None,
-    name: str = "tiny_random_chameleon",
-):
+def random_drafter(target, vq, init_seed=0, device="cpu", dtype="float32", path=None, name="tiny_random_chameleon"):
     """A seeded random one-layer drafter for the random preset (speculative smoke runs and tests), or, when
     ``path`` is given, the drafter loaded from it (an HF folder in ``jadohu/anole_drafter``'s layout, e.g. one
     ``scripts/train_drafter.py`` exported, or the trainer's ``drafter.safetensors``). Either way a drafter of
     Chameleon's own layer and 1D RoPE (:class:`~lantern.models.chameleon.model.ChameleonDrafterArch`)."""
-    config, _ = random_config(target, vq_config(vq))
-    return family_drafter(config, path, name, init_seed, device, dtype)
+    return family_drafter(random_config(target, vq_config(vq))[0], path, name, init_seed, device, dtype)
 
 
-def load_drafter(
-    path, gpt_ckpt, target: Mapping, vq: Mapping, device: str = "cpu", dtype: str = "float32", name: str = "anole_7b"
-):
+def load_drafter(path, gpt_ckpt, target: Mapping, vq: Mapping, device="cpu", dtype="float32", name="anole_7b"):
     """The drafter at ``path`` for the target folder ``gpt_ckpt`` (whose ``config.json`` alone is read here):
     LANTERN's ``jadohu/anole_drafter`` folder or one ``scripts/train_drafter.py`` exported."""
-    from lantern.models.drafter import load_drafter_for
-
-    if path is None:
-        raise ConfigError(
-            "no drafter checkpoint given: pass model.drafter_ckpt=PATH (LANTERN's jadohu/anole_drafter folder, or "
-            "one scripts/train_drafter.py exported); decoding=ar, sjd and gsd need no drafter"
-        )
+    require_drafter(
+        path, "LANTERN's jadohu/anole_drafter folder, or one scripts/train_drafter.py exported", "ar, sjd and gsd"
+    )
     require_folder(gpt_ckpt, hf.ARCHITECTURE)
     cls_token_num = checks.integer("model.cls_token_num", target["cls_token_num"], 2)
     config = hf.check_folder(gpt_ckpt, _grid(target, vq_config(vq)), cls_token_num)
@@ -211,14 +185,7 @@ def random_codebook(vq: Mapping, init_seed: int = 0) -> torch.Tensor:
 
 
 # ----- timing (scripts/gpu_check.py) ------------------------------------------------------------------------
-def timing(
-    architecture: Mapping | None,
-    target: Mapping,
-    vq: Mapping,
-    device: str = "cpu",
-    dtype: str = "float32",
-    init_seed: int = 0,
-) -> TimingParts:
+def timing(architecture: Mapping | None, target: Mapping, vq: Mapping, device="cpu", dtype="float32", init_seed=0):
     """Random-weight parts of a preset for the GPU check: a target of ``architecture`` (the fields of
     :class:`ChameleonConfig` but ``grid_size`` and ``cls_token_num``, which ``target`` and ``vq`` give; null:
     the random preset's own) and a one-layer drafter, both made directly on ``device`` in ``dtype``."""
@@ -226,7 +193,5 @@ def timing(
     if architecture is None:
         config, _ = random_config(target, vq_cfg)
     else:
-        cls_token_num = checks.integer("model.cls_token_num", target["cls_token_num"], 2)
-        config = ChameleonConfig(**dict(architecture), grid_size=_grid(target, vq_cfg), cls_token_num=cls_token_num)
-    conditioner = ChameleonConditioner.for_model(None, config, device=device)
-    return timing_parts(ChameleonTarget, config, conditioner, device, dtype, init_seed)
+        config = ChameleonConfig.for_architecture(architecture, target, _grid(target, vq_cfg))
+    return timing_parts(ChameleonTarget, config, ChameleonConditioner, device, dtype, init_seed)

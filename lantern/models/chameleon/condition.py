@@ -21,20 +21,6 @@ class ChameleonConditioner(PromptConditioner):
     templates = TEMPLATES
     special = ("bos_id", "pad_id", "eot_id", "boi_id")
 
-    def __init__(
-        self,
-        tokenizer,
-        cls_token_num: int,
-        bos_id: int,
-        pad_id: int,
-        eot_id: int,
-        boi_id: int,
-        template: str = "anole",
-        device: str | torch.device = "cpu",
-    ):
-        self._setup(tokenizer, cls_token_num, template, device)
-        self.bos_id, self.pad_id, self.eot_id, self.boi_id = bos_id, pad_id, eot_id, boi_id
-
     def ids(self, prompt: str) -> list[int]:
         """The prompt context of one caption, by the template."""
         text = self.tokenizer.encode(prompt, add_special_tokens=False).ids

@@ -21,9 +21,10 @@ import torch
 from lantern.errors import ConfigError
 from lantern.files import write_folder_atomic
 from lantern.models.bundle import ModelBundle
-from lantern.models.chameleon.hf import TOKENIZER_NAME, VQ_PREFIX
+from lantern.models.chameleon.hf import VQ_PREFIX
 from lantern.models.chameleon.model import ARCHITECTURE
 from lantern.models.chameleon.vocab import read_layout
+from lantern.models.checkpoint import TOKENIZER_NAME
 
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
 # The VQGAN's tensors an HF folder holds (transformers' ChameleonVQVAE: the encoder side and the codebook).

@@ -10,35 +10,19 @@ set aside and returned for the tokenizer to check.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
-from pathlib import Path
 
 import torch
 
 from lantern import checks
 from lantern.errors import CheckpointError
-from lantern.files import note_input
 from lantern.models.chameleon.model import ARCHITECTURE, ChameleonConfig, ChameleonTarget
 from lantern.models.chameleon.vocab import read_layout
-from lantern.models.checkpoint import (
-    INDEX_SUFFIX,
-    WEIGHT_FILES,
-    check_hf_folder,
-    check_shapes,
-    read_hf_config,
-    read_hf_weights,
-)
+from lantern.models.checkpoint import check_shards, folder_source, load_folder_target, read_folder_config
 from lantern.models.llama_parts import rope_theta_of
 
 VQ_PREFIX = "model.vqmodel."
-TOKENIZER_NAME = "tokenizer.json"
-_STRAYS = (".rotary_emb.inv_freq",)  # buffers older transformers saved; no weights
-
-
-def _source(folder) -> str:
-    return f"HF folder {os.fspath(folder)!r}"
 
 
 def config_from_hf(config: Mapping, grid_size: int, cls_token_num: int, source: str) -> ChameleonConfig:
@@ -80,31 +64,15 @@ def config_from_hf(config: Mapping, grid_size: int, cls_token_num: int, source: 
     )
 
 
-def read_folder(folder: str | os.PathLike) -> tuple[dict, Path]:
-    """A folder's ``config.json`` and the folder as a Path."""
-    folder = check_hf_folder(folder)
-    return read_hf_config(folder), folder
-
-
 def check_folder(folder: str | os.PathLike, grid_size: int, cls_token_num: int, convert=None) -> ChameleonConfig:
     """What can be checked before a large read: the config describes a Chameleon, and every shard its
     index names is there. Returns the target's config (passed through ``convert(config, config.json, source)``
     when given: a family variant's own ids)."""
-    config, folder = read_folder(folder)
-    model_config = config_from_hf(config, grid_size, cls_token_num, _source(folder))
+    config, folder = read_folder_config(folder)
+    model_config = config_from_hf(config, grid_size, cls_token_num, folder_source(folder))
     if convert is not None:
-        model_config = convert(model_config, config, _source(folder))
-    for name in WEIGHT_FILES:
-        index = folder / (name + INDEX_SUFFIX)
-        if index.is_file():
-            try:
-                shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
-            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-                raise CheckpointError(f"{str(index)!r} is not a shard index ({exc})") from exc
-            absent = [shard for shard in shards if not (folder / str(shard)).is_file()]
-            if absent:
-                raise CheckpointError(f"{_source(folder)}: shard {absent[0]!r}, named in {index.name}, is not there")
-            break
+        model_config = convert(model_config, config, folder_source(folder))
+    check_shards(folder)
     return model_config
 
 
@@ -114,26 +82,10 @@ def load_target(
     """The target of ``folder``, strictly (fp32 on CPU), and the tensors under ``model.vqmodel.`` (its VQ
     encoder, without the prefix) for the tokenizer; noted as one input (role ``target``). ``convert`` and
     ``target_class``: a family variant's config (as :func:`check_folder`) and target (Lumina-mGPT's)."""
-    config, folder = read_folder(folder)
-    source = _source(folder)
+    config, folder = read_folder_config(folder)
+    source = folder_source(folder)
     model_config = config_from_hf(config, grid_size, cls_token_num, source)
     if convert is not None:
         model_config = convert(model_config, config, source)
-    given = {k: v for k, v in read_hf_weights(folder).items() if not k.endswith(_STRAYS)}
-    vq = {k[len(VQ_PREFIX) :]: v for k, v in given.items() if k.startswith(VQ_PREFIX)}
-    own = {k: v for k, v in given.items() if not k.startswith(VQ_PREFIX)}
-    with torch.device("meta"):
-        shapes = {k: tuple(v.shape) for k, v in target_class(model_config).state_dict().items()}
-    check_shapes(shapes, own, f"a {ARCHITECTURE} of that config.json", os.fspath(folder))
-    model = target_class(model_config)
-    model.load_state_dict(own, strict=True)
-    note_input(folder, "target")
-    return model, vq
-
-
-def tokenizer_file(folder: str | os.PathLike) -> Path:
-    """The folder's ``tokenizer.json``; CheckpointError when it has none."""
-    path = Path(folder) / TOKENIZER_NAME
-    if not path.is_file():
-        raise CheckpointError(f"{_source(folder)} has no {TOKENIZER_NAME} (the prompt tokenizer)")
-    return path
+    what = f"a {ARCHITECTURE} of that config.json"
+    return load_folder_target(folder, lambda: target_class(model_config), what, VQ_PREFIX)

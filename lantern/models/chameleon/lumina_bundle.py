@@ -11,10 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import torch
-
-from lantern import checks
-from lantern.models.bundle import ModelBundle, TimingParts, family_drafter, timing_parts
+from lantern.models.bundle import ModelBundle, family_drafter, timing_parts
 from lantern.models.chameleon import bundle as chameleon
 from lantern.models.chameleon.condition import ChameleonConditioner
 from lantern.models.chameleon.lumina import EOL, LuminaConfig, LuminaTarget, lumina_config, size_token
@@ -31,22 +28,6 @@ class LuminaConditioner(ChameleonConditioner):
 
     templates = ("lumina",)
     special = ("bos_id", "pad_id", "eot_id", "boi_id", "size_id", "image_pixels")
-
-    def __init__(
-        self,
-        tokenizer,
-        cls_token_num: int,
-        bos_id: int,
-        pad_id: int,
-        eot_id: int,
-        boi_id: int,
-        size_id: int,
-        image_pixels: int,
-        template: str = "lumina",
-        device: str | torch.device = "cpu",
-    ):
-        super().__init__(tokenizer, cls_token_num, bos_id, pad_id, eot_id, boi_id, template, device)
-        self.size_id, self.image_pixels = size_id, image_pixels
 
     def question(self, caption: str) -> str:
         return TEMPLATE.format(width=self.image_pixels, height=self.image_pixels, caption=caption)
@@ -80,13 +61,7 @@ def random_config(target: Mapping, vq: Mapping) -> tuple[LuminaConfig, dict[str,
 
 
 def random_bundle(
-    name: str,
-    target: Mapping,
-    vq: Mapping,
-    init_seed: int = 0,
-    device: str = "cpu",
-    dtype: str = "float32",
-    gpt_ckpt: str | None = None,
+    name: str, target: Mapping, vq: Mapping, init_seed=0, device="cpu", dtype="float32", gpt_ckpt=None
 ) -> ModelBundle:
     """The seeded random tiny Lumina-mGPT (no files); ``gpt_ckpt`` (an HF folder of the same architecture and
     vocabulary) replaces the target."""
@@ -107,13 +82,7 @@ def random_bundle(
 
 
 def load_bundle(
-    name: str,
-    gpt_ckpt: str | None,
-    vq_ckpt: str | None,
-    target: Mapping,
-    vq: Mapping,
-    device: str = "cpu",
-    dtype: str = "float32",
+    name: str, gpt_ckpt: str | None, vq_ckpt: str | None, target: Mapping, vq: Mapping, device="cpu", dtype="float32"
 ) -> ModelBundle:
     """Lumina-mGPT from an HF ``ChameleonForConditionalGeneration`` folder with Chameleon's VQGAN, as
     :func:`lantern.models.chameleon.bundle.load_bundle` with Lumina's ids, target and prompt template."""
@@ -123,29 +92,13 @@ def load_bundle(
     )
 
 
-def random_drafter(
-    target: Mapping,
-    vq: Mapping,
-    init_seed: int = 0,
-    device: str = "cpu",
-    dtype: str = "float32",
-    path=None,
-    name: str = "tiny_random_lumina",
-):
+def random_drafter(target, vq, init_seed=0, device="cpu", dtype="float32", path=None, name="tiny_random_lumina"):
     """The random preset's seeded one-layer drafter (Chameleon's layer), or the one at ``path``."""
-    config, _ = random_config(target, chameleon.vq_config(vq))
-    return family_drafter(config, path, name, init_seed, device, dtype)
+    return family_drafter(random_config(target, chameleon.vq_config(vq))[0], path, name, init_seed, device, dtype)
 
 
 # ----- timing (scripts/gpu_check.py) ------------------------------------------------------------------------
-def timing(
-    architecture: Mapping | None,
-    target: Mapping,
-    vq: Mapping,
-    device: str = "cpu",
-    dtype: str = "float32",
-    init_seed: int = 0,
-) -> TimingParts:
+def timing(architecture: Mapping | None, target: Mapping, vq: Mapping, device="cpu", dtype="float32", init_seed=0):
     """Random-weight parts of a Lumina preset for the GPU check, as :func:`lantern.models.chameleon.bundle.timing`:
     ``architecture`` the fields of :class:`LuminaConfig` but ``grid_size``, ``cls_token_num`` and ``image_pixels``
     (from ``target`` and ``vq``); null: the random preset's own."""
@@ -153,8 +106,6 @@ def timing(
     if architecture is None:
         config, _ = random_config(target, vq_cfg)
     else:
-        slots = checks.integer("model.cls_token_num", target["cls_token_num"], 2)
         grid, pixels = chameleon._grid(target, vq_cfg), int(target["image_size"])
-        config = LuminaConfig(**dict(architecture), grid_size=grid, cls_token_num=slots, image_pixels=pixels)
-    conditioner = LuminaConditioner.for_model(None, config, device=device)
-    return timing_parts(LuminaTarget, config, conditioner, device, dtype, init_seed)
+        config = LuminaConfig.for_architecture(architecture, target, grid, image_pixels=pixels)
+    return timing_parts(LuminaTarget, config, LuminaConditioner, device, dtype, init_seed)

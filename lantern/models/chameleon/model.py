@@ -38,33 +38,17 @@ row stays finite; its output is never read).
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from lantern import checks
-from lantern.errors import CheckpointError, ConfigError
-from lantern.models.drafter import ConfigSizes
+from lantern.errors import ConfigError
 from lantern.models.kv_cache import KVCache
-from lantern.models.llama_parts import (
-    EMBED_KEY,
-    Attention,
-    DecoderLayer,
-    LlamaShape,
-    RMSNorm,
-    RopeTarget,
-    check_folder_keys,
-    drafter_cos_sin,
-    drafter_rope_table,
-    own_keys,
-    rope_angles,
-    rope_theta_of,
-    split_folder,
-)
+from lantern.models.llama_drafter import LlamaDrafterArch, RopeRowsLayer
+from lantern.models.llama_parts import Attention, DecoderLayer, LlamaBody, LlamaShape, RopeTarget, rope_angles
 
 QK_NORM_EPS = 1e-5  # transformers' ChameleonLayerNorm ignores the config's eps
 ARCHITECTURE = "ChameleonForConditionalGeneration"
@@ -81,12 +65,6 @@ class ChameleonConfig(LlamaShape):
     (``<racm3:break>``) and ``eoi_id`` (``<eoss>``) are vocabulary ids.
     """
 
-    n_layer: int
-    n_head: int
-    dim: int
-    ffn_hidden: int
-    text_vocab_size: int
-    num_codes: int
     code_offset: int
     grid_size: int
     cls_token_num: int
@@ -195,14 +173,10 @@ class ChameleonLayer(DecoderLayer):
         return h + self.post_attention_layernorm(self.mlp(h))
 
 
-class ChameleonBody(nn.Module):
+class ChameleonBody(LlamaBody):
     """``model.*`` of the HF layout (without ``vqmodel``)."""
 
-    def __init__(self, config: ChameleonConfig):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(config.text_vocab_size, config.dim)
-        self.layers = nn.ModuleList(ChameleonLayer(config) for _ in range(config.n_layer))
-        self.norm = RMSNorm(config.dim, config.norm_eps)
+    layer_class = ChameleonLayer
 
 
 class ChameleonTarget(RopeTarget, nn.Module):
@@ -310,112 +284,44 @@ class ChameleonTarget(RopeTarget, nn.Module):
 # condition entries read is the prompt tokens' embeddings (``condition_input: embedding``), as theirs.
 
 
-class DrafterLayer(ChameleonLayer):
-    """Chameleon's decoder layer as a drafter layer: ``rope`` rows (S, hd, 2) or (B, S, hd, 2) of fp32
-    ``[cos, sin]`` (:meth:`ChameleonDrafterArch.rope_table`), cast to the activations' dtype as the target does."""
-
-    def forward(self, x, rope, mask, slots, kv) -> torch.Tensor:
-        return super().forward(x, *drafter_cos_sin(rope, x.dtype), mask, slots, kv)
+class DrafterLayer(RopeRowsLayer, ChameleonLayer):
+    """Chameleon's decoder layer as a drafter layer over RoPE rows (:class:`~lantern.models.llama_drafter.RopeRowsLayer`)."""
 
 
 @dataclass(frozen=True)
-class ChameleonDrafterArch(ConfigSizes):
-    """The :class:`~lantern.models.drafter.DrafterArch` of a Chameleon target (see the module docstring)."""
+class ChameleonDrafterArch(LlamaDrafterArch):
+    """The :class:`~lantern.models.drafter.DrafterArch` of a Chameleon target (see the comment above): the
+    Llama-style base with Chameleon's layer, its ``ChameleonConfig`` keys and the whole vocabulary's table."""
 
     config: ChameleonConfig
     first_norm: str = ""  # layer 0 keeps input_layernorm, as the release
+    layer_class = DrafterLayer
+    family = "Chameleon"
+    architecture = ARCHITECTURE
+    model_type = "chameleon"
+    folder_note = f"LANTERN's anole_drafter layout: the target's {ARCHITECTURE} config.json"
+    table_note = "the whole vocabulary's table"
 
     @property
     def embedding_rows(self) -> int:
         return self.config.text_vocab_size  # their drafter keeps the whole vocabulary's table
 
-    def block(self, norm_eps: float) -> nn.Module:
-        return DrafterLayer(replace(self.config, norm_eps=norm_eps))
-
-    def rope_table(self) -> torch.Tensor:
-        """(T + N - 1, hd, 2) fp32 ``[cos, sin]``: entry ``i`` at position ``i + 1``, angles as the target's."""
-        return drafter_rope_table(self.config)
-
-    # ----- the HF folder ---------------------------------------------------------------------------------
-    def folder_config(self, n_layer: int, norm_eps: float, condition_input: str, taps: tuple[int, ...]) -> dict:
-        """``config.json``: the target's ``ChameleonConfig`` keys their ``Model`` reads, with ``num_hidden_layers``
-        the drafter's, plus the condition slots and image tokens (checked on load) and our own keys."""
+    def family_keys(self) -> dict:
+        """The rest of the target's ``ChameleonConfig`` keys their ``Model`` reads."""
         cfg = self.config
-        config = {
-            "architectures": [ARCHITECTURE],
-            "model_type": "chameleon",
-            "hidden_size": cfg.dim,
-            "intermediate_size": cfg.ffn_hidden,
-            "num_attention_heads": cfg.n_head,
-            "num_key_value_heads": cfg.n_kv_head,
-            "num_hidden_layers": n_layer,
-            "rms_norm_eps": norm_eps,
-            "rope_theta": cfg.rope_theta,
+        return {
             "rope_scaling": None,
-            "vocab_size": cfg.text_vocab_size,
-            "hidden_act": "silu",
-            "attention_bias": False,
             "attention_dropout": 0.0,
-            "mlp_bias": False,
             "model_parallel_size": 1,
             "swin_norm": cfg.swin_norm,
-            "tie_word_embeddings": False,
             "bos_token_id": cfg.bos_id,
             "pad_token_id": cfg.pad_id,
             "boi_token_id": cfg.boi_id,
             "eoi_token_id": cfg.eoi_id,
-            "max_position_embeddings": max(4096, cfg.max_seq_len + 64),
-            "cls_token_num": cfg.cls_token_num,
-            "block_size": cfg.num_image_tokens,
         }
-        return own_keys(config, condition_input, taps)
 
-    def check_folder_config(self, config: Mapping, norm_eps: float, source: str, what: str) -> None:
-        """CheckpointError unless ``config.json`` describes a Chameleon; ConfigError naming the first key whose
-        value does not fit the target (width, heads, vocabulary: required; the rest when present)."""
-        architectures = config.get("architectures") or []
-        if config.get("model_type") != "chameleon" and ARCHITECTURE not in architectures:
-            found = ", ".join(map(str, architectures)) or "no architecture"
-            raise CheckpointError(
-                f"{source} holds {found} (model_type {config.get('model_type')!r}), not a drafter for a Chameleon "
-                f"target (LANTERN's anole_drafter layout: the target's {ARCHITECTURE} config.json)"
-            )
-        cfg = self.config
-        theta = rope_theta_of(config, source)
-        if not math.isclose(theta, cfg.rope_theta, rel_tol=1e-9):
-            raise ConfigError(f"{source}: config.json has rope_theta={theta}, expected {cfg.rope_theta} for {what}")
-        expected = {
-            "hidden_size": cfg.dim,
-            "num_attention_heads": cfg.n_head,
-            "vocab_size": cfg.text_vocab_size,
-            "num_key_value_heads": cfg.n_kv_head,
-            "intermediate_size": cfg.ffn_hidden,
-            "rms_norm_eps": norm_eps,
-            "hidden_act": "silu",
-            "attention_bias": False,
-            "mlp_bias": False,
-            "swin_norm": cfg.swin_norm,
-            "cls_token_num": cfg.cls_token_num,
-            "block_size": cfg.num_image_tokens,
-        }
-        required = ("hidden_size", "num_attention_heads", "vocab_size")
-        check_folder_keys(config, expected, required, source, what, nullable=("num_key_value_heads",))
-
-    def to_folder(self, state_dict: Mapping[str, torch.Tensor], embeddings: torch.Tensor) -> dict:
-        """Our drafter's tensors (already the release's names) and the frozen table ``embeddings`` (V, D)."""
-        want = (self.config.text_vocab_size, self.config.dim)
-        if tuple(embeddings.shape) != want:
-            raise ConfigError(
-                f"a Chameleon drafter folder keeps the whole vocabulary's table {want}, got {tuple(embeddings.shape)} "
-                "(pass ChameleonDrafterArch.folder_embeddings(target), not the image codes' rows)"
-            )
-        return {EMBED_KEY: embeddings, **state_dict}
-
-    def from_folder(
-        self, state_dict: Mapping[str, torch.Tensor], source: str
-    ) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
-        """A folder's (or file's) tensors under our names, and its frozen table (or None), only checked."""
-        return split_folder(state_dict)
+    def checked_keys(self) -> dict:
+        return {"swin_norm": self.config.swin_norm}
 
     def folder_embeddings(self, target) -> torch.Tensor:
         """The target's whole embedding table (V, D)."""

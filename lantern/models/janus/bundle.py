@@ -19,17 +19,20 @@ from lantern import checks
 from lantern.errors import CheckpointError, ConfigError
 from lantern.models.bundle import (
     ModelBundle,
-    TimingParts,
     family_drafter,
     finish_family_bundle,
+    require_drafter,
     require_folder,
     timing_parts,
 )
+from lantern.models.checkpoint import read_tensor, tokenizer_file
 from lantern.models.devices import resolve_device, resolve_dtype
+from lantern.models.drafter import load_drafter_for
 from lantern.models.janus import hf
 from lantern.models.janus.condition import TINY_WORDS, JanusConditioner, tiny_vocabulary, word_tokenizer
 from lantern.models.janus.model import JanusConfig, JanusTarget
 from lantern.models.janus.vq import load_vq, random_vq, vq_config
+from lantern.models.llama_parts import seeded_weights
 from lantern.models.llamagen.vq import VQConfig
 from lantern.models.prompt_ids import load_tokenizer
 
@@ -78,11 +81,7 @@ def random_config(target: Mapping, vq: Mapping) -> tuple[JanusConfig, dict[str, 
         raise ConfigError(f"{num_codes} image codes do not match the VQ's {vq_cfg.codebook_size}")
     vocab = tiny_vocabulary(tuple(target.get("words") or TINY_WORDS))
     config = JanusConfig(
-        n_layer=target["n_layer"],
-        n_head=target["n_head"],
-        dim=target["dim"],
-        ffn_hidden=target["ffn_hidden"],
-        text_vocab_size=len(vocab),
+        **JanusConfig.node_sizes(target, len(vocab)),
         num_codes=num_codes,
         code_dim=vq_cfg.codebook_embed_dim,
         grid_size=_grid(target, vq_cfg),
@@ -95,17 +94,13 @@ def random_config(target: Mapping, vq: Mapping) -> tuple[JanusConfig, dict[str, 
 def random_target(config: JanusConfig, init_seed: int = 0) -> JanusTarget:
     """A seeded random target: weights and biases of std 0.2 (at transformers' 0.02 a tiny target's greedy
     decoding repeats one code), RMSNorm weights perturbed around 1 and generation embeddings of unit scale."""
-    generator = torch.Generator().manual_seed(init_seed)
-    model = JanusTarget(config)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
-                param.copy_(1 + 0.1 * torch.randn(param.shape, generator=generator))
-            elif name == "model.generation_embeddings.weight":
-                param.copy_(torch.randn(param.shape, generator=generator))
-            else:
-                param.copy_(0.2 * torch.randn(param.shape, generator=generator))
-    return model
+
+    def law(name: str) -> tuple[float, float]:
+        if name.endswith("norm.weight"):
+            return 1.0, 0.1
+        return 0.0, 1.0 if name == "model.generation_embeddings.weight" else 0.2
+
+    return seeded_weights(JanusTarget(config), init_seed, law)
 
 
 def _folder(gpt_ckpt) -> str:
@@ -113,14 +108,7 @@ def _folder(gpt_ckpt) -> str:
 
 
 def random_bundle(
-    name: str,
-    target: Mapping,
-    vq: Mapping,
-    init_seed: int = 0,
-    template: str = "janus_pro",
-    device: str = "cpu",
-    dtype: str = "float32",
-    gpt_ckpt: str | None = None,
+    name, target: Mapping, vq: Mapping, init_seed=0, template="janus_pro", device="cpu", dtype="float32", gpt_ckpt=None
 ) -> JanusBundle:
     """The seeded random tiny Janus (no files): target, VQ and a word-level tokenizer over its vocabulary.
     ``gpt_ckpt`` (an HF folder of the same architecture), when given, replaces the target."""
@@ -163,19 +151,14 @@ def _folder_parts(gpt_ckpt, target: Mapping):
     vq_cfg = vq_config(vq_section)
     patches = vq_section.get("num_patches")
     grid = _grid(target, vq_cfg, None if patches is None else int(patches))
-    tokenizer = load_tokenizer(hf.tokenizer_file(folder))
+    tokenizer = load_tokenizer(tokenizer_file(folder))
     config = hf.check_folder(folder, grid, cls_token_num, tokenizer)
     _check_architecture(config, target.get("architecture"), folder)
     return config, vq_cfg, tokenizer, folder
 
 
 def load_bundle(
-    name: str,
-    gpt_ckpt: str | None,
-    target: Mapping,
-    template: str = "janus_pro",
-    device: str = "cpu",
-    dtype: str = "float32",
+    name: str, gpt_ckpt: str | None, target: Mapping, template="janus_pro", device="cpu", dtype="float32"
 ) -> JanusBundle:
     """A Janus target, its VQ (``model.vqmodel.*``) and its tokenizer from one HF folder (``model.gpt_ckpt``)."""
     device, dtype = resolve_device(device), resolve_dtype(dtype)
@@ -187,30 +170,15 @@ def load_bundle(
 
 
 # ----- drafters and neighbours -----------------------------------------------------------------------------
-def random_drafter(
-    target: Mapping,
-    vq: Mapping,
-    init_seed: int = 0,
-    device: str = "cpu",
-    dtype: str = "float32",
-    path=None,
-    name: str = "tiny_random_janus",
-):
+def random_drafter(target, vq, init_seed=0, device="cpu", dtype="float32", path=None, name="tiny_random_janus"):
     """A seeded random one-layer drafter for the random preset, or, when ``path`` is given, the drafter loaded
     from it (a folder ``scripts/train_drafter.py`` exported, or the trainer's ``drafter.safetensors``)."""
-    config, _ = random_config(target, vq)
-    return family_drafter(config, path, name, init_seed, device, dtype)
+    return family_drafter(random_config(target, vq)[0], path, name, init_seed, device, dtype)
 
 
 def load_drafter(path, gpt_ckpt, target: Mapping, device: str = "cpu", dtype: str = "float32", name: str = "janus"):
     """The drafter at ``path`` for the target folder ``gpt_ckpt`` (whose config and tokenizer alone are read)."""
-    from lantern.models.drafter import load_drafter_for
-
-    if path is None:
-        raise ConfigError(
-            "no drafter checkpoint given: pass model.drafter_ckpt=PATH (one scripts/train_drafter.py exported; "
-            "none is released for Janus); decoding=ar, sjd, gsd and zipar need no drafter"
-        )
+    require_drafter(path, "one scripts/train_drafter.py exported; none is released for Janus")
     config, _, _, _ = _folder_parts(gpt_ckpt, target)
     return load_drafter_for(path, config, name, device, dtype)
 
@@ -222,18 +190,11 @@ def random_codebook(vq: Mapping, init_seed: int = 0) -> torch.Tensor:
 
 def folder_codebook(folder: str | os.PathLike) -> torch.Tensor:
     """A folder's VQ codebook (K, 8) (``model.vqmodel.quantize.embedding.weight``), read alone."""
-    return hf.read_tensor(_folder(folder), CODEBOOK_KEY).float()
+    return read_tensor(_folder(folder), CODEBOOK_KEY).float()
 
 
 # ----- timing (scripts/gpu_check.py) ------------------------------------------------------------------------
-def timing(
-    architecture: Mapping | None,
-    target: Mapping,
-    vq: Mapping | None = None,
-    device: str = "cpu",
-    dtype: str = "float32",
-    init_seed: int = 0,
-) -> TimingParts:
+def timing(architecture: Mapping | None, target: Mapping, vq=None, device="cpu", dtype="float32", init_seed=0):
     """Random-weight parts of a preset for the GPU check: a target of ``architecture`` (the fields of
     :class:`JanusConfig` but ``grid_size`` and ``cls_token_num``, which ``target`` and ``vq`` give, ``vq``
     null the release's VQ-16; ``architecture`` null: the random preset's own) and a one-layer drafter, both
@@ -241,8 +202,5 @@ def timing(
     if architecture is None:
         config, _ = random_config(target, vq or {})
     else:
-        cls_token_num = checks.integer("model.cls_token_num", target["cls_token_num"], 2)
-        grid = _grid(target, vq_config(vq or {}))
-        config = JanusConfig(**dict(architecture), grid_size=grid, cls_token_num=cls_token_num)
-    conditioner = JanusConditioner.for_model(None, config, device=device)
-    return timing_parts(JanusTarget, config, conditioner, device, dtype, init_seed)
+        config = JanusConfig.for_architecture(architecture, target, _grid(target, vq_config(vq or {})))
+    return timing_parts(JanusTarget, config, JanusConditioner, device, dtype, init_seed)

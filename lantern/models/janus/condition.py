@@ -27,19 +27,6 @@ class JanusConditioner(PromptConditioner):
     templates = tuple(TEMPLATES)
     special = ("bos_id", "pad_id", "boi_id")
 
-    def __init__(
-        self,
-        tokenizer,
-        cls_token_num: int,
-        bos_id: int,
-        pad_id: int,
-        boi_id: int,
-        template: str = "janus_pro",
-        device: str | torch.device = "cpu",
-    ):
-        self._setup(tokenizer, cls_token_num, template, device)
-        self.bos_id, self.pad_id, self.boi_id = bos_id, pad_id, boi_id
-
     def ids(self, prompt: str) -> list[int]:
         """The prompt context of one caption: BOS, then the template's tokens (the last is BOI)."""
         text = TEMPLATES[self.template].format(caption=prompt.strip())

@@ -12,7 +12,6 @@ aside by prefix: ``model.vqmodel.*`` (the VQ, returned for the tokenizer to chec
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,28 +20,14 @@ import torch
 
 from lantern import checks
 from lantern.errors import CheckpointError
-from lantern.files import note_input
-from lantern.models.checkpoint import (
-    INDEX_SUFFIX,
-    WEIGHT_FILES,
-    check_hf_folder,
-    check_shapes,
-    read_hf_config,
-    read_hf_weights,
-)
+from lantern.models.checkpoint import check_shards, folder_source, load_folder_target, read_folder_config
 from lantern.models.janus.model import ARCHITECTURE, JanusConfig, JanusTarget
 from lantern.models.llama_parts import rope_theta_of
 
 VQ_PREFIX = "model.vqmodel."
 SET_ASIDE = ("model.vision_model.", "model.aligner.", "lm_head.")  # understanding path and text head
-TOKENIZER_NAME = "tokenizer.json"
 # Special tokens, by name as DeepSeek's VLChatProcessor and transformers' JanusProcessor find them.
 BOS, PAD, BOI = "<｜begin▁of▁sentence｜>", "<｜▁pad▁｜>", "<begin_of_image>"
-_STRAYS = (".rotary_emb.inv_freq",)
-
-
-def _source(folder) -> str:
-    return f"HF folder {os.fspath(folder)!r}"
 
 
 def _sizes(config: Mapping, keys: tuple[str, ...], source: str, where: str) -> dict[str, int]:
@@ -126,48 +111,10 @@ def special_ids(tokenizer, source: str) -> dict[str, int]:
     return ids
 
 
-def read_folder(folder: str | os.PathLike) -> tuple[dict, Path]:
-    folder = check_hf_folder(folder)
-    return read_hf_config(folder), folder
-
-
-def tokenizer_file(folder: str | os.PathLike) -> Path:
-    """The folder's ``tokenizer.json``; CheckpointError when it has none."""
-    path = Path(folder) / TOKENIZER_NAME
-    if not path.is_file():
-        raise CheckpointError(f"{_source(folder)} has no {TOKENIZER_NAME} (the prompt tokenizer)")
-    return path
-
-
-def _shard_index(folder: Path) -> tuple[Path, dict[str, str]] | None:
-    for name in WEIGHT_FILES:
-        index = folder / (name + INDEX_SUFFIX)
-        if index.is_file():
-            try:
-                weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-                if not isinstance(weight_map, dict):
-                    raise TypeError("weight_map is not an object")
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                raise CheckpointError(f"{str(index)!r} is not a shard index ({exc})") from exc
-            return index, weight_map
-    return None
-
-
-def check_shards(folder: Path) -> None:
-    """CheckpointError naming the first shard an index names that is not in ``folder``."""
-    found = _shard_index(folder)
-    if found is None:
-        return
-    index, weight_map = found
-    for shard in sorted(set(map(str, weight_map.values()))):
-        if not (folder / shard).is_file():
-            raise CheckpointError(f"{_source(folder)}: shard {shard!r}, named in {index.name}, is not there")
-
-
 def check_folder(folder: str | os.PathLike, grid_size: int, cls_token_num: int, tokenizer) -> JanusConfig:
     """What can be checked before a large read: a Janus config, every shard there, the special tokens."""
-    config, folder = read_folder(folder)
-    source = _source(folder)
+    config, folder = read_folder_config(folder)
+    source = folder_source(folder)
     architecture_check(config, source)
     model_config = config_from_hf(config, special_ids(tokenizer, source), grid_size, cls_token_num, source)
     check_shards(folder)
@@ -176,43 +123,12 @@ def check_folder(folder: str | os.PathLike, grid_size: int, cls_token_num: int, 
 
 def vq_section(folder: str | os.PathLike) -> Mapping:
     """The folder's ``vq_config``."""
-    config, folder = read_folder(folder)
-    return architecture_check(config, _source(folder))[1]
+    config, folder = read_folder_config(folder)
+    return architecture_check(config, folder_source(folder))[1]
 
 
 def load_target(folder: str | os.PathLike, config: JanusConfig) -> tuple[JanusTarget, dict[str, torch.Tensor]]:
     """The target of ``folder`` for ``config`` (:func:`check_folder`'s), strictly (fp32 on CPU), and the VQ's
     tensors (without ``model.vqmodel.``); noted as one input (role ``target``)."""
-    folder = Path(folder)
-    given = {k: v for k, v in read_hf_weights(folder).items() if not k.endswith(_STRAYS)}
-    vq = {k[len(VQ_PREFIX) :]: v for k, v in given.items() if k.startswith(VQ_PREFIX)}
-    own = {k: v for k, v in given.items() if not k.startswith((VQ_PREFIX, *SET_ASIDE))}
-    with torch.device("meta"):
-        shapes = {k: tuple(v.shape) for k, v in JanusTarget(config).state_dict().items()}
-    check_shapes(shapes, own, f"a {ARCHITECTURE} of that config.json", os.fspath(folder))
-    model = JanusTarget(config)
-    model.load_state_dict({k: v.float() for k, v in own.items()}, strict=True)
-    note_input(folder, "target")
-    return model, vq
-
-
-def read_tensor(folder: str | os.PathLike, key: str) -> torch.Tensor:
-    """One tensor of a folder's weights, reading only the file that holds it (the codebook for LANTERN's
-    neighbour tables without loading 7B weights)."""
-    from safetensors import safe_open
-
-    folder = check_hf_folder(folder)
-    found = _shard_index(folder)
-    if found is not None:
-        index, weight_map = found
-        if key not in weight_map:
-            raise CheckpointError(f"{_source(folder)}: {index.name} names no {key}")
-        path = folder / str(weight_map[key])
-    else:
-        path = folder / WEIGHT_FILES[0]
-    if not path.is_file() or path.suffix != ".safetensors":
-        raise CheckpointError(f"{_source(folder)}: {key} is not in a safetensors file there ({path.name})")
-    with safe_open(os.fspath(path), framework="pt") as handle:
-        if key not in handle.keys():
-            raise CheckpointError(f"{_source(folder)}: {path.name} holds no {key}")
-        return handle.get_tensor(key)
+    build, what = (lambda: JanusTarget(config)), f"a {ARCHITECTURE} of that config.json"
+    return load_folder_target(Path(folder), build, what, VQ_PREFIX, SET_ASIDE)

@@ -34,29 +34,15 @@ both rows, so scores equal the reference's with every decoder unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from lantern import checks
-from lantern.errors import CheckpointError
-from lantern.models.drafter import ConfigSizes
-from lantern.models.llama_parts import (
-    EMBED_KEY,
-    DecoderLayer,
-    LlamaShape,
-    RMSNorm,
-    RopeTarget,
-    check_folder_keys,
-    drafter_cos_sin,
-    drafter_rope_table,
-    own_keys,
-    rope_angles,
-    split_folder,
-)
+from lantern.models.llama_drafter import LlamaDrafterArch
+from lantern.models.llama_parts import LlamaBody, LlamaShape, RopeTarget, rope_angles
 
 ARCHITECTURE = "JanusForConditionalGeneration"
 
@@ -72,12 +58,6 @@ class JanusConfig(LlamaShape):
     (``<begin_of_image>``) are vocabulary ids, found by name in the folder's tokenizer.
     """
 
-    n_layer: int
-    n_head: int
-    dim: int
-    ffn_hidden: int
-    text_vocab_size: int
-    num_codes: int
     code_dim: int
     grid_size: int
     cls_token_num: int
@@ -114,14 +94,8 @@ def rope_positions(positions: torch.Tensor, mask: torch.Tensor, cls_token_num: i
     return positions - hidden.sum(-1)
 
 
-class LanguageModel(nn.Module):
+class LanguageModel(LlamaBody):
     """``model.language_model.*`` of the HF layout."""
-
-    def __init__(self, config: JanusConfig):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(config.text_vocab_size, config.dim)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.n_layer))
-        self.norm = RMSNorm(config.dim, config.norm_eps)
 
 
 class Aligner(nn.Module):
@@ -230,83 +204,17 @@ class JanusTarget(RopeTarget, nn.Module):
 # position ``i + 1``) reads RoPE position ``i + 1``: slots, not the target's remapped positions; the drafter
 # is trained and run in the same layout, and its attention over the condition is masked as the target's.
 
-DRAFTER_ARCHITECTURE = "LlamaForCausalLM"
-
-
-class DrafterLayer(DecoderLayer):
-    """Janus's Llama layer as a drafter layer: ``rope`` rows (S, hd, 2) or (B, S, hd, 2) of fp32 ``[cos, sin]``."""
-
-    def forward(self, x, rope, mask, slots, kv) -> torch.Tensor:
-        return super().forward(x, *drafter_cos_sin(rope, x.dtype), mask, slots, kv)
-
 
 @dataclass(frozen=True)
-class JanusDrafterArch(ConfigSizes):
-    """The :class:`~lantern.models.drafter.DrafterArch` of a Janus target (see the comment above)."""
+class JanusDrafterArch(LlamaDrafterArch):
+    """The :class:`~lantern.models.drafter.DrafterArch` of a Janus target (see the comment above): the Llama-style
+    base as it is, over the image codes' LM inputs."""
 
     config: JanusConfig
     first_norm: str = ""
-
-    def block(self, norm_eps: float) -> nn.Module:
-        return DrafterLayer(replace(self.config, norm_eps=norm_eps))
-
-    def rope_table(self) -> torch.Tensor:
-        """(T + N - 1, hd, 2) fp32 ``[cos, sin]``: entry ``i`` at position ``i + 1``."""
-        return drafter_rope_table(self.config)
-
-    def folder_config(self, n_layer: int, norm_eps: float, condition_input: str, taps: tuple[int, ...]) -> dict:
-        cfg = self.config
-        config = {
-            "architectures": [DRAFTER_ARCHITECTURE],
-            "model_type": "llama",
-            "hidden_size": cfg.dim,
-            "intermediate_size": cfg.ffn_hidden,
-            "num_attention_heads": cfg.n_head,
-            "num_key_value_heads": cfg.n_kv_head,
-            "num_hidden_layers": n_layer,
-            "rms_norm_eps": norm_eps,
-            "rope_theta": cfg.rope_theta,
-            "vocab_size": cfg.num_codes,
-            "hidden_act": "silu",
-            "attention_bias": False,
-            "mlp_bias": False,
-            "tie_word_embeddings": False,
-            "max_position_embeddings": max(4096, cfg.max_seq_len + 64),
-            "cls_token_num": cfg.cls_token_num,
-            "block_size": cfg.num_image_tokens,
-        }
-        return own_keys(config, condition_input, taps)
-
-    def check_folder_config(self, config: Mapping, norm_eps: float, source: str, what: str) -> None:
-        """CheckpointError unless ``config.json`` describes a Llama drafter; ConfigError naming the first key
-        whose value does not fit the target."""
-        if config.get("model_type") != "llama":
-            found = ", ".join(map(str, config.get("architectures") or [])) or "no architecture"
-            raise CheckpointError(
-                f"{source} holds {found} (model_type {config.get('model_type')!r}), not a drafter for a Janus target "
-                f"(a {DRAFTER_ARCHITECTURE} config.json, as scripts/train_drafter.py exports)"
-            )
-        cfg = self.config
-        expected = {
-            "hidden_size": cfg.dim,
-            "num_attention_heads": cfg.n_head,
-            "vocab_size": cfg.num_codes,
-            "num_key_value_heads": cfg.n_kv_head,
-            "intermediate_size": cfg.ffn_hidden,
-            "rms_norm_eps": norm_eps,
-            "rope_theta": cfg.rope_theta,
-            "cls_token_num": cfg.cls_token_num,
-            "block_size": cfg.num_image_tokens,
-        }
-        check_folder_keys(config, expected, ("hidden_size", "num_attention_heads", "vocab_size"), source, what)
-
-    def to_folder(self, state_dict: Mapping[str, torch.Tensor], embeddings: torch.Tensor) -> dict:
-        return {EMBED_KEY: embeddings, **state_dict}
-
-    def from_folder(
-        self, state_dict: Mapping[str, torch.Tensor], source: str
-    ) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
-        return split_folder(state_dict)
+    family = "Janus"
+    folder_note = "a LlamaForCausalLM config.json, as scripts/train_drafter.py exports"
+    table_note = "every code's LM input"
 
     def folder_embeddings(self, target) -> torch.Tensor:
         """Every code's LM input (K, D) (:meth:`JanusTarget.aligned_embeddings`)."""

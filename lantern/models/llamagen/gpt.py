@@ -17,8 +17,11 @@ from torch import nn
 from lantern import checks
 from lantern.errors import ConfigError
 from lantern.models.kv_cache import KVCache
+from lantern.models.llama_drafter import ConfigSizes
+from lantern.models.llama_parts import RMSNorm  # fp32, cast back, then scaled: as LlamaGen's own
+from lantern.models.llamagen import hf_layout
 from lantern.models.llamagen.rope import apply_rope, rope_table_2d
-from lantern.models.target import EmbeddingsTarget, check_taps
+from lantern.models.target import EmbeddingsTarget, GridShape, check_taps
 
 MODEL_TYPES = ("c2i", "t2i")
 
@@ -29,7 +32,7 @@ def _ffn_hidden(dim: int, multiple_of: int = 256) -> int:
 
 
 @dataclass(frozen=True)
-class GPTConfig:
+class GPTConfig(GridShape):
     """Architecture of a LlamaGen GPT. ``grid_size`` (image side in tokens) is not stored in checkpoints."""
 
     n_layer: int
@@ -56,17 +59,19 @@ class GPTConfig:
             object.__setattr__(self, "ffn_hidden", _ffn_hidden(self.dim, self.ffn_multiple_of))
 
     @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_head
+    def n_kv_head(self) -> int:
+        """Key/value heads: LlamaGen's attention has as many as query heads."""
+        return self.n_head
 
     @property
-    def num_image_tokens(self) -> int:
-        return self.grid_size * self.grid_size
+    def num_codes(self) -> int:
+        """The image codes: LlamaGen's vocabulary is its codebook."""
+        return self.vocab_size
 
-    @property
-    def max_seq_len(self) -> int:
-        """Length of the RoPE table: condition slots plus one per image token."""
-        return self.cls_token_num + self.num_image_tokens
+    def drafter_arch(self) -> LlamaGenArch:
+        """What an EAGLE drafter for this target is (:class:`~lantern.models.drafter.DrafterArch`): LlamaGen's
+        own blocks and 2D RoPE, the LANTERN release's folder layout (:class:`LlamaGenArch`)."""
+        return LlamaGenArch(self)
 
 
 # Named architectures: (n_layer, n_head, dim). The first five are LlamaGen's; the small ones are for
@@ -122,20 +127,6 @@ def gpt_config(preset: str, model_type: str, image_size: int, downsample: int = 
         cls_token_num=120 if model_type == "t2i" else 1,
     )
     return replace(base, **overrides)
-
-
-class RMSNorm(nn.Module):
-    """RMSNorm computed in fp32 and cast back, then scaled."""
-
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return normed.type_as(x) * self.weight
 
 
 class LabelEmbedder(nn.Module):
@@ -307,3 +298,39 @@ class Transformer(EmbeddingsTarget, nn.Module):
         return KVCache.allocate(
             cfg.n_layer, batch, cfg.n_head, max_len or cfg.max_seq_len, cfg.head_dim, weight.dtype, weight.device
         )
+
+
+# ----- drafters -----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LlamaGenArch(ConfigSizes):
+    """LlamaGen's drafter: its :class:`TransformerBlock`, its 2D RoPE table (row ``i + 1`` for entry ``i``: the
+    input token's coordinates), no input norm on layer 0, and the LANTERN release's HF layout
+    (:mod:`lantern.models.llamagen.hf_layout`). It sits beside :class:`GPTConfig`, whose ``drafter_arch()``
+    gives it, as Chameleon's and Janus's archs sit beside theirs."""
+
+    config: GPTConfig
+    norm_eps: float = 1e-6
+    first_norm: str = "attention_norm"
+
+    def block(self, norm_eps: float) -> nn.Module:
+        return TransformerBlock(replace(self.config, n_layer=1, norm_eps=norm_eps))
+
+    def rope_table(self) -> torch.Tensor:
+        cfg = self.config
+        table = rope_table_2d(cfg.grid_size, cfg.head_dim, cfg.cls_token_num, cfg.rope_base)
+        return table[1:]  # (T + N - 1, hd/2, 2): entry i takes the row of position i + 1
+
+    def folder_config(self, n_layer, norm_eps, condition_input, taps) -> dict:
+        return hf_layout.drafter_config(self.config, n_layer, norm_eps, condition_input, taps)
+
+    def check_folder_config(self, config, norm_eps, source, what) -> None:
+        hf_layout.check_drafter_config(config, self.config, norm_eps, source, what)
+
+    def to_folder(self, state_dict, embeddings) -> dict:
+        return hf_layout.drafter_to_hf(state_dict, embeddings)
+
+    def from_folder(self, state_dict, source):
+        return hf_layout.drafter_from_hf(state_dict, source)
+
+    def folder_embeddings(self, target) -> torch.Tensor:
+        return target.input_embeddings()

@@ -18,37 +18,18 @@ error naming the missing, unexpected or mis-shaped keys), so a message speaks th
 
 from __future__ import annotations
 
-import json
-import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
-from lantern import checks
 from lantern.errors import CheckpointError, ConfigError
-from lantern.files import note_input, write_folder_atomic
-from lantern.models.checkpoint import (  # noqa: F401 - the folder names and checks, re-exported for callers
-    CONFIG_NAME,
-    INDEX_SUFFIX,
-    WEIGHT_FILES,
-    WEIGHTS_NAME,
-    check_hf_folder,
-    check_shapes,
-    read_hf_config,
-    read_hf_weights,
-)
-from lantern.models.llamagen.gpt import GPTConfig, Transformer
+from lantern.models.checkpoint import check_folder_keys, check_shapes, read_folder, write_folder
+from lantern.models.drafter import EMBED_KEY, own_keys
 
-# Our own config.json key: what the drafter reads at condition entries (see DrafterConfig.condition_input).
-# Their releases do not carry it (their drafter feeds code 0 there); a folder that does overrides the preset.
-CONDITION_KEY = "lantern_condition_input"
-# Our own config.json key: the target layers an EAGLE-3-style drafter taps (a list of ints; see
-# DrafterConfig.taps); their fusion is the tensor ``fuse.weight``, under our own name. Absent: none (their releases).
-TAPS_KEY = "lantern_taps"
-# Buffers that older transformers versions saved beside the weights; they hold no weights.
-_STRAY_SUFFIXES = (".rotary_emb.inv_freq",)
+# LlamaGen's GPTConfig and Transformer (:mod:`lantern.models.llamagen.gpt`) are not imported here: gpt.py
+# imports this module for its drafter arch's folder.
 # LlamaGen's null class is trained by dropping labels at this rate; their LabelEmbedder only has the null
 # row (num_classes + 1 rows, as our checkpoints) when the config's rate is > 0.
 CLASS_DROPOUT = 0.1
@@ -146,8 +127,8 @@ def drafter_to_hf(state_dict: Mapping[str, torch.Tensor], embeddings: torch.Tens
     """Our drafter's state dict -> their drafter ``Model``'s; ``embeddings`` (V, D) is the target's frozen
     token table, of which their drafter keeps a copy (``embed_tokens.weight``). Our first layer has no input
     norm and neither has theirs (``index == 0``). A drafter with taps keeps ``fuse.weight`` under our name
-    (see :data:`TAPS_KEY`)."""
-    out = {"embed_tokens.weight": embeddings}
+    (see :data:`lantern.models.drafter.FOLDER_TAPS_KEY`)."""
+    out = {EMBED_KEY: embeddings}
     for key, value in state_dict.items():
         if key.startswith("layers."):
             out.update(layer_to_hf(key, value, ""))
@@ -168,19 +149,15 @@ def drafter_from_hf(
     file in either layout reads the same.
     """
     renamed = _layers_from_hf(state_dict, "", source)
-    return {k: v for k, v in renamed.items() if k != "embed_tokens.weight"}, renamed.get("embed_tokens.weight")
+    return {k: v for k, v in renamed.items() if k != EMBED_KEY}, renamed.get(EMBED_KEY)
 
 
 def _shapes(state_dict: Mapping[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
     return {key: tuple(value.shape) for key, value in state_dict.items()}
 
 
-def _without_strays(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: v for k, v in state_dict.items() if not k.endswith(_STRAY_SUFFIXES)}
-
-
 # ----- config.json -------------------------------------------------------------------------------------
-def target_config(config: GPTConfig) -> dict:
+def target_config(config) -> dict:
     """The target's ``config.json``: the ``LlamaConfig`` their ``LlamaForCausalLM`` is built from, with
     everything :func:`check_target_config` reads (LlamaGen's keys: ``block_size`` is the number of image
     tokens, ``cls_token_num`` the condition tokens, ``input_type`` c2i or t2i)."""
@@ -216,11 +193,11 @@ def target_config(config: GPTConfig) -> dict:
 
 
 def drafter_config(
-    target: GPTConfig, n_layer: int = 1, norm_eps: float = 1e-6, condition_input: str = "", taps: tuple[int, ...] = ()
+    target, n_layer: int = 1, norm_eps: float = 1e-6, condition_input: str = "", taps: tuple[int, ...] = ()
 ) -> dict:
     """The drafter's ``config.json``: the keys their ``EConfig`` reads (``bias``: fc has one), the target's
-    ``cls_token_num`` and ``block_size`` (checked on load) and, when given, our :data:`CONDITION_KEY` and
-    :data:`TAPS_KEY`."""
+    ``cls_token_num`` and ``block_size`` (checked on load) and, when given, our own keys
+    (:func:`lantern.models.drafter.own_keys`)."""
     config = {
         "architectures": ["LlamaForCausalLM"],
         "hidden_act": "silu",
@@ -241,38 +218,10 @@ def drafter_config(
         "cls_token_num": target.cls_token_num,
         "block_size": target.num_image_tokens,
     }
-    if condition_input:
-        config[CONDITION_KEY] = condition_input
-    if taps:
-        config[TAPS_KEY] = [int(tap) for tap in taps]
-    return config
+    return own_keys(config, condition_input, taps)
 
 
-def _same(have, want) -> bool:
-    """Equal as JSON values: numbers by value (``1e-05`` is ``1e-5``, ``10000`` is ``10000.0``), a bool only
-    to a bool."""
-    if isinstance(want, (bool, str)):
-        return type(have) is type(want) and have == want
-    if checks.is_number(want):
-        return checks.is_number(have) and math.isclose(float(have), float(want), rel_tol=1e-9, abs_tol=0.0)
-    return have == want
-
-
-def _check_config(config: Mapping, expected: Mapping, required: tuple[str, ...], source: str, what: str) -> None:
-    """ConfigError naming the first key of ``expected`` that ``config`` gives another value (or lacks, for
-    ``required`` keys); ``what`` names the architecture the values come from."""
-    for key, want in expected.items():
-        if key not in config:
-            if key in required:
-                raise ConfigError(f"{source}: config.json has no {key!r}; expected {checks.shown(want)} for {what}")
-            continue
-        if not _same(config[key], want):
-            raise ConfigError(
-                f"{source}: config.json has {key}={checks.shown(config[key])}, expected {checks.shown(want)} for {what}"
-            )
-
-
-def check_target_config(config: Mapping, expected: GPTConfig, source: str, what: str) -> None:
+def check_target_config(config: Mapping, expected, source: str, what: str) -> None:
     """ConfigError unless a target folder's ``config.json`` describes ``expected`` (see :func:`target_config`).
 
     The keys that fix shapes are required; the others are checked when present. Nothing in a LlamaGen
@@ -301,17 +250,17 @@ def check_target_config(config: Mapping, expected: GPTConfig, source: str, what:
     }
     required = ("input_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
     required += ("block_size", "cls_token_num", "caption_dim" if expected.model_type == "t2i" else "num_classes")
-    _check_config(config, wanted, required, source, what)
+    check_folder_keys(config, wanted, required, source, what)
 
 
-def check_drafter_config(config: Mapping, target: GPTConfig, norm_eps: float, source: str, what: str) -> None:
+def check_drafter_config(config: Mapping, target, norm_eps: float, source: str, what: str) -> None:
     """ConfigError unless a drafter folder's ``config.json`` fits ``target``: width, heads, FFN size and
     vocabulary (required), and when present the target's ``cls_token_num`` and ``block_size``, the
     drafter's ``rms_norm_eps`` (``norm_eps``), ``bias`` (fc has one) and the activation."""
     keys = drafter_config(target, norm_eps=norm_eps)
     names = ("hidden_size", "num_attention_heads", "vocab_size", "intermediate_size", "num_key_value_heads")
     wanted = {key: keys[key] for key in (*names, "cls_token_num", "block_size", "rms_norm_eps", "bias", "hidden_act")}
-    _check_config(config, wanted, ("hidden_size", "num_attention_heads", "vocab_size"), source, what)
+    check_folder_keys(config, wanted, ("hidden_size", "num_attention_heads", "vocab_size"), source, what)
 
 
 # ----- folders -----------------------------------------------------------------------------------------
@@ -319,20 +268,7 @@ def _source(folder) -> str:
     return f"HF folder {os.fspath(folder)!r}"
 
 
-check_folder = check_hf_folder
-
-
-def read_folder(folder: str | os.PathLike, role: str) -> tuple[dict, dict[str, torch.Tensor]]:
-    """An HF-layout folder's ``config.json`` and its tensors (one file or the shards of an index), noted as
-    one input of the current job under ``role`` (the whole folder's contents: a changed config counts)."""
-    folder = check_hf_folder(folder)
-    config = read_hf_config(folder)
-    state = _without_strays(read_hf_weights(folder))
-    note_input(folder, role)
-    return config, state
-
-
-def load_target_folder(model: Transformer, folder: str | os.PathLike, what: str) -> Transformer:
+def load_target_folder(model: torch.nn.Module, folder: str | os.PathLike, what: str) -> torch.nn.Module:
     """Load a target folder into ``model`` strictly: config, then tensors by HF name, then our names."""
     config, given = read_folder(folder, "target")
     source = _source(folder)
@@ -342,27 +278,7 @@ def load_target_folder(model: Transformer, folder: str | os.PathLike, what: str)
     return model
 
 
-def write_folder(
-    folder: str | os.PathLike, config: Mapping, state_dict: Mapping[str, torch.Tensor], dtype: torch.dtype
-) -> Path:
-    """``config.json`` and ``model.safetensors`` (tensors cast to ``dtype``) into ``folder``, atomically
-    (:func:`lantern.files.write_folder_atomic`: an interrupted export leaves no folder that loads)."""
-    from safetensors.torch import save_file
-
-    # Own copies: the q/k/v parts of wqkv share its storage, which safetensors refuses.
-    tensors = {
-        key: value.detach().to(device="cpu", dtype=dtype).clone().contiguous() for key, value in state_dict.items()
-    }
-    text = json.dumps({**config, "torch_dtype": str(dtype).removeprefix("torch.")}, indent=2) + "\n"
-
-    def write(staging: Path) -> None:
-        save_file(tensors, str(staging / WEIGHTS_NAME), metadata={"format": "pt"})
-        (staging / CONFIG_NAME).write_text(text, encoding="utf-8")
-
-    return write_folder_atomic(folder, write)
-
-
-def save_target_folder(model: Transformer, folder: str | os.PathLike, dtype: torch.dtype = torch.float32) -> Path:
+def save_target_folder(model: torch.nn.Module, folder: str | os.PathLike, dtype: torch.dtype = torch.float32) -> Path:
     """Our GPT as a target folder (``config.json`` + ``model.safetensors``) that
     :func:`load_target_folder` and their ``LlamaForCausalLM.from_pretrained`` read."""
     return write_folder(folder, target_config(model.config), target_to_hf(model.state_dict()), dtype)

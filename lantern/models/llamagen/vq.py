@@ -5,7 +5,7 @@ registration order (see ``shared/llamagen_keys/vq_VQ-*.tsv``), so the official f
 
 Pipeline: images (B, 3, H, W) in [-1, 1] -> ``encoder`` -> ``quant_conv`` -> l2-normalised nearest-code
 lookup in ``quantize`` -> codes (B, H/ds, W/ds); codes -> normalised code vectors -> ``post_quant_conv``
--> ``decoder`` -> images (B, 3, H, W) ~[-1, 1]; :func:`to_uint8` turns those into pixels.
+-> ``decoder`` -> images (B, 3, H, W) ~[-1, 1]; :func:`lantern.models.bundle.to_uint8` turns those into pixels.
 """
 
 from __future__ import annotations
@@ -384,11 +384,3 @@ class VQModel(nn.Module):
         codes = checks.code_grid(codes, self.config.codebook_size)  # (B, h, w)
         e = F.embedding(codes, self.codebook()).permute(0, 3, 1, 2)  # (B, D, h, w)
         return self.decoder(self.post_quant_conv(e))  # (B, 3, h*ds, w*ds)
-
-
-def to_uint8(images: torch.Tensor) -> torch.Tensor:
-    """Decoder output (B, 3, H, W) ~[-1, 1] -> pixels (B, H, W, 3) uint8 via clamp(127.5*x + 128, 0, 255)."""
-    if images.ndim != 4:
-        raise ConfigError(f"to_uint8 expects (B, C, H, W) images, got {tuple(images.shape)}")
-    pixels = torch.clamp(127.5 * images.float() + 128.0, 0.0, 255.0)
-    return pixels.permute(0, 2, 3, 1).to(torch.uint8)  # truncation toward zero, as LlamaGen's sample scripts

@@ -15,7 +15,8 @@ from pathlib import Path
 from lantern import REPO_ROOT
 from lantern.errors import CheckpointError
 from lantern.files import note_input
-from lantern.models.bundle import ModelBundle, load_bundle
+from lantern.models.bundle import ModelBundle
+from lantern.models.llamagen.bundle import load_bundle
 
 MANIFEST_NAME = "manifest.json"
 DEFAULT_WORLD = REPO_ROOT / "worlds" / "fashion_mnist"
