@@ -15,21 +15,18 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
+from lantern.decoding.stats import DecodeStats
 from lantern.models.condition import Condition
 
 
 @dataclass
 class DecodeResult:
     """Image token codes (B, N) in raster order, per-batch counters (e.g. target forwards, phase times)
-    and per-sample CPU tensors with a leading batch dimension: ``steps`` (target steps after the first
-    token) and ``tokens`` (tokens they produced), ``tv_realised_sum``, ``tv_realised_max`` and
-    ``tv_measured`` (the realised TV of the tokens' laws), plus decoder-specific ones (a speculative
-    decoder adds ``histogram`` (B, D+1), ``merged_sum``, ``merged_max`` and ``accepted_drafts``).
-    """
+    and the per-image statistics (:class:`~lantern.decoding.stats.DecodeStats`)."""
 
     codes: torch.Tensor
-    stats: dict[str, float] = field(default_factory=dict)
-    per_sample: dict[str, torch.Tensor] = field(default_factory=dict)
+    stats: dict[str, float]
+    per_sample: DecodeStats
 
 
 class Decoder(Protocol):

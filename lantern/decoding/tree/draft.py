@@ -201,15 +201,21 @@ class StaticTree:
         self.max_width = max(level[2] for level in self._levels)  # draws per node: the largest rank + 1
         self._constants: dict[torch.device, list] = {}
 
-    def _on(self, device: torch.device) -> list:
-        """The per-level index tensors on ``device`` (made once per device)."""
+    def prepare(self, device: torch.device) -> None:
+        """Put the per-level index tensors on ``device`` (once per device; before a step grows a tree there)."""
         if device not in self._constants:
             as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=device)  # noqa: E731
             self._constants[device] = [
                 (as_tensor(nodes), as_tensor(parents), width, as_tensor(pick), as_tensor(fed), as_tensor(fed_parents))
                 for nodes, parents, width, pick, fed, fed_parents in self._levels
             ] + [(as_tensor(self._parent), as_tensor(self._depth), as_tensor(self._rank))]
-        return self._constants[device]
+
+    def _on(self, device: torch.device) -> list:
+        """The per-level index tensors on ``device`` (:meth:`prepare`d before: a step never makes them)."""
+        tables = self._constants.get(device)
+        if tables is None:
+            raise RuntimeError(f"{self.name}: prepare({str(device)!r}) was not called before growing a tree there")
+        return tables
 
     @property
     def expansions(self) -> int:
