@@ -9,11 +9,14 @@ decoder means adding its settings class, never editing table code.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
+import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 import torch
+from pydantic import TypeAdapter, ValidationError
 
 from lantern.decoding.stats import DecodeStats
 from lantern.models.condition import Condition
@@ -103,8 +106,9 @@ class UnknownSettings(DecoderSettings):
 
 
 def settings_from_json(data: dict) -> DecoderSettings:
-    """The settings object a record stored (``to_json``); its class is found by ``kind``, importing the
-    defining ``module`` first when it is a lantern module not imported yet."""
+    """The settings object a record stored (``to_json``), each field checked against its class's annotation
+    (strictly: no string numbers); its class is found by ``kind``, importing the defining ``module`` first
+    when it is a lantern module not imported yet. A ValueError names the first bad field."""
     kind, module = data.get("kind"), data.get("module")
     if kind not in SETTINGS and isinstance(module, str) and module.split(".")[0] == "lantern":
         importlib.import_module(module)
@@ -112,7 +116,18 @@ def settings_from_json(data: dict) -> DecoderSettings:
     if cls is None:
         raise ValueError(f"unknown decoder settings kind {kind!r} (module {module!r})")
     names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{key: value for key, value in data.items() if key in names})
+    fields = {key: value for key, value in data.items() if key in names}
+    try:
+        return _adapter(cls).validate_json(json.dumps(fields), strict=True)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        raise ValueError(f"{kind} settings, field {where!r}: {error['msg'].lower()}") from None
+
+
+@functools.cache
+def _adapter(cls: type[DecoderSettings]) -> TypeAdapter:
+    return TypeAdapter(cls)
 
 
 # Flat record entries an older record (without ``settings``) may carry about its decoder.
