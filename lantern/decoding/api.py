@@ -84,7 +84,8 @@ class DecoderSettings:
         return {}
 
     def record(self) -> dict:
-        """The record's flat entries (``decoding``, ``compile`` and what tables of older versions read)."""
+        """The flat entries that describe this decoder (``decoding``, ``compile`` and its knobs), as records
+        before version 4 carried them and benchmark rows still show them."""
         return {"decoding": self.name, "compile": self.compile}
 
     def to_json(self) -> dict:

@@ -252,6 +252,17 @@ class StaticTree:
         )
 
 
+def _place_rows(rows: torch.Tensor, nodes: torch.Tensor, values: torch.Tensor, fill) -> torch.Tensor:
+    """``rows`` (B, N+1, X) with ``values`` (B, F, X) written at rows ``nodes`` (B, F); node 0 means dropped
+    (those go to a spill row past the end, which is cut off)."""
+    batch, count, width = rows.shape
+    target = torch.where(nodes > 0, nodes, torch.full_like(nodes, count))  # dropped -> spill row
+    spill = torch.full((batch, count + 1, width), fill, dtype=rows.dtype, device=rows.device)
+    spill[:, :count] = rows
+    spill.scatter_(1, target[:, :, None].expand(-1, -1, width), values)
+    return spill[:, :count]
+
+
 def chain(depth: int, candidates: str = "deterministic") -> StaticTree:
     """A chain of ``depth`` candidates, one per level (the top-ranked or a sampled child)."""
     depth = checks.integer("draft.depth", depth, 1, MAX_DEPTH)
@@ -379,16 +390,8 @@ class DynamicTree:
         draws[:, 0] = cand_tokens[0]
         if fed_q:
             fed_nodes = node_of.gather(1, torch.cat(fed_cands, dim=1))  # (B, F); 0 when not kept
-            kept = fed_nodes > 0
-            target = torch.where(kept, fed_nodes, torch.full_like(fed_nodes, count))  # dropped -> spill row
-            spill = torch.zeros(batch, count + 1, vocab, dtype=q.dtype, device=device)
-            spill[:, :count] = q
-            spill.scatter_(1, target[:, :, None].expand(-1, -1, vocab), torch.cat(fed_q, dim=1))
-            q = spill[:, :count]
-            spill = torch.full((batch, count + 1, k), -1, dtype=torch.long, device=device)
-            spill[:, :count] = draws
-            spill.scatter_(1, target[:, :, None].expand(-1, -1, k), torch.cat(fed_draws, dim=1))
-            draws = spill[:, :count]
+            q = _place_rows(q, fed_nodes, torch.cat(fed_q, dim=1), 0)
+            draws = _place_rows(draws, fed_nodes, torch.cat(fed_draws, dim=1), -1)
         root = torch.full((batch, 1), -1, dtype=torch.long, device=device)
         slots = torch.cat(
             [torch.zeros(batch, 1, dtype=torch.long, device=device), chosen % k], dim=1
