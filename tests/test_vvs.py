@@ -14,6 +14,7 @@ from test_compile import CountingBackend
 from test_run import run
 from test_speculative import VOCAB, _neighbours, text_condition, tiny
 
+from lantern.decoding.api import settings_from_record
 from lantern.decoding.batch import guided_inputs
 from lantern.decoding.tree.decoder import SpeculativeDecoder
 from lantern.decoding.tree.draft import DynamicTree, chain
@@ -203,13 +204,13 @@ def test_vvs_runs_on_the_world_and_records_what_it_skipped(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     metrics = json.loads((out / "metrics.json").read_text())
+    metrics = {**metrics, **settings_from_record(metrics).record()}  # the decoder's knobs, flat
     stats = metrics["decode_stats"]
     assert metrics["decoding"] == "vvs" and metrics["skip_interval"] == 5 and metrics["delta"] == 0.2
     assert metrics["semantics"] == "reference" and metrics["k"] == 1000
     assert stats["target_forwards_saved"] > 0 and stats["target_forwards"] > 0
     assert metrics["mean_accepted_length"] > 1.0 and 0 < metrics["tv_realised_coverage"] <= 1.0
     assert metrics["tv_realised_max"] > 0.0
-    from lantern.decoding.api import settings_from_record
     from lantern.results.tables import load_records
 
     assert settings_from_record(load_records([out])[0]).method().endswith("skip every 5")
