@@ -64,6 +64,8 @@ def check_greedy_chain_equals_ar_in_one_graph(target, condition, cfg_scale: floa
         assert torch.equal(ar.generate(target, condition, keys).codes, expected)
     assert backend.graphs == 1
     backend = CountingBackend()
-    spec = SpeculativeDecoder(sampling, drafter, chain(3), ExactDeterministic(), compile="default", backend=backend)
+    spec = SpeculativeDecoder(
+        sampling, drafter=drafter, draft=chain(3), acceptance=ExactDeterministic(), compile="default", backend=backend
+    )
     assert torch.equal(spec.generate(target, condition, keys).codes, expected)
     assert backend.graphs == 1

@@ -283,7 +283,12 @@ def ks_pvalue(tiny, decoder, images: int = 64) -> float:
 def test_sampled_exact_eagle_keeps_the_chameleon_targets_law_and_lantern_far_off_does_not(tiny):
     _, drafter, neighbours, _ = tiny
     for structure in (chain(3, "sampled"), DynamicTree(3, 8, 16, "sampled")):
-        p = ks_pvalue(tiny, SpeculativeDecoder(SAMPLING, drafter, structure, ExactSampled()))
+        p = ks_pvalue(tiny, SpeculativeDecoder(SAMPLING, drafter=drafter, draft=structure, acceptance=ExactSampled()))
         assert p > PASS, f"sampled exact eagle ({type(structure).__name__}): KS p = {p:.2e}"
-    bad = ks_pvalue(tiny, SpeculativeDecoder(SAMPLING, drafter, chain(3, "sampled"), lantern(1000, 0.4, neighbours)))
+    bad = ks_pvalue(
+        tiny,
+        SpeculativeDecoder(
+            SAMPLING, drafter=drafter, draft=chain(3, "sampled"), acceptance=lantern(1000, 0.4, neighbours)
+        ),
+    )
     assert bad < FAIL and not math.isnan(bad), f"LANTERN delta=0.4 passed as lossless: KS p = {bad:.2e}"

@@ -68,9 +68,11 @@ def test_ar_step_captures_as_one_graph_and_matches_eager(temperature):
 def test_speculative_step_captures_as_one_graph_and_matches_eager(name, sampling, structure, rule):
     model, drafter = tiny()
     cond, keys = text_condition(), keys_tensor(1, range(4))
-    eager = SpeculativeDecoder(sampling, drafter, structure, rule).generate(model, cond, keys)
+    eager = SpeculativeDecoder(sampling, drafter=drafter, draft=structure, acceptance=rule).generate(model, cond, keys)
     backend = CountingBackend()
-    decoder = SpeculativeDecoder(sampling, drafter, structure, rule, compile="default", backend=backend)
+    decoder = SpeculativeDecoder(
+        sampling, drafter=drafter, draft=structure, acceptance=rule, compile="default", backend=backend
+    )
     for _ in range(2):
         result = decoder.generate(model, cond, keys)
         assert torch.equal(result.codes, eager.codes)
@@ -90,7 +92,9 @@ def test_an_audit_schedule_compiles_every_graph_in_the_first_call(every, graphs)
         4, 0.3, CodebookNeighbours(codebook=torch.randn(8, 4), k_max=7), semantics="reference", tv_audit_every=every
     )
     backend = CountingBackend()
-    decoder = SpeculativeDecoder(sampling, drafter, chain(2, "sampled"), rule, compile="default", backend=backend)
+    decoder = SpeculativeDecoder(
+        sampling, drafter=drafter, draft=chain(2, "sampled"), acceptance=rule, compile="default", backend=backend
+    )
     cond, keys = text_condition(), keys_tensor(0, range(4))
     for _ in range(2):
         decoder.generate(model, cond, keys)
@@ -102,7 +106,12 @@ def test_a_smaller_last_batch_adds_one_graph_only():
     sampling = SamplingConfig(temperature=1.0, cfg_scale=3.0)
     backend = CountingBackend()
     decoder = SpeculativeDecoder(
-        sampling, drafter, chain(2, "sampled"), ExactSampled(), compile="default", backend=backend
+        sampling,
+        drafter=drafter,
+        draft=chain(2, "sampled"),
+        acceptance=ExactSampled(),
+        compile="default",
+        backend=backend,
     )
     for prompts in (("a", "b c", "d"), ("e f", "g", "h"), ("i",)):
         decoder.generate(model, text_condition(prompts), keys_tensor(0, range(len(prompts))))
@@ -125,8 +134,15 @@ def test_decoders_sharing_a_step_alternate_without_rerunning_every_guard():
     backend = CountingBackend()
     decoders = {
         name: (
-            SpeculativeDecoder(sampling, drafter, chain(2, "sampled"), rule),
-            SpeculativeDecoder(sampling, drafter, chain(2, "sampled"), rule, compile="default", backend=backend),
+            SpeculativeDecoder(sampling, drafter=drafter, draft=chain(2, "sampled"), acceptance=rule),
+            SpeculativeDecoder(
+                sampling,
+                drafter=drafter,
+                draft=chain(2, "sampled"),
+                acceptance=rule,
+                compile="default",
+                backend=backend,
+            ),
         )
         for name, rule in rules.items()
     }
@@ -163,9 +179,15 @@ def test_inductor_compiled_ar_equals_eager():
 def test_inductor_compiled_speculative_equals_eager(name, sampling, structure, rule):
     model, drafter = tiny()
     cond, keys = text_condition(), keys_tensor(1, range(4))
-    eager = SpeculativeDecoder(sampling, drafter, structure, rule).generate(model, cond, keys).codes
+    eager = (
+        SpeculativeDecoder(sampling, drafter=drafter, draft=structure, acceptance=rule)
+        .generate(model, cond, keys)
+        .codes
+    )
     compiled = (
-        SpeculativeDecoder(sampling, drafter, structure, rule, compile="default").generate(model, cond, keys).codes
+        SpeculativeDecoder(sampling, drafter=drafter, draft=structure, acceptance=rule, compile="default")
+        .generate(model, cond, keys)
+        .codes
     )
     assert torch.equal(compiled, eager)
 
@@ -210,7 +232,12 @@ def test_a_perfect_drafter_has_every_draft_accepted(structure, compile):
     assert not cond.mask[:, 0].any()
     sampling = SamplingConfig(temperature=0, cfg_scale=2.0)
     decoder = SpeculativeDecoder(
-        sampling, TargetAsDrafter(model), structure, ExactDeterministic(), compile=compile, backend=CountingBackend()
+        sampling,
+        drafter=TargetAsDrafter(model),
+        draft=structure,
+        acceptance=ExactDeterministic(),
+        compile=compile,
+        backend=CountingBackend(),
     )
     result = decoder.generate(model, cond, keys)
     assert torch.equal(result.codes, ARDecoder(sampling).generate(model, cond, keys).codes)
@@ -231,9 +258,9 @@ def test_a_perfect_drafter_on_a_dynamic_tree_accepts_in_every_step(compile):
     sampling = SamplingConfig(temperature=0, cfg_scale=2.0)
     decoder = SpeculativeDecoder(
         sampling,
-        TargetAsDrafter(model),
-        DynamicTree(3, 2, 6),
-        ExactDeterministic(),
+        drafter=TargetAsDrafter(model),
+        draft=DynamicTree(3, 2, 6),
+        acceptance=ExactDeterministic(),
         compile=compile,
         backend=CountingBackend(),
     )

@@ -11,6 +11,8 @@ import pytest
 from test_metric_configs import CASES as METRIC_CASES
 from test_run import REPO
 
+from lantern.decoding.api import settings_from_record
+
 EXPERIMENTS = sorted(p.stem for p in (REPO / "experiments" / "experiment").glob("*.yaml"))
 METRICS = sorted(p.stem for p in (REPO / "conf" / "metrics").glob("*.yaml"))
 
@@ -117,6 +119,7 @@ def test_world_metrics_land_in_the_record(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     metrics = json.loads((out / "metrics.json").read_text())
+    metrics = {**metrics, **settings_from_record(metrics).record()}  # the decoder's knobs, flat
     assert metrics["fid"] > 0 and metrics["fid_reference"] == "fashion_mnist_test_32"
     assert any(Path(tmp_path / "fid").glob("fashion_mnist_test_32_64*"))
     # The record's figures, recomputed here from the PNGs, the labels and the prompts.
@@ -270,6 +273,7 @@ def test_the_coco_experiment_measures_fid_and_clip_on_the_world(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     metrics = json.loads((out / "metrics.json").read_text())
+    metrics = {**metrics, **settings_from_record(metrics).record()}  # the decoder's knobs, flat
     assert metrics["prompts"] == "coco2017_longest" and metrics["decoding"] == "lantern" and metrics["delta"] == 0.1
     assert metrics["fid"] > 0 and metrics["fid_reference"] == "coco2017_val_256"
     assert metrics["clip_convention"] == "lantern"

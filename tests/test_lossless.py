@@ -46,7 +46,7 @@ def ks_pvalue(world: World, decoder, images: int) -> float:
 
 
 def speculative(world, structure, rule):
-    return SpeculativeDecoder(WORLD_SAMPLING, world.drafter, structure, rule)
+    return SpeculativeDecoder(WORLD_SAMPLING, drafter=world.drafter, draft=structure, acceptance=rule)
 
 
 def test_sampled_dynamic_tree_is_lossless_and_the_value_selected_one_is_not(world):

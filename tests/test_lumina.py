@@ -296,10 +296,18 @@ def test_sampled_exact_eagle_keeps_the_lumina_targets_law_and_lantern_far_off_do
     from lantern.rules.factory import lantern
 
     _, drafter, neighbours, _ = tiny
-    for decoder in (ARDecoder(SAMPLING), SpeculativeDecoder(SAMPLING, drafter, chain(3, "sampled"), ExactSampled())):
+    for decoder in (
+        ARDecoder(SAMPLING),
+        SpeculativeDecoder(SAMPLING, drafter=drafter, draft=chain(3, "sampled"), acceptance=ExactSampled()),
+    ):
         p = ks_pvalue(tiny, decoder)
         assert p > PASS, f"{type(decoder).__name__}: KS p = {p:.2e}"
         print(f"{type(decoder).__name__}: KS p = {p:.3f}")
-    bad = ks_pvalue(tiny, SpeculativeDecoder(SAMPLING, drafter, chain(3, "sampled"), lantern(1000, 0.4, neighbours)))
+    bad = ks_pvalue(
+        tiny,
+        SpeculativeDecoder(
+            SAMPLING, drafter=drafter, draft=chain(3, "sampled"), acceptance=lantern(1000, 0.4, neighbours)
+        ),
+    )
     assert bad < FAIL and not math.isnan(bad), f"LANTERN delta=0.4 passed as lossless: KS p = {bad:.2e}"
     print(f"LANTERN delta 0.4: KS p = {bad:.2e}")

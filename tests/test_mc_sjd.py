@@ -18,6 +18,7 @@ from test_compile import CountingBackend
 from test_run import REPO, run
 from test_speculative import text_condition, tiny
 
+from lantern.decoding.api import settings_from_record
 from lantern.decoding.ar import ARDecoder
 from lantern.decoding.jacobi.decoder import JacobiSettings, gsd, sjd
 from lantern.decoding.jacobi.redraw import (
@@ -289,6 +290,7 @@ def run_images(tmp_path, name: str, *overrides: str) -> tuple[dict, list[bytes]]
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     metrics = json.loads((out / "metrics.json").read_text())
+    metrics = {**metrics, **settings_from_record(metrics).record()}  # the decoder's knobs, flat
     return metrics, [(out / f"{i:06d}.png").read_bytes() for i in range(4)]
 
 
@@ -304,10 +306,10 @@ def test_coupled_config_composes_and_records(tmp_path, coupling):
     proc, out = run(tmp_path, "decoding=sjd", f"coupling={coupling}", "window=4", "num_images=3", "batch_size=2")
     assert proc.returncode == 0, proc.stderr
     metrics = json.loads((out / "metrics.json").read_text())
+    metrics = {**metrics, **settings_from_record(metrics).record()}  # the decoder's knobs, flat
     assert metrics["coupling"] == coupling and metrics["acceptance"] == "exact" and metrics["window"] == 4
     assert metrics["mean_accepted_length"] >= 1.0 and sum(metrics["acceptance_histogram"]) == metrics["target_steps"]
-    assert metrics["tv_realised_max"] == 0.0 and metrics["k"] is None
-    from lantern.decoding.api import settings_from_record
+    assert metrics["tv_realised_max"] == 0.0 and metrics.get("k") is None
     from lantern.results.tables import load_records
 
     settings = settings_from_record(load_records([out])[0])

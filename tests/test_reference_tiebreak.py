@@ -176,11 +176,13 @@ def test_reference_greedy_dynamic_tree_compiles_as_one_graph_and_matches_eager()
     for order in ("index", "sorted"):
         spec = lantern(4, 0.3, table, semantics="reference")
         structure = DynamicTree(4, 3, 10)
-        eager = SpeculativeDecoder(sampling, drafter, structure, spec)
+        eager = SpeculativeDecoder(sampling, drafter=drafter, draft=structure, acceptance=spec)
         eager.rule.leaf_order = order
         expected = eager.generate(model, cond, keys)
         backend = CountingBackend()
-        compiled = SpeculativeDecoder(sampling, drafter, structure, spec, compile="default", backend=backend)
+        compiled = SpeculativeDecoder(
+            sampling, drafter=drafter, draft=structure, acceptance=spec, compile="default", backend=backend
+        )
         compiled.rule.leaf_order = order
         for _ in range(2):
             assert torch.equal(compiled.generate(model, cond, keys).codes, expected.codes)

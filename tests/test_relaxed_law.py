@@ -45,7 +45,7 @@ def roots(world):
 
         speculative_module.walk_tree = spy
         try:
-            world.decode(SpeculativeDecoder(WORLD_SAMPLING, world.drafter, structure, rule), 4)
+            world.decode(SpeculativeDecoder(WORLD_SAMPLING, drafter=world.drafter, draft=structure, acceptance=rule), 4)
         finally:
             speculative_module.walk_tree = original
         step = max(1, len(nodes) // NODES)

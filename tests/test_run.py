@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from lantern.decoding.api import settings_from_record
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -36,6 +38,7 @@ def test_run_writes_images_grid_and_metrics(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in out.glob("*.png")) == [f"{i:06d}.png" for i in range(5)] + ["grid.png"]
     metrics = json.loads((out / "metrics.json").read_text())
+    metrics = {**metrics, **settings_from_record(metrics).record()}  # the decoder's knobs, flat
     assert metrics["num_images"] == 5 and metrics["decoding"] == "lantern" and metrics["seed"] == 3
     assert len(metrics["per_image"]) == 5 and all(r["latency_s"] > 0 for r in metrics["per_image"])
     assert metrics["tokens_per_s"] > 0 and metrics["environment"]["versions"]["torch"]
@@ -133,6 +136,7 @@ def test_speculative_run_records_acceptance(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     metrics = json.loads((out / "metrics.json").read_text())
+    metrics = {**metrics, **settings_from_record(metrics).record()}  # the decoder's knobs, flat
     assert metrics["decoding"] == "lantern" and metrics["delta"] == 0.3 and metrics["k"] == 1000
     assert metrics["draft"] == "chain" and metrics["mean_accepted_length"] >= 1.0
     assert sum(metrics["acceptance_histogram"]) == metrics["target_steps"]
@@ -151,6 +155,7 @@ def test_speedup_on_every_other_batch_compares_the_same_batches(tmp_path):
     proc, out = run(tmp_path, "decoding=eagle", "num_images=3", "batch_size=1", "warmup=0", "speedup_every=2")
     assert proc.returncode == 0, proc.stderr
     metrics = json.loads((out / "metrics.json").read_text())
+    metrics = {**metrics, **settings_from_record(metrics).record()}  # the decoder's knobs, flat
     assert "on 2 of 3 batches" in metrics["speedup_baseline"]
     rows = metrics["per_image"]
     assert metrics["compared_latency_s_per_image"] == pytest.approx((rows[0]["latency_s"] + rows[2]["latency_s"]) / 2)
@@ -174,6 +179,7 @@ def test_speedup_against_a_named_baseline_run(tmp_path):
     assert proc.returncode == 0, proc.stderr
     ar_metrics = json.loads((ar_out / "metrics.json").read_text())
     metrics = json.loads((out / "metrics.json").read_text())
+    metrics = {**metrics, **settings_from_record(metrics).record()}  # the decoder's knobs, flat
     assert metrics["speedup"] == pytest.approx(ar_metrics["latency_s_per_image"] / metrics["latency_s_per_image"])
     assert f"run {ar_out}" in metrics["speedup_baseline"] and "same setting and machine" in metrics["speedup_baseline"]
     other, other_out = run(
@@ -226,6 +232,7 @@ def test_default_world_main_job(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     metrics = json.loads((out / "metrics.json").read_text())
+    metrics = {**metrics, **settings_from_record(metrics).record()}  # the decoder's knobs, flat
     assert metrics["model"] == "fashion_t2i" and metrics["prompts"] == "fashion_mnist"
     assert metrics["decoding"] == "lantern" and metrics["delta"] == 0.1 and metrics["batch_size"] == 1
     assert [r["label"] for r in metrics["per_image"]] == [0, 1, 2, 3]
@@ -281,6 +288,7 @@ def test_a_neighbour_table_in_the_other_distance_space_is_refused(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     metrics = json.loads((out / "metrics.json").read_text())
+    metrics = {**metrics, **settings_from_record(metrics).record()}  # the decoder's knobs, flat
     assert metrics["semantics"] == "reference" and metrics["neighbours_normalized"] is False
 
 

@@ -53,7 +53,9 @@ def test_greedy_speculative_reproduces_greedy_ar(structure, cfg_scale):
     cond, keys = text_condition(), keys_tensor(0, range(4))
     sampling = SamplingConfig(temperature=0, cfg_scale=cfg_scale)
     expected = ARDecoder(sampling).generate(model, cond, keys).codes
-    result = SpeculativeDecoder(sampling, drafter, structure, ExactDeterministic()).generate(model, cond, keys)
+    result = SpeculativeDecoder(sampling, drafter=drafter, draft=structure, acceptance=ExactDeterministic()).generate(
+        model, cond, keys
+    )
     assert torch.equal(result.codes, expected)
     histogram = result.per_sample["histogram"]
     assert histogram[:, 1:].sum() > 0, "the test should exercise accepted drafts"
@@ -71,7 +73,9 @@ def test_greedy_lantern_with_zero_delta_reproduces_greedy_ar(semantics):
     table = torch.stack([torch.roll(torch.arange(VOCAB), -s) for s in range(1, VOCAB)], dim=1)  # (V, V-1)
     rule = lantern(3, 0.0, table, semantics=semantics)
     for structure in structures():
-        result = SpeculativeDecoder(sampling, drafter, structure, rule).generate(model, cond, keys)
+        result = SpeculativeDecoder(sampling, drafter=drafter, draft=structure, acceptance=rule).generate(
+            model, cond, keys
+        )
         assert torch.equal(result.codes, expected)
 
 
@@ -95,8 +99,12 @@ def test_zero_relaxation_is_exact_token_for_token(relaxed, semantics, candidates
     # k+1 neighbours (see test_acceptance); with one candidate per level (a chain) that never happens.
     chosen = structures(candidates) if semantics == "bounded" else [chain(4, candidates)]
     for structure in chosen:
-        exact = SpeculativeDecoder(sampling, drafter, structure, ExactDeterministic()).generate(model, cond, keys)
-        relaxed_run = SpeculativeDecoder(sampling, drafter, structure, rule).generate(model, cond, keys)
+        exact = SpeculativeDecoder(
+            sampling, drafter=drafter, draft=structure, acceptance=ExactDeterministic()
+        ).generate(model, cond, keys)
+        relaxed_run = SpeculativeDecoder(sampling, drafter=drafter, draft=structure, acceptance=rule).generate(
+            model, cond, keys
+        )
         assert torch.equal(exact.codes, relaxed_run.codes), structure.name
         assert float(exact.per_sample["tv_realised_max"].max()) == 0.0
         measured = relaxed_run.per_sample["tv_measured"].sum()
@@ -166,7 +174,7 @@ def _marginal_statistics(rule, structure):
     sampling = SamplingConfig(temperature=1.0, cfg_scale=2.0)
     marginals = _exact_marginals(model, ClassConditioner(10).encode([3]), sampling)
     many = ClassConditioner(10).encode([3] * SAMPLES)
-    result = SpeculativeDecoder(sampling, drafter, structure, rule).generate(
+    result = SpeculativeDecoder(sampling, drafter=drafter, draft=structure, acceptance=rule).generate(
         model, many, keys_tensor(9, range(SAMPLES))
     )
     stats = [
@@ -228,7 +236,7 @@ def test_cache_after_speculative_decoding_equals_the_ar_cache(structure):
 
     model.new_cache = capture
     try:
-        result = SpeculativeDecoder(sampling, drafter, structure).generate(model, cond, keys)
+        result = SpeculativeDecoder(sampling, drafter=drafter, draft=structure).generate(model, cond, keys)
     finally:
         del model.new_cache
     cache = caches[0]
@@ -249,7 +257,9 @@ def test_images_do_not_depend_on_batch_composition():
     model, drafter = tiny()
     prompts = ["a red shirt", "b", "two words here now", "x y"]
     sampling = SamplingConfig(temperature=1.0, cfg_scale=2.0)
-    decoder = SpeculativeDecoder(sampling, drafter, DynamicTree(4, 3, 10), ExactDeterministic())
+    decoder = SpeculativeDecoder(
+        sampling, drafter=drafter, draft=DynamicTree(4, 3, 10), acceptance=ExactDeterministic()
+    )
     together = decoder.generate(model, text_condition(prompts), keys_tensor(4, range(4))).codes
     alone = torch.cat(
         [decoder.generate(model, text_condition([prompts[i]]), keys_tensor(4, [i])).codes for i in range(4)]
@@ -261,7 +271,10 @@ def test_drafter_for_another_target_is_refused():
     model, _ = tiny()
     other = gpt_config("GPT-nano", "t2i", 64, vocab_size=16, caption_dim=8, cls_token_num=4)
     decoder = SpeculativeDecoder(
-        SamplingConfig(temperature=0), Drafter(DrafterConfig(other)), chain(2), ExactDeterministic()
+        SamplingConfig(temperature=0),
+        drafter=Drafter(DrafterConfig(other)),
+        draft=chain(2),
+        acceptance=ExactDeterministic(),
     )
     with pytest.raises(ConfigError, match="vocabulary 16.*vocabulary 8"):
         decoder.generate(model, text_condition(["a"]), keys_tensor(0, [0]))
@@ -358,7 +371,9 @@ def test_at_most_one_host_synchronisation_per_verification_step(monkeypatch):
     ):
         for structure in structures() + [chain(3, "sampled"), DynamicTree(4, 3, 10, "sampled")]:
             calls.clear()
-            result = SpeculativeDecoder(sampling, drafter, structure, ExactDeterministic()).generate(model, cond, keys)
+            result = SpeculativeDecoder(
+                sampling, drafter=drafter, draft=structure, acceptance=ExactDeterministic()
+            ).generate(model, cond, keys)
             steps = int(result.stats["target_forwards"]) - 1  # prefill is not a verification step
             assert len(calls) <= steps + 1, f"{structure.name}: {len(calls)} reads for {steps} steps: {set(calls)}"
 
@@ -378,7 +393,7 @@ def test_at_most_one_host_synchronisation_per_step_on_cuda():
         SamplingConfig(temperature=1.0, top_k=5, cfg_scale=2.0),
     ):
         for structure in structures() + [chain(3, "sampled"), DynamicTree(4, 3, 10, "sampled")]:
-            decoder = SpeculativeDecoder(sampling, drafter, structure, ExactDeterministic())
+            decoder = SpeculativeDecoder(sampling, drafter=drafter, draft=structure, acceptance=ExactDeterministic())
             decoder.generate(model, cond, keys)  # warm-up: lazy initialisation may synchronise once
             torch.cuda.synchronize()
             with warnings.catch_warnings(record=True) as caught:

@@ -227,7 +227,9 @@ def test_greedy_speculative_with_a_taps_drafter_reproduces_greedy_ar(structure, 
     cond, keys = text_condition(), keys_tensor(0, range(4))
     sampling = SamplingConfig(temperature=0, cfg_scale=cfg_scale)
     expected = ARDecoder(sampling).generate(model, cond, keys).codes
-    result = SpeculativeDecoder(sampling, drafter, structure, ExactDeterministic()).generate(model, cond, keys)
+    result = SpeculativeDecoder(sampling, drafter=drafter, draft=structure, acceptance=ExactDeterministic()).generate(
+        model, cond, keys
+    )
     assert torch.equal(result.codes, expected)
     assert result.per_sample["histogram"][:, 1:].sum() > 0, "the test should exercise accepted drafts"
     rows, width = 4 * (2 if cfg_scale > 1 else 1), len(TAPS) * model.config.dim
@@ -254,7 +256,9 @@ def test_the_drafter_consumed_the_fused_taps_at_every_decided_position():
 
     drafter.new_cache = capture
     try:
-        decoder = SpeculativeDecoder(sampling, drafter, DynamicTree(3, 3, 8, "sampled"), ExactSampled())
+        decoder = SpeculativeDecoder(
+            sampling, drafter=drafter, draft=DynamicTree(3, 3, 8, "sampled"), acceptance=ExactSampled()
+        )
         codes = decoder.generate(model, cond, keys).codes
     finally:
         del drafter.new_cache
@@ -280,7 +284,9 @@ def test_exact_sampled_decoding_with_a_taps_drafter_preserves_the_target_margina
     sampling = SamplingConfig(temperature=1.0, cfg_scale=2.0)
     marginals = _exact_marginals(model, ClassConditioner(10).encode([3]), sampling)
     many = ClassConditioner(10).encode([3] * SAMPLES)
-    decoder = SpeculativeDecoder(sampling, drafter, prior_tree(3, 3, 8, candidates="sampled"), ExactSampled())
+    decoder = SpeculativeDecoder(
+        sampling, drafter=drafter, draft=prior_tree(3, 3, 8, candidates="sampled"), acceptance=ExactSampled()
+    )
     result = decoder.generate(model, many, keys_tensor(9, range(SAMPLES)))
     assert result.per_sample["histogram"][:, 1:].sum() > SAMPLES // 2  # drafts were accepted along the way
     for position, marginal in zip((1, 2), marginals, strict=True):
@@ -300,9 +306,11 @@ def test_exact_sampled_decoding_with_a_taps_drafter_preserves_the_target_margina
 def test_a_taps_step_captures_as_one_graph_and_matches_eager(sampling, structure, rule):
     model, drafter = deep()
     cond, keys = text_condition(), keys_tensor(1, range(4))
-    eager = SpeculativeDecoder(sampling, drafter, structure, rule).generate(model, cond, keys)
+    eager = SpeculativeDecoder(sampling, drafter=drafter, draft=structure, acceptance=rule).generate(model, cond, keys)
     backend = CountingBackend()
-    decoder = SpeculativeDecoder(sampling, drafter, structure, rule, compile="default", backend=backend)
+    decoder = SpeculativeDecoder(
+        sampling, drafter=drafter, draft=structure, acceptance=rule, compile="default", backend=backend
+    )
     for _ in range(2):
         result = decoder.generate(model, cond, keys)
         assert torch.equal(result.codes, eager.codes)
@@ -316,8 +324,14 @@ def test_inductor_compiled_speculative_with_a_taps_drafter_equals_eager():
     cond, keys = text_condition(), keys_tensor(1, range(4))
     sampling = SamplingConfig(temperature=1.0, cfg_scale=3.0)
     structure = DynamicTree(3, 3, 8, "sampled")
-    eager = SpeculativeDecoder(sampling, drafter, structure, ExactSampled()).generate(model, cond, keys).codes
-    decoder = SpeculativeDecoder(sampling, drafter, structure, ExactSampled(), compile="default")
+    eager = (
+        SpeculativeDecoder(sampling, drafter=drafter, draft=structure, acceptance=ExactSampled())
+        .generate(model, cond, keys)
+        .codes
+    )
+    decoder = SpeculativeDecoder(
+        sampling, drafter=drafter, draft=structure, acceptance=ExactSampled(), compile="default"
+    )
     assert torch.equal(decoder.generate(model, cond, keys).codes, eager)
 
 

@@ -25,3 +25,14 @@ def test_the_ratio_lies_within_its_runs_where_a_ratio_of_medians_does_not():
         medians = statistics.mean(map(statistics.median, ar)) / statistics.mean(map(statistics.median, mode))
         outside += not min(runs) <= medians <= max(runs)
     assert outside > 0  # the statistic the benchmarks printed before: it can leave its own spread
+
+
+def test_timed_returns_the_result_and_covers_the_call():
+    import time
+
+    import torch
+
+    from lantern.run.timing import timed
+
+    seconds, result = timed(lambda: time.sleep(0.05) or "done", torch.device("cpu"))
+    assert result == "done" and 0.05 <= seconds < 5

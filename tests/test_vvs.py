@@ -14,6 +14,7 @@ from test_compile import CountingBackend
 from test_run import run
 from test_speculative import VOCAB, _neighbours, text_condition, tiny
 
+from lantern.decoding.api import settings_from_record
 from lantern.decoding.batch import guided_inputs
 from lantern.decoding.tree.decoder import SpeculativeDecoder
 from lantern.decoding.tree.draft import DynamicTree, chain
@@ -37,9 +38,11 @@ def rule(delta=0.2):
 def test_without_skips_vvs_is_lantern_also_through_the_chain_step(sampling, draft):
     model, drafter = tiny()
     cond, keys = text_condition(), keys_tensor(1, range(4))
-    reference = SpeculativeDecoder(sampling, drafter, DRAFTS[draft](), rule()).generate(model, cond, keys)
-    off = vvs(sampling, drafter, DRAFTS[draft](), rule(), interval=None)
-    chained = vvs(sampling, drafter, DRAFTS[draft](), rule(), interval=None)
+    reference = SpeculativeDecoder(sampling, drafter=drafter, draft=DRAFTS[draft](), acceptance=rule()).generate(
+        model, cond, keys
+    )
+    off = vvs(sampling, drafter=drafter, draft=DRAFTS[draft](), acceptance=rule(), interval=None)
+    chained = vvs(sampling, drafter=drafter, draft=DRAFTS[draft](), acceptance=rule(), interval=None)
     chained.kind = lambda index: "chain"  # every step verifies through the chain step, with nothing skipped
     for decoder in (off, chained):
         result = decoder.generate(model, cond, keys)
@@ -67,7 +70,7 @@ def test_verified_tokens_follow_the_target_given_the_skipped_ones(draft, interva
     free, and their recorded TV (greedy: 1 where the token is not the argmax) counts the mismatches."""
     model, drafter = tiny()
     cond, keys = text_condition(), keys_tensor(0, range(4))
-    decoder = vvs(GREEDY, drafter, DRAFTS[draft](), rule(0.0), interval=interval)
+    decoder = vvs(GREEDY, drafter=drafter, draft=DRAFTS[draft](), acceptance=rule(0.0), interval=interval)
     result = decoder.generate(model, cond, keys)
     with torch.inference_mode():
         target = teacher_argmax(model, cond, result.codes, GREEDY)
@@ -86,15 +89,19 @@ def test_counts_of_skipped_tokens_and_saved_forwards_are_exact():
     (no forward, no token); every other step runs one target forward; saved forwards are committing skips."""
     model, drafter = tiny()
     cond, keys = text_condition(("a red shirt",)), keys_tensor(3, [0])
-    decoder = vvs(GREEDY, drafter, chain(3), rule(), interval=2)
-    trace, dispatch = [], decoder._dispatch
+    decoder = vvs(GREEDY, drafter=drafter, draft=chain(3), acceptance=rule(), interval=2)
+    trace = []
 
-    def traced(ctx, state, audit):
-        (new, log), kind = dispatch(ctx, state, audit)
-        trace.append((kind, int(state.spec.decided[0]), int(new.spec.decided[0])))
-        return (new, log), kind
+    def traced(kind, step):
+        def run(ctx, state, audit):
+            new, log = step(ctx, state, audit)
+            trace.append((kind, int(state.spec.decided[0]), int(new.spec.decided[0])))
+            return new, log
 
-    decoder._dispatch = traced
+        return run
+
+    schedule = decoder.schedule  # the loop runs the schedule's (here eager) steps
+    schedule.compiled = {kind: traced(kind, step) for kind, step in schedule.compiled.items()}
     result = decoder.generate(model, cond, keys)
     stats, sample = result.stats, result.per_sample
     assert [kind for kind, _, _ in trace] == [
@@ -152,10 +159,12 @@ def test_random_path_on_hand_built_trees():
 def test_vvs_images_do_not_depend_on_the_batch():
     model, drafter = tiny()
     cond, keys = text_condition(), keys_tensor(5, range(4))
-    together = vvs(SAMPLED, drafter, DynamicTree(3, 3, 8), rule(), interval=2).generate(model, cond, keys)
+    together = vvs(SAMPLED, drafter=drafter, draft=DynamicTree(3, 3, 8), acceptance=rule(), interval=2).generate(
+        model, cond, keys
+    )
     prompts = ("a red shirt", "b", "two words here now", "x y")
     for i in range(4):
-        alone = vvs(SAMPLED, drafter, DynamicTree(3, 3, 8), rule(), interval=2).generate(
+        alone = vvs(SAMPLED, drafter=drafter, draft=DynamicTree(3, 3, 8), acceptance=rule(), interval=2).generate(
             model, text_condition(prompts[i : i + 1]), keys[i : i + 1]
         )
         assert torch.equal(alone.codes[0], together.codes[i])
@@ -165,9 +174,19 @@ def test_vvs_images_do_not_depend_on_the_batch():
 def test_vvs_steps_capture_as_one_graph_each_and_match_eager():
     model, drafter = tiny()
     cond, keys = text_condition(), keys_tensor(0, range(4))
-    reference = vvs(SAMPLED, drafter, DynamicTree(3, 3, 8), rule(), interval=3).generate(model, cond, keys)
+    reference = vvs(SAMPLED, drafter=drafter, draft=DynamicTree(3, 3, 8), acceptance=rule(), interval=3).generate(
+        model, cond, keys
+    )
     backend = CountingBackend()
-    decoder = vvs(SAMPLED, drafter, DynamicTree(3, 3, 8), rule(), interval=3, compile="default", backend=backend)
+    decoder = vvs(
+        SAMPLED,
+        drafter=drafter,
+        draft=DynamicTree(3, 3, 8),
+        acceptance=rule(),
+        interval=3,
+        compile="default",
+        backend=backend,
+    )
     for _ in range(2):
         result = decoder.generate(model, cond, keys)
         assert torch.equal(result.codes, reference.codes)
@@ -185,13 +204,13 @@ def test_vvs_runs_on_the_world_and_records_what_it_skipped(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     metrics = json.loads((out / "metrics.json").read_text())
+    metrics = {**metrics, **settings_from_record(metrics).record()}  # the decoder's knobs, flat
     stats = metrics["decode_stats"]
     assert metrics["decoding"] == "vvs" and metrics["skip_interval"] == 5 and metrics["delta"] == 0.2
     assert metrics["semantics"] == "reference" and metrics["k"] == 1000
     assert stats["target_forwards_saved"] > 0 and stats["target_forwards"] > 0
     assert metrics["mean_accepted_length"] > 1.0 and 0 < metrics["tv_realised_coverage"] <= 1.0
     assert metrics["tv_realised_max"] > 0.0
-    from lantern.decoding.api import settings_from_record
     from lantern.results.tables import load_records
 
     assert settings_from_record(load_records([out])[0]).method().endswith("skip every 5")
@@ -205,4 +224,4 @@ def test_bad_interval_is_one_line_and_writes_nothing(tmp_path):
     assert not out.exists()
     model, drafter = tiny()
     with pytest.raises(ConfigError, match="skip_interval"):
-        vvs(SAMPLED, drafter, chain(3), rule(), interval=0.5)
+        vvs(SAMPLED, drafter=drafter, draft=chain(3), acceptance=rule(), interval=0.5)

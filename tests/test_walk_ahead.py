@@ -41,6 +41,8 @@ def _inputs(structure, kind: str, seed: int = 0):
     generator = torch.Generator().manual_seed(seed)
     keys = rng.keys_tensor(seed, range(ROWS))
     step = torch.arange(ROWS) % 5
+    if hasattr(structure, "prepare"):  # a static structure's tables, made before a tree is grown
+        structure.prepare(torch.device("cpu"))
     draft = structure.grow(
         RandomExpander(generator), torch.randint(VOCAB, (ROWS,), generator=generator), keys, step, kind
     )

@@ -9,27 +9,27 @@ decoder means adding its settings class, never editing table code.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
+import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 import torch
+from pydantic import TypeAdapter, ValidationError
 
+from lantern.decoding.stats import DecodeStats
 from lantern.models.condition import Condition
 
 
 @dataclass
 class DecodeResult:
     """Image token codes (B, N) in raster order, per-batch counters (e.g. target forwards, phase times)
-    and per-sample CPU tensors with a leading batch dimension: ``steps`` (target steps after the first
-    token) and ``tokens`` (tokens they produced), ``tv_realised_sum``, ``tv_realised_max`` and
-    ``tv_measured`` (the realised TV of the tokens' laws), plus decoder-specific ones (a speculative
-    decoder adds ``histogram`` (B, D+1), ``merged_sum``, ``merged_max`` and ``accepted_drafts``).
-    """
+    and the per-image statistics (:class:`~lantern.decoding.stats.DecodeStats`)."""
 
     codes: torch.Tensor
-    stats: dict[str, float] = field(default_factory=dict)
-    per_sample: dict[str, torch.Tensor] = field(default_factory=dict)
+    stats: dict[str, float]
+    per_sample: DecodeStats
 
 
 class Decoder(Protocol):
@@ -84,7 +84,8 @@ class DecoderSettings:
         return {}
 
     def record(self) -> dict:
-        """The record's flat entries (``decoding``, ``compile`` and what tables of older versions read)."""
+        """The flat entries that describe this decoder (``decoding``, ``compile`` and its knobs), as records
+        before version 4 carried them and benchmark rows still show them."""
         return {"decoding": self.name, "compile": self.compile}
 
     def to_json(self) -> dict:
@@ -106,8 +107,9 @@ class UnknownSettings(DecoderSettings):
 
 
 def settings_from_json(data: dict) -> DecoderSettings:
-    """The settings object a record stored (``to_json``); its class is found by ``kind``, importing the
-    defining ``module`` first when it is a lantern module not imported yet."""
+    """The settings object a record stored (``to_json``), each field checked against its class's annotation
+    (strictly: no string numbers); its class is found by ``kind``, importing the defining ``module`` first
+    when it is a lantern module not imported yet. A ValueError names the first bad field."""
     kind, module = data.get("kind"), data.get("module")
     if kind not in SETTINGS and isinstance(module, str) and module.split(".")[0] == "lantern":
         importlib.import_module(module)
@@ -115,7 +117,18 @@ def settings_from_json(data: dict) -> DecoderSettings:
     if cls is None:
         raise ValueError(f"unknown decoder settings kind {kind!r} (module {module!r})")
     names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{key: value for key, value in data.items() if key in names})
+    fields = {key: value for key, value in data.items() if key in names}
+    try:
+        return _adapter(cls).validate_json(json.dumps(fields), strict=True)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        raise ValueError(f"{kind} settings, field {where!r}: {error['msg'].lower()}") from None
+
+
+@functools.cache
+def _adapter(cls: type[DecoderSettings]) -> TypeAdapter:
+    return TypeAdapter(cls)
 
 
 # Flat record entries an older record (without ``settings``) may carry about its decoder.

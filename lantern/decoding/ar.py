@@ -10,12 +10,13 @@ import torch
 
 from lantern import checks
 from lantern.decoding.api import DecodeResult, DecoderSettings, register
-from lantern.decoding.batch import guided_inputs
+from lantern.decoding.batch import ModelInputs, prefill
 from lantern.decoding.compile import check_compile, compiled, mark_static
 from lantern.decoding.loop import run_steps
+from lantern.decoding.stats import exact_law
 from lantern.models.condition import Condition
 from lantern.models.kv_cache import KVCache
-from lantern.models.sampling import SamplingConfig, guided_logits, guided_logits_at, next_token
+from lantern.models.sampling import SamplingConfig, guided_logits_at, next_token
 from lantern.models.target import Target, prefix_causal_mask
 
 # How attention runs. fast: PyTorch's default SDPA kernel over this decoder's cache (T + N - 1 slots).
@@ -74,7 +75,6 @@ class ARContext:
     cache: KVCache
     mask: torch.Tensor  # (rows, 1, L, L) causal over the whole cache
     groups: int  # CFG rows per image
-    warm: bool = False
 
 
 class ARState(NamedTuple):
@@ -105,6 +105,7 @@ class ARDecoder:
     def __init__(
         self,
         sampling: SamplingConfig,
+        *,
         compile: str = "none",
         backend: str = "inductor",
         guard=None,
@@ -152,32 +153,19 @@ class ARDecoder:
     def _generate(self, model: Target, condition: Condition, keys: torch.Tensor) -> DecodeResult:
         cfg = model.config
         cond_len, num_tokens = cfg.cls_token_num, cfg.num_image_tokens
-        cond_emb, cond_mask = guided_inputs(model, condition, self.sampling)
-        rows, batch = cond_emb.shape[0], len(condition)
-        device = cond_emb.device
-        self.check_device(device)
+        inputs = ModelInputs.of(model, condition, self.sampling)
+        self.check_device(inputs.device)
         length = cond_len + num_tokens - 1  # the last image token is never fed back
         if self.attention == "reference":
             length = reference_cache_length(cond_len, num_tokens)  # extra slots stay masked
-        ctx = self._context(model, rows, batch, length, device)
-        ctx.mask.copy_(prefix_causal_mask(cond_mask, length))
+        ctx = self._context(model, inputs.rows, inputs.batch, length, inputs.device)
+        ctx.mask.copy_(prefix_causal_mask(inputs.cond_mask, length))
 
         # The prefill sees the condition's own slots; LlamaGen's (reference) attends over the whole cache.
         width = length if self.attention == "reference" else cond_len
-        logits, _ = model.prefill(cond_emb, ctx.mask[:, :, :cond_len, :width], ctx.cache)
-        codes = torch.zeros(batch, num_tokens, dtype=torch.long, device=device)
-        codes[:, 0] = next_token(guided_logits(logits, self.sampling, 0), self.sampling, keys, 0)
-        state = ARState(codes, torch.ones(1, dtype=torch.long, device=device), keys)
+        mask = ctx.mask[:, :, :cond_len, :width]
+        codes = prefill(model, inputs, ctx.cache, keys, self.sampling, width=num_tokens, mask=mask).codes
+        state = ARState(codes, torch.ones(1, dtype=torch.long, device=inputs.device), keys)
         state, _ = run_steps(ar_step, self._step, ctx, state, num_tokens - 1, guard=self.guard)
-        per_image = torch.full((batch,), num_tokens - 1, dtype=torch.long)
-        per_sample = {"steps": per_image, "tokens": per_image.clone(), **exact_law(batch, num_tokens)}
+        per_sample = exact_law(torch.full((inputs.batch,), num_tokens - 1, dtype=torch.long), num_tokens)
         return DecodeResult(state.codes, {"target_forwards": float(num_tokens), "steps": float(num_tokens)}, per_sample)
-
-
-def exact_law(batch: int, num_tokens: int) -> dict[str, torch.Tensor]:
-    """Per-sample realised-TV entries of a decoder whose every token is drawn from the target: 0, measured."""
-    return {
-        "tv_realised_sum": torch.zeros(batch, dtype=torch.float64),
-        "tv_realised_max": torch.zeros(batch, dtype=torch.float64),
-        "tv_measured": torch.full((batch,), num_tokens - 1, dtype=torch.long),
-    }

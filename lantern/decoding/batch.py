@@ -3,14 +3,21 @@
 Per image b the model batch holds ``groups`` rows (``[cond; uncond]`` with CFG): per-image tensors
 (B, ...) become model-row tensors (groups * B, ...) with :func:`repeat_rows`. Masks always span the
 whole cache capacity, so every step of a decoder has the same shapes.
+
+:func:`prefill` is every decoder's prefill: the condition into the target's cache and image token 0
+drawn from the state after it (:class:`ModelInputs` first gives the model batch and its sizes, so the
+decoder can build its context, and so its cache, in between).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import NamedTuple
+
 import torch
 
 from lantern.models.condition import Condition
-from lantern.models.sampling import SamplingConfig
+from lantern.models.sampling import SamplingConfig, guided_logits, next_token
 from lantern.models.target import Target, prefix_causal_mask
 
 
@@ -26,6 +33,77 @@ def guided_inputs(model: Target, condition: Condition, sampling: SamplingConfig)
         values = torch.cat([values, model.null_condition(len(condition)).to(values.dtype)])
         mask = torch.cat([mask, model.null_condition_mask(mask)])
     return model.embed_condition(values), mask
+
+
+@dataclass(frozen=True)
+class ModelInputs:
+    """The model batch of one ``generate`` call: condition embeddings (rows, T, D) and their mask (rows, T)
+    (:func:`guided_inputs`) for ``batch`` images, ``rows = groups * batch`` model rows."""
+
+    cond_emb: torch.Tensor
+    cond_mask: torch.Tensor
+    batch: int
+
+    @classmethod
+    def of(cls, model: Target, condition: Condition, sampling: SamplingConfig) -> ModelInputs:
+        cond_emb, cond_mask = guided_inputs(model, condition, sampling)
+        return cls(cond_emb, cond_mask, len(condition))
+
+    @property
+    def rows(self) -> int:
+        return self.cond_emb.shape[0]
+
+    @property
+    def groups(self) -> int:
+        return self.rows // self.batch
+
+    @property
+    def device(self) -> torch.device:
+        return self.cond_emb.device
+
+    def valid(self, capacity: int, skip: int = 0) -> torch.Tensor:
+        """(rows, capacity) bool: which cache columns hold real keys (:func:`column_validity`); ``skip``
+        drops the first condition slots (a drafter's cache, which starts one entry later)."""
+        return column_validity(self.cond_mask[:, skip:], capacity)
+
+
+class Prefilled(NamedTuple):
+    """``codes`` (B, C) zeros but image token 0 in column 0; ``hidden`` (rows, T, D) the final-norm states
+    over the condition; ``features`` (rows, T, F) what a drafter reads (``hidden``, or the tapped states)."""
+
+    codes: torch.Tensor
+    hidden: torch.Tensor
+    features: torch.Tensor
+
+
+def prefill(
+    model: Target,
+    inputs: ModelInputs,
+    cache,
+    keys: torch.Tensor,
+    sampling: SamplingConfig,
+    *,
+    width: int,
+    capacity: int | None = None,
+    mask: torch.Tensor | None = None,
+    taps: tuple[int, ...] = (),
+) -> Prefilled:
+    """Write the condition into ``cache`` slots ``0..T-1`` and draw image token 0 with ``keys`` (B,) into a
+    (B, ``width``) code buffer.
+
+    The prefill attends under ``mask`` (rows, 1, T, W) when given, else under the condition's causal mask
+    spread over the whole ``capacity`` (:func:`prefill_condition`). ``taps``: an EAGLE-3-style drafter's
+    (``features`` are then the tapped states).
+    """
+    if mask is None:
+        states = prefill_condition(model, inputs.cond_emb, inputs.cond_mask, cache, capacity, taps)
+    else:
+        index = torch.arange(inputs.cond_emb.shape[1], device=inputs.device)
+        states = model.forward_embeddings(inputs.cond_emb, index, index.expand(inputs.rows, -1), mask, cache, taps)
+    hidden, features = states if taps else (states, states)  # (rows, T, D), (rows, T, F)
+    codes = torch.zeros(inputs.batch, width, dtype=torch.long, device=inputs.device)
+    codes[:, 0] = next_token(guided_logits(model.head(hidden[:, -1]), sampling, 0), sampling, keys, 0)
+    return Prefilled(codes, hidden, features)
 
 
 def prefill_condition(

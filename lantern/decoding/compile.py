@@ -83,6 +83,11 @@ class Compiled:
             options.update(inductor_options(self.mode, device_type))
         return torch.compile(self.fn, **options)
 
+    def captured(self, ctx, *rest) -> bool:
+        """Whether a call with ``ctx`` and ``rest`` has run (its graph is built; later calls only replay it)."""
+        known = self._contexts.get(id(ctx))
+        return known is not None and rest in known[2]
+
     def __call__(self, ctx, state, *rest):
         known = self._contexts.get(id(ctx))
         if known is None:  # a context's states stay on one device

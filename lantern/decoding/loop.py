@@ -1,17 +1,24 @@
 """The one decode loop: after a decoder's prefill, pure steps, with the host's few duties between them.
 
-Every decoder (AR, tree speculative, Jacobi) hands this loop its step, a context (models, caches at fixed
-addresses, knobs) and the first state. The loop owns what happens between steps:
+Every decoder (AR, tree speculative, VVS, ZipAR, Jacobi) hands this loop a :class:`Schedule` (which step
+function each loop index runs: one for most decoders, plain / skip / chain for VVS), a context (models,
+caches at fixed addresses, knobs) and the first state. The loop owns what happens between steps:
 
-* **compilation**: a compiled step's first call for a context runs the step eagerly and unguarded, so the
-  lazy per-device tables of its pieces (tree indices, neighbour columns) exist before a graph is captured;
-  later calls run the compiled step inside ``guard`` (e.g. a CUDA host-sync detector);
+* **preparation**: a decoder calls :func:`prepare` on its pieces (draft structure, rule, grouping) once,
+  when it builds a context, so every table a step reads is on the device before any graph is captured;
+  a step never fills a table;
+* **schedule**: loop step ``i`` runs ``schedule.kind(i)``, a host decision (each kind is its own pure,
+  static-shape function, compiled on its own);
+* **guard**: a compiled step's first call for a context and arguments (the call that captures its
+  graph) runs outside ``guard`` (e.g. a CUDA host-sync detector: compiling syncs); every other call runs
+  inside it;
 * **audit cadence**: steps ``N-1, 2N-1, ...`` get ``audit=True`` (costly realised-TV measurements); never
   the first step, so the first call compiles every graph later calls use;
 * **sync cadence**: every ``sync_every`` steps the host reads ``done(state)`` (all rows finished?) and
   stops early; no other host read happens;
-* **phase timing**: an eager decoder may pass ``timed`` (its step with time marks between phases) and a
-  :class:`PhaseTimer`; timing stays outside the step functions.
+* **phase timing**: with a :class:`PhaseTimer` (eager decoders) a kind's ``timed`` form (its step with
+  time marks between phases) runs, or the whole step is timed as ``{kind}_step``; timing stays outside
+  the step functions.
 """
 
 from __future__ import annotations
@@ -19,16 +26,65 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from lantern.decoding.compile import Compiled, compiled
+from lantern.decoding.stats import summarise  # noqa: F401  (its old home: the Jacobi decoder imports it here)
+
 Step = Callable[[Any, Any, bool], tuple[Any, Any]]
 
 
-def run_steps(
-    step: Step,
-    compiled: Step,
+def prepare(device: torch.device | str, *pieces) -> None:
+    """Put every table of ``pieces`` (draft structures, rules, groupings; None skipped) on ``device``:
+    each piece with a ``prepare(device)`` method makes its own. Called once per context, before any step."""
+    for piece in pieces:
+        hook = getattr(piece, "prepare", None)
+        if hook is not None:
+            hook(torch.device(device))
+
+
+@dataclass
+class Schedule:
+    """Which step each loop index runs.
+
+    ``steps`` maps a kind to its eager step ``step(ctx, state, audit) -> (state, log)``; ``compiled`` to the
+    same step as the decoder compiled it (built by :meth:`of`); ``kind(index)`` picks one (a host
+    decision; the first kind when None); ``timed`` maps a kind to its phase-timed form
+    ``timed(ctx, state, audit, timer)`` (eager only).
+    """
+
+    steps: dict[str, Step]
+    compiled: dict[str, Step] = field(default_factory=dict)
+    kind: Callable[[int], str] | None = None
+    timed: dict[str, Callable] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, steps: dict[str, Step], mode: str, backend: str = "inductor", **kwargs) -> Schedule:
+        """A schedule whose steps are compiled as ``mode`` says (``none``: eager)."""
+        built = {kind: compiled(fn, mode, backend) for kind, fn in steps.items()}
+        return cls(steps=dict(steps), compiled=built, **kwargs)
+
+    def pick(self, index: int) -> str:
+        """The kind loop step ``index`` runs."""
+        return next(iter(self.steps)) if self.kind is None else self.kind(index)
+
+    def kinds(self, count: int) -> list[str]:
+        """The kinds of the first ``count`` loop steps."""
+        return [self.pick(index) for index in range(count)]
+
+
+def _guarded(step: Step, ctx, audit: bool, guard):
+    """``guard()``, except for a compiled step's first call with these arguments (it captures a graph)."""
+    if isinstance(step, Compiled) and not step.captured(ctx, audit):
+        return contextlib.nullcontext()
+    return guard()
+
+
+def run_schedule(
+    schedule: Schedule,
     ctx,
     state,
     steps: int,
@@ -37,32 +93,38 @@ def run_steps(
     done: Callable[[Any], torch.Tensor] | None = None,
     sync_every: int = 1,
     guard=contextlib.nullcontext,
-    timed: Callable | None = None,
     timer=None,
 ) -> tuple[Any, list]:
-    """Run at most ``steps`` steps from ``state``; return the last state and every step's log.
+    """Run at most ``steps`` steps of ``schedule`` from ``state``; return the last state and every step's log.
 
-    ``step(ctx, state, audit) -> (state, log)`` is the eager step and ``compiled`` the same step as the
-    decoder compiled it (the same function when eager); ``ctx.warm`` says whether this context's first
-    step has run. ``done(state)`` (B,) bool, read every ``sync_every`` steps, stops the loop when every
-    row is finished (None: always run ``steps``).
+    ``done(state)`` (B,) bool, read every ``sync_every`` steps, stops the loop when every row is finished
+    (None: always run ``steps``). The kinds the steps ran are ``schedule.kinds(len(logs))``.
     """
     logs = []
     for index in range(steps):
         audit = audit_every is not None and (index + 1) % audit_every == 0
-        if timed is not None and timer is not None:
+        kind = schedule.pick(index)
+        if timer is not None and kind in schedule.timed:
             with guard():
-                state, log = timed(ctx, state, audit, timer)
-        elif compiled is not step and not ctx.warm:
-            state, log = step(ctx, state, audit)  # fills the pieces' lazy tables before a graph is captured
+                state, log = schedule.timed[kind](ctx, state, audit, timer)
         else:
-            with guard():
-                state, log = compiled(ctx, state, audit)
-        ctx.warm = True
+            step = schedule.compiled.get(kind, schedule.steps[kind])
+            started = timer.now() if timer is not None else None
+            with _guarded(step, ctx, audit, guard):
+                state, log = step(ctx, state, audit)
+            if timer is not None:
+                timer.add(f"{kind}_step", started, timer.now())
         logs.append(log)
         if done is not None and (index + 1) % sync_every == 0 and bool(done(state).all()):
             break
     return state, logs
+
+
+def run_steps(step: Step, compiled_step: Step, ctx, state, steps: int, *, timed: Callable | None = None, **kwargs):
+    """:func:`run_schedule` of a decoder with one step kind: ``step`` eager, ``compiled_step`` as the decoder
+    compiled it (``step`` itself when eager), ``timed`` its phase-timed form."""
+    schedule = Schedule({"step": step}, {"step": compiled_step}, timed={} if timed is None else {"step": timed})
+    return run_schedule(schedule, ctx, state, steps, **kwargs)
 
 
 def default_sync_every(device: torch.device, sync_every: int | None) -> int:
@@ -96,38 +158,3 @@ class PhaseTimer:
             torch.cuda.synchronize()
             return {k: sum(a.elapsed_time(b) for a, b in v) / 1000 for k, v in self.marks.items()}
         return {k: sum(b - a for a, b in v) for k, v in self.marks.items()}
-
-
-def summarise(logs: list, num_tokens: int, depth: int) -> dict[str, torch.Tensor]:
-    """Per-sample CPU tensors from speculative step logs: steps, the acceptance histogram, realised TV, merged mass.
-
-    Each log has ``accepted`` (B,) drafts accepted (-1 once a row finished), ``tv`` (B, D+1) the realised TV
-    of each emitted token's law (NaN: not measured) and ``merged`` (B, D) the mass moved onto accepted
-    drafts. A row's last step may overrun the image; its extra tokens are cut from the codes and not counted.
-    """
-    accepted_log = torch.stack([log.accepted for log in logs], dim=1)  # (B, S), -1 once a row finished
-    tv_log = torch.stack([log.tv for log in logs], dim=1).double()  # (B, S, D+1)
-    merged_log = torch.stack([log.merged for log in logs], dim=1).double()  # (B, S, D)
-    batch, device = accepted_log.shape[0], accepted_log.device
-    span = torch.arange(depth + 1, device=device)
-    ran = accepted_log >= 0  # (B, S)
-    histogram = torch.zeros(batch, depth + 2, dtype=torch.long, device=device)
-    histogram.scatter_add_(1, torch.where(ran, accepted_log, depth + 1), torch.ones_like(accepted_log))
-    emitted = span[None, None, :] <= accepted_log[:, :, None]  # (B, S, D+1) tokens each step emitted
-    produced = torch.cumsum(emitted.sum(2), dim=1) - emitted.sum(2)  # (B, S) tokens before each step
-    emitted &= (produced[:, :, None] + span[None, None, :]) < num_tokens - 1
-    measured = emitted & ~torch.isnan(tv_log)
-    realised = torch.where(measured, tv_log, 0.0)
-    levels = span[None, None, :-1] < accepted_log[:, :, None]  # (B, S, D) accepted draft tokens
-    moved = torch.where(levels, merged_log, 0.0)
-    return {
-        "steps": ran.sum(1).cpu(),
-        "tokens": torch.full((batch,), num_tokens - 1, dtype=torch.long),
-        "histogram": histogram[:, : depth + 1].cpu(),
-        "tv_realised_sum": realised.sum((1, 2)).cpu(),
-        "tv_realised_max": realised.amax((1, 2)).cpu(),
-        "tv_measured": measured.sum((1, 2)).cpu(),
-        "merged_sum": moved.sum((1, 2)).cpu(),
-        "merged_max": moved.amax((1, 2)).cpu(),
-        "accepted_drafts": levels.sum((1, 2)).cpu(),
-    }

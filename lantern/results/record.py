@@ -14,6 +14,11 @@ Records of versions 0 and 1 carry no ``settings``: tables label them from their 
 join them with another run. Version 3 adds the evaluation protocol (``protocol``, ``protocol_sha256``,
 ``protocol_subset``, ``protocol_inputs``; :mod:`lantern.metrics.protocol`) and the intervals of quality
 figures: ``{name}_ci`` beside ``{name}`` (:mod:`lantern.metrics.intervals`), checked here wherever they appear.
+Version 4 requires ``settings`` and checks it against its decoder's settings class when read
+(:attr:`RunRecord.decoder_settings`); the flat copies of a decoder's knobs (``acceptance``, ``draft``,
+``candidates``, ``semantics``, ``k``, ``delta``, ``lambda``) are no longer typed columns nor written: they
+live in ``settings`` alone. Older records keep them as extra entries, which tables read when a record has no
+``settings``.
 """
 
 from __future__ import annotations
@@ -26,11 +31,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from lantern.decoding.api import DecoderSettings, settings_from_json, settings_from_record
 from lantern.errors import LanternError
 from lantern.files import write_json_atomic
 
-SCHEMA_VERSION = 3
-KNOWN_VERSIONS = (0, 1, 2, 3)
+SCHEMA_VERSION = 4
+KNOWN_VERSIONS = (0, 1, 2, 3, 4)
+SETTINGS_REQUIRED = 4  # the first version whose records must carry the decoder's typed settings
 RECORD_NAME = "metrics.json"
 CI_SUFFIX = "_ci"  # a figure's interval entry (lantern.metrics.intervals writes them; wings do not import each other)
 
@@ -45,17 +52,11 @@ class RunRecord(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow", populate_by_name=True)
 
     schema_version: int = 0
-    # What ran: decoder and the relaxation's knobs (None where they do not apply).
+    # What ran: the decoder's name, how its steps ran, and its typed settings (lantern.decoding.api): every
+    # knob (draft, rule, k, delta...) is there, checked against the settings class when the record is read.
     decoding: str
-    acceptance: str | None = None
-    draft: str | None = None
-    candidates: str | None = None
-    semantics: str | None = None
-    k: int | None = None
-    delta: float | None = None
-    lambda_: float | None = Field(default=None, alias="lambda")
     compile: str | None = None  # torch.compile mode of the decoders, where they were compiled
-    settings: dict[str, Any] | None = None  # the decoder's typed settings (lantern.decoding.api), version 2 on
+    settings: dict[str, Any] | None = None  # version 2 on; required from version 4
     # The setting: what makes two runs' images and latencies comparable (with the machine).
     model: str
     prompts: str
@@ -109,6 +110,7 @@ class RunRecord(BaseModel):
     config: dict[str, Any] = Field(default_factory=dict)
 
     _source: Path | None = PrivateAttr(default=None)
+    _settings: DecoderSettings | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _meaningful(self) -> RunRecord:
@@ -136,7 +138,8 @@ class RunRecord(BaseModel):
                 raise ValueError(f"{name}={pair}: expected [q1, q3] of finite numbers > 0 or null")
         if not (math.isfinite(self.mean_accepted_length) and self.mean_accepted_length >= 1):
             raise ValueError(f"mean_accepted_length={self.mean_accepted_length}: expected a finite number >= 1")
-        for name in ("tv_realised_mean", "tv_realised_max", "delta"):
+        self._settings = self._typed_settings()
+        for name in ("tv_realised_mean", "tv_realised_max"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and -1e-6 <= value <= 1 + 1e-6):
                 raise ValueError(f"{name}={value}: expected a number in [0, 1] or null")
@@ -147,6 +150,24 @@ class RunRecord(BaseModel):
         for name, interval in self.intervals().items():
             _check_interval(name, interval, self.get(name[: -len(CI_SUFFIX)]))
         return self
+
+    def _typed_settings(self) -> DecoderSettings | None:
+        """``settings`` as its decoder's settings object (checked field by field), None when absent."""
+        if self.settings is None:
+            if self.schema_version >= SETTINGS_REQUIRED:
+                raise ValueError(f"settings: required from schema version {SETTINGS_REQUIRED} (the decoder's settings)")
+            return None
+        typed = settings_from_json(self.settings)  # a ValueError names the bad field
+        delta = typed.columns().get("delta")
+        if delta is not None and not (math.isfinite(delta) and 0 <= delta <= 1):
+            raise ValueError(f"settings delta={delta}: expected a number in [0, 1] or null")
+        return typed
+
+    @property
+    def decoder_settings(self) -> DecoderSettings:
+        """The decoder's typed settings: those stored (validated when the record was read), or for a record
+        without them (versions 0 and 1) what its flat entries say (:func:`settings_from_record`)."""
+        return self._settings if self._settings is not None else settings_from_record(self)
 
     def intervals(self) -> dict[str, Any]:
         """Every ``{name}_ci`` entry, typed or extra (null ones left out)."""
@@ -164,15 +185,13 @@ class RunRecord(BaseModel):
         return str(self._source.parent) if self._source is not None else ""
 
     def get(self, key: str, default=None):
-        """A typed field or an extra entry by its JSON name (``lambda``, ``acceptance_histogram``, ...)."""
-        if key == "lambda":
-            return self.lambda_
+        """A typed field or an extra entry by its JSON name (``acceptance_histogram``, an older record's ``delta``...)."""
         if key in type(self).model_fields:
             return getattr(self, key)
         return (self.model_extra or {}).get(key, default)
 
     def to_json(self) -> dict:
-        """The flat JSON object written to ``metrics.json`` (``lambda`` under its own name)."""
+        """The flat JSON object written to ``metrics.json``."""
         return self.model_dump(by_alias=True, mode="json")
 
 

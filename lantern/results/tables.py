@@ -1,7 +1,7 @@
 """Rows of the paper's table from run records: one row per run, speed-ups joined only between like runs.
 
 A row's method, its place in the table and its ``delta`` come from the decoder's typed settings stored
-in the record (:func:`lantern.decoding.api.settings_from_record`); no decoder is named here. Columns:
+in the record (:attr:`~lantern.results.record.RunRecord.decoder_settings`); no decoder is named here. Columns:
 tau, latency with its interquartile range over batches, speed-up with its interquartile range, the AR
 time the speed-up was measured against, FID, CLIP score, and the relaxation's promise (delta) beside
 the realised total variation.
@@ -21,15 +21,15 @@ batch size) and keeps the quality run's own speed-up as the throughput column.
 from __future__ import annotations
 
 import json
-import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lantern.decoding.api import DecoderSettings, settings_from_record
+from lantern.decoding.api import DecoderSettings
 from lantern.errors import ConfigError
 from lantern.results.baselines import LATENCY_IGNORED, first_difference, model_inputs, record_setting
 from lantern.results.record import RECORD_NAME, RunRecord, read_record
+from lantern.results.spread import quartiles
 
 FAILED_NAME = ".failed.json"  # beside a sweep job's images when the job raised (written by SweepTable)
 COLUMNS = (
@@ -135,17 +135,6 @@ def failed_jobs(paths: Iterable[str | Path]) -> list[dict]:
     return failed
 
 
-def quartiles(values: list[float]) -> list[float] | None:
-    """[q1, q3] of ``values`` (inclusive method; one value gives [v, v]; none gives None)."""
-    values = list(values)
-    if not values:
-        return None
-    if len(values) == 1:
-        return [values[0], values[0]]
-    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return [q1, q3]
-
-
 def _batch_ratios(baseline: RunRecord, record: RunRecord) -> list[float]:
     """Per-batch AR / decoder time over the batches (same indices) both runs decoded and timed."""
     times = {tuple(b["indices"]): b["seconds"] for b in baseline.per_batch or [] if b.get("seconds")}
@@ -161,7 +150,7 @@ class _Runs:
 
     def __init__(self, records: list[RunRecord], ignore=()):
         self.records = records
-        self.settings = {id(r): settings_from_record(r) for r in records}
+        self.settings = {id(r): r.decoder_settings for r in records}
         self.keys = {id(r): record_setting(r, ignore) for r in records}
         self.baselines = [r for r in records if self.settings[id(r)].baseline and r.latency_s_per_image]
         self.legacy = {id(r) for r in records if not r.get("settings")}

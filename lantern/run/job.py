@@ -15,45 +15,16 @@ from lantern import checks
 from lantern.errors import ConfigError
 from lantern.files import image_name, inputs_read, labelled_grid, read_images, write_atomic
 from lantern.models.bundle import ModelBundle
+from lantern.results.assembly import RunParts, assemble_record
 from lantern.results.baselines import read_baseline_run, recorded_speedup, speed_setting
 from lantern.results.provenance import environment
-from lantern.results.record import RunRecord, build_record, write_record
+from lantern.results.record import write_record
+from lantern.results.spread import quartiles
 from lantern.rng import keys_tensor
 from lantern.run.distributed import World, check_world
 from lantern.run.prompts import PromptSet
 from lantern.run.rundir import ImageStore, RunFolder, claim_run_folder
-from lantern.run.timing import peak_memory_mb, quartiles, synchronize
-
-
-def acceptance_summary(samples: list[dict[str, torch.Tensor]]) -> dict:
-    """Run-level acceptance figures from the decoders' per-sample tensors.
-
-    ``mean_accepted_length`` is tau: tokens produced after the first one divided by target steps,
-    over all images (1.0 for plain AR). ``tv_realised_mean`` / ``tv_realised_max``: the total variation
-    between the target and the law each token was actually drawn from, over the tokens where it was
-    measured (``tv_realised_coverage`` of them; 0 for AR and exact rules). A speculative decoder adds
-    ``acceptance_histogram`` (steps that accepted 0, 1, ... draft tokens) and ``merged_mass_mean`` /
-    ``merged_mass_max``: the mass a relaxation moved onto each accepted draft token.
-    """
-    if not samples or any("steps" not in s for s in samples):
-        return {}
-    steps = sum(int(s["steps"].sum()) for s in samples)
-    tokens = sum(int(s["tokens"].sum()) for s in samples)
-    summary = {"mean_accepted_length": tokens / max(1, steps), "target_steps": steps}
-    if all("tv_measured" in s for s in samples):
-        measured = sum(int(s["tv_measured"].sum()) for s in samples)
-        summary["tv_realised_mean"] = (
-            (sum(float(s["tv_realised_sum"].sum()) for s in samples) / measured) if measured else None
-        )
-        summary["tv_realised_max"] = max(float(s["tv_realised_max"].max()) for s in samples) if measured else None
-        summary["tv_realised_coverage"] = measured / max(1, tokens)
-    if all("histogram" in s for s in samples):
-        summary["acceptance_histogram"] = [int(v) for v in sum(s["histogram"].sum(0) for s in samples)]
-        drafts = sum(int(s["accepted_drafts"].sum()) for s in samples)
-        summary["merged_mass_mean"] = sum(float(s["merged_sum"].sum()) for s in samples) / max(1, drafts)
-        summary["merged_mass_max"] = max(float(s["merged_max"].max()) for s in samples)
-    return summary
-
+from lantern.run.timing import peak_memory_mb, timed
 
 STORED_PROMPT_CHARS = 4096
 
@@ -137,11 +108,8 @@ class GenerationJob:
         decoder = decoder or self.decoder
         condition = bundle.conditioner.encode([self.items[i] for i in indices])
         keys = keys_tensor(self.seed, indices, bundle.device)
-        synchronize(bundle.device)
-        start = time.perf_counter()
-        result = decoder.generate(bundle.target, condition, keys)
-        synchronize(bundle.device)
-        return result, time.perf_counter() - start
+        seconds, result = timed(lambda: decoder.generate(bundle.target, condition, keys), bundle.device)
+        return result, seconds
 
     def _setting(self) -> dict:
         """The record's setting entries: with the decoder's compile mode, the config's attention and the
@@ -222,12 +190,7 @@ class GenerationJob:
                 baseline_seconds = self._decode(batch, self.baseline)[1]
             pixels = bundle.decode_images(result.codes).cpu().numpy()  # (B, H, W, 3)
             for position, index in enumerate(batch):
-                store.save(
-                    index,
-                    pixels[position],
-                    result.codes[position],
-                    {key: value[position] for key, value in result.per_sample.items()},
-                )
+                store.save(index, pixels[position], result.codes[position], result.per_sample.image(position))
             timed_batches.append(
                 {
                     "rank": world.rank,
@@ -291,86 +254,47 @@ class GenerationJob:
         parts = world.gather(part)  # every rank's images are on disk once it reaches this
         if not world.is_main:
             return None
-        record = self._record(store, parts, recorded, config or {})
+        run = self._parts(store, parts, recorded, config or {})
+        measured = {}  # every metric's entries, merged before the record is built once
         for evaluate in self.metrics.values():
-            record = build_record({**record.to_json(), **evaluate(folder.path, self.items, self.labels)})
+            measured.update(evaluate(folder.path, self.items, self.labels))
+        record = assemble_record(run, measured)
         write_record(record, folder.path)
         metrics = record.to_json()
         if self.tracker is not None:
             self.tracker.log_run(folder.path, metrics)
         return metrics
 
-    def _record(self, store: ImageStore, parts: list[dict], recorded: dict | None, config: dict) -> RunRecord:
-        """The run record from the images on disk and every rank's timing (:func:`lantern.results.record.build_record`)."""
-        batches = [b for part in parts for b in part["batches"]]
-        latency = {index: b["seconds"] / b["images"] for b in batches for index in b["indices"]}
-        per_image, samples = [], []
+    def _parts(self, store: ImageStore, parts: list[dict], recorded: dict | None, config: dict) -> RunParts:
+        """What the record is assembled from (:func:`lantern.results.assembly.assemble_record`): every rank's
+        timing, each image's stored statistics, the speed-up; writes the grid of the first images."""
         distinct = list(dict.fromkeys(self.items))  # each prompt stored once; rows name it by position
         prompt_ids = {prompt: number for number, prompt in enumerate(distinct)}
-        for index in range(self.num_images):
-            saved = store.load(index)
-            samples.append(saved["per_sample"])
-            row = {"index": index, "prompt_id": prompt_ids[self.items[index]], "latency_s": latency.get(index)}
-            if "steps" in saved["per_sample"]:
-                steps = int(saved["per_sample"]["steps"])
-                row["steps"] = steps
-                row["mean_accepted_length"] = int(saved["per_sample"]["tokens"]) / max(1, steps)
-            if self.labels is not None:
-                row["label"] = self.labels[index]
-            per_image.append(row)
         if self.save_grid:
             shown = min(64, self.num_images)
             grid = labelled_grid(list(read_images(store.folder, shown)), [str(self.items[i]) for i in range(shown)])
             write_atomic(store.folder / "grid.png", lambda tmp: grid.save(tmp, format="PNG"))
-        decoded = len(latency)
+        batches = [b for part in parts for b in part["batches"]]
+        decoded = sum(b["images"] for b in batches)
         total = sum(b["seconds"] for b in batches)
-        per_batch_latency = [b["seconds"] / b["images"] for b in batches]
-        stats = {}
-        for part in parts:
-            for key, value in part["stats"].items():
-                stats[key] = stats.get(key, 0.0) + value
-        tokens_per_image = self.bundle.target.config.num_image_tokens
-        fields = {
-            **self.decoder.settings.record(),
-            "settings": self.decoder.settings.to_json(),
-            "inputs": inputs_read(),
-            **self._setting(),
-            **self.protocol,
-            "tokens_per_image": tokens_per_image,
-            "latency_s_per_image": total / decoded if decoded else None,
-            "latency_s_median": statistics.median(latency.values()) if decoded else None,
-            "latency_s_iqr": quartiles(per_batch_latency) if decoded else None,
-            "tokens_per_s": tokens_per_image * decoded / total if decoded else None,
-            "peak_memory_mb": max(part["peak_memory_mb"] for part in parts),
-            "world_size": len(parts),
-            "ranks": [
-                {key: part[key] for key in ("rank", "images", "decode_s", "wall_s", "peak_memory_mb")} for part in parts
-            ],
-            "timing": {
-                "images_decoded": decoded,
-                "images_kept": self.num_images - decoded,
-                "covers": (
-                    f"the {decoded} images decoded by the last process"
-                    + (
-                        f"; {self.num_images - decoded} finished earlier were kept, untimed"
-                        if decoded < self.num_images
-                        else ""
-                    )
-                ),
+        speedup = (
+            self._speedup(batches)
+            if recorded is None
+            else recorded_speedup(recorded, self.baseline_run, total / decoded if decoded else None)
+        )
+        return RunParts(
+            settings=self.decoder.settings,
+            setting={**self._setting(), **self.protocol},
+            parts=parts,
+            images=[store.load(index)["per_sample"] for index in range(self.num_images)],
+            prompt_ids=[prompt_ids[item] for item in self.items],
+            tokens_per_image=self.bundle.target.config.num_image_tokens,
+            labels=self.labels,
+            speedup=speedup,
+            details={
+                "inputs": inputs_read(),
+                "distinct_prompts": [stored_prompt(prompt) for prompt in distinct],
+                "environment": environment(self.bundle.device),
+                "config": config,
             },
-            **(
-                self._speedup(batches)
-                if recorded is None
-                else recorded_speedup(recorded, self.baseline_run, total / decoded if decoded else None)
-            ),
-            **acceptance_summary(
-                [{key: torch.stack([s[key] for s in samples]) for key in samples[0]}] if samples[0] else []
-            ),
-            "decode_stats": stats,
-            "distinct_prompts": [stored_prompt(prompt) for prompt in distinct],
-            "per_image": per_image,
-            "per_batch": [{key: b[key] for key in ("rank", "indices", "seconds", "baseline_seconds")} for b in batches],
-            "environment": environment(self.bundle.device),
-            "config": config,
-        }
-        return build_record(fields)
+        )

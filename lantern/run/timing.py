@@ -1,11 +1,20 @@
-"""Timing shared by the generation job and the benchmarks: device synchronisation, peak memory, spreads."""
+"""Timing shared by the generation job and the benchmarks: one :func:`timed` call, peak memory, ratios.
+
+Every wall-clock time of a decode (the job's batches, the benchmarks' images and steps) is taken by
+:func:`timed`: the device's queued work is waited for before the clock starts and before it stops.
+Spreads of the times (``quartiles``) are :mod:`lantern.results.spread`'s.
+"""
 
 from __future__ import annotations
 
 import resource
-import statistics
+import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 
 def synchronize(device: torch.device) -> None:
@@ -14,20 +23,20 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def timed(fn: Callable[[], T], device: torch.device) -> tuple[float, T]:
+    """``(seconds, fn())``: wall-clock seconds of ``fn()``, synchronising ``device`` before and after."""
+    synchronize(device)
+    start = time.perf_counter()
+    result = fn()
+    synchronize(device)
+    return time.perf_counter() - start, result
+
+
 def peak_memory_mb(device: torch.device) -> float:
     """Peak device memory (CUDA) or peak resident set size of this process (CPU), in MiB."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def quartiles(values) -> list[float]:
-    """[q1, q3] of ``values`` (inclusive method; one value gives [v, v])."""
-    values = list(values)
-    if len(values) == 1:
-        return [values[0], values[0]]
-    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return [q1, q3]
 
 
 def ratio_of_totals(numerator, denominator) -> tuple[float, list[float]]:

@@ -22,9 +22,10 @@ from typing import ClassVar
 import torch
 
 from lantern.decoding.api import DecodeResult, DecoderSettings, register
-from lantern.decoding.batch import column_validity, guided_inputs, prefill_condition
+from lantern.decoding.batch import ModelInputs, prefill
 from lantern.decoding.compile import check_compile, compiled, mark_static
-from lantern.decoding.loop import PhaseTimer, default_sync_every, run_steps, summarise
+from lantern.decoding.loop import PhaseTimer, default_sync_every, prepare, run_steps
+from lantern.decoding.stats import summarise
 from lantern.decoding.tree.session import drafter_prefill
 from lantern.decoding.tree.step import (
     SpecState,
@@ -38,7 +39,7 @@ from lantern.decoding.tree.step import (
 )
 from lantern.models.condition import Condition
 from lantern.models.drafter import Drafter
-from lantern.models.sampling import SamplingConfig, guided_logits, next_token
+from lantern.models.sampling import SamplingConfig
 from lantern.models.target import Target
 from lantern.rules.api import RuleSpec
 from lantern.rules.exact import ExactTest
@@ -114,6 +115,7 @@ class SpeculativeDecoder:
     def __init__(
         self,
         sampling: SamplingConfig,
+        *,
         drafter: Drafter,
         draft,
         acceptance: RuleSpec | ExactTest | None = None,
@@ -162,6 +164,7 @@ class SpeculativeDecoder:
             target_cache, drafter_cache = model.new_cache(rows, capacity), self.drafter.new_cache(rows, capacity)
             if self.compile != "none":
                 mark_static(*target_cache.tensors(), *drafter_cache.tensors())
+            prepare(device, self.draft, self.rule, RuleTables(self.rule))
             self._contexts[shape] = StepContext(
                 model=model,
                 drafter=self.drafter,
@@ -212,25 +215,22 @@ class SpeculativeDecoder:
         cfg, sampling, drafter = model.config, self.sampling, self.drafter
         drafter.check_target(cfg)
         cond_len, num_tokens = cfg.cls_token_num, cfg.num_image_tokens
-        depth = self.draft.depth
-        cond_emb, cond_mask = guided_inputs(model, condition, sampling)
-        rows, batch = cond_emb.shape[0], len(condition)
-        device = cond_emb.device
+        inputs = ModelInputs.of(model, condition, sampling)
+        device, batch = inputs.device, inputs.batch
         self.check_device(device)
         capacity = self.capacity(cfg)
-        ctx = self._context(model, rows, batch, capacity, device)
+        ctx = self._context(model, inputs.rows, batch, capacity, device)
         timer = PhaseTimer(device) if self.compile == "none" else None
         started = time.perf_counter() if timer else None
 
         # Prefill (eager, once per batch): the condition into both caches, then image token 0. Token 0 comes
         # from the final-norm state; the drafter reads the target's features (the same state, or its taps).
-        taps = drafter.config.taps
-        states = prefill_condition(model, cond_emb, cond_mask, ctx.target_cache, capacity, taps)
-        hidden, features = states if taps else (states, states)  # (rows, T, D), (rows, T, len(taps) * D or D)
-        codes = torch.zeros(batch, num_tokens + 2 * depth + 2, dtype=torch.long, device=device)
-        codes[:, 0] = next_token(guided_logits(model.head(hidden[:, -1]), sampling, 0), sampling, keys, 0)
+        width = num_tokens + 2 * self.draft.depth + 2
+        codes, _, features = prefill(
+            model, inputs, ctx.target_cache, keys, sampling, width=width, capacity=capacity, taps=drafter.config.taps
+        )
         root_feature = drafter_prefill(
-            model, drafter, ctx.drafter_cache, cond_emb, features, codes[:, 0], cond_mask, capacity
+            model, drafter, ctx.drafter_cache, inputs.cond_emb, features, codes[:, 0], inputs.cond_mask, capacity
         )
         state = SpecState(
             codes=codes,
@@ -238,9 +238,30 @@ class SpeculativeDecoder:
             length=torch.full((batch,), cond_len, dtype=torch.long, device=device),
             root_feature=root_feature,
             keys=keys,
-            target_valid=column_validity(cond_mask, capacity),
-            drafter_valid=column_validity(cond_mask[:, 1:], capacity),
+            target_valid=inputs.valid(capacity),
+            drafter_valid=inputs.valid(capacity, skip=1),
         )
         if timer:
             timer.add("prefill", started, time.perf_counter())
         return ctx, state, timer, features[:, -1]
+
+
+class RuleTables:
+    """The neighbour-table columns a rule reads, put on the device by :func:`~lantern.decoding.loop.prepare`.
+
+    A stand-in until rules prepare their own tables (a ``prepare(device)`` on the rule, which
+    :func:`~lantern.decoding.loop.prepare` then calls): LANTERN's relaxation reads ``k`` and ``scan``
+    columns, the authors' reference rule ``k`` and ``k + 1``.
+    """
+
+    def __init__(self, rule):
+        self.owners = [] if hasattr(rule, "prepare") else [rule, getattr(rule, "relaxation", None)]
+
+    def prepare(self, device: torch.device) -> None:
+        for owner in self.owners:
+            table, k = getattr(owner, "table", None), getattr(owner, "k", None)
+            if table is None or not hasattr(table, "columns") or not isinstance(k, int):
+                continue
+            for width in {k, k + 1, getattr(owner, "scan", k)}:
+                if width <= table.k_max:
+                    table.columns(width, device)

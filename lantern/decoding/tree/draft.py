@@ -201,15 +201,21 @@ class StaticTree:
         self.max_width = max(level[2] for level in self._levels)  # draws per node: the largest rank + 1
         self._constants: dict[torch.device, list] = {}
 
-    def _on(self, device: torch.device) -> list:
-        """The per-level index tensors on ``device`` (made once per device)."""
+    def prepare(self, device: torch.device) -> None:
+        """Put the per-level index tensors on ``device`` (once per device; before a step grows a tree there)."""
         if device not in self._constants:
             as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=device)  # noqa: E731
             self._constants[device] = [
                 (as_tensor(nodes), as_tensor(parents), width, as_tensor(pick), as_tensor(fed), as_tensor(fed_parents))
                 for nodes, parents, width, pick, fed, fed_parents in self._levels
             ] + [(as_tensor(self._parent), as_tensor(self._depth), as_tensor(self._rank))]
-        return self._constants[device]
+
+    def _on(self, device: torch.device) -> list:
+        """The per-level index tensors on ``device`` (:meth:`prepare`d before: a step never makes them)."""
+        tables = self._constants.get(device)
+        if tables is None:
+            raise RuntimeError(f"{self.name}: prepare({str(device)!r}) was not called before growing a tree there")
+        return tables
 
     @property
     def expansions(self) -> int:
@@ -244,6 +250,17 @@ class StaticTree:
         return finish_draft(
             tokens, parents, depth, q, draws, all_rank.expand(batch, -1), self.depth, mode, self.nodes == self.depth
         )
+
+
+def _place_rows(rows: torch.Tensor, nodes: torch.Tensor, values: torch.Tensor, fill) -> torch.Tensor:
+    """``rows`` (B, N+1, X) with ``values`` (B, F, X) written at rows ``nodes`` (B, F); node 0 means dropped
+    (those go to a spill row past the end, which is cut off)."""
+    batch, count, width = rows.shape
+    target = torch.where(nodes > 0, nodes, torch.full_like(nodes, count))  # dropped -> spill row
+    spill = torch.full((batch, count + 1, width), fill, dtype=rows.dtype, device=rows.device)
+    spill[:, :count] = rows
+    spill.scatter_(1, target[:, :, None].expand(-1, -1, width), values)
+    return spill[:, :count]
 
 
 def chain(depth: int, candidates: str = "deterministic") -> StaticTree:
@@ -373,16 +390,8 @@ class DynamicTree:
         draws[:, 0] = cand_tokens[0]
         if fed_q:
             fed_nodes = node_of.gather(1, torch.cat(fed_cands, dim=1))  # (B, F); 0 when not kept
-            kept = fed_nodes > 0
-            target = torch.where(kept, fed_nodes, torch.full_like(fed_nodes, count))  # dropped -> spill row
-            spill = torch.zeros(batch, count + 1, vocab, dtype=q.dtype, device=device)
-            spill[:, :count] = q
-            spill.scatter_(1, target[:, :, None].expand(-1, -1, vocab), torch.cat(fed_q, dim=1))
-            q = spill[:, :count]
-            spill = torch.full((batch, count + 1, k), -1, dtype=torch.long, device=device)
-            spill[:, :count] = draws
-            spill.scatter_(1, target[:, :, None].expand(-1, -1, k), torch.cat(fed_draws, dim=1))
-            draws = spill[:, :count]
+            q = _place_rows(q, fed_nodes, torch.cat(fed_q, dim=1), 0)
+            draws = _place_rows(draws, fed_nodes, torch.cat(fed_draws, dim=1), -1)
         root = torch.full((batch, 1), -1, dtype=torch.long, device=device)
         slots = torch.cat(
             [torch.zeros(batch, 1, dtype=torch.long, device=device), chosen % k], dim=1

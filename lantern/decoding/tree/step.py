@@ -69,7 +69,6 @@ class StepContext:
     mode: str  # deterministic | sampled | greedy
     num_tokens: int
     groups: int
-    warm: bool = False  # whether a step has run eagerly with this context (see SpeculativeDecoder.generate)
 
 
 def past_grid(rule: Rule) -> str:

@@ -11,7 +11,8 @@ LANTERN's step (:func:`lantern.decoding.tree.step.speculative_step`'s phases, un
 
 Schedule (the released ``uniform`` policy): step ``i`` of the loop skips when ``i % interval == 1`` and the row
 has more than 5 tokens after token 0 (``new_token > 5``); the host knows ``i``, so each step is one of three pure,
-static-shape functions (plain, skip, chain) and each compiles with ``fullgraph=True``. A row that is not yet
+static-shape functions (plain, skip, chain), each compiled with ``fullgraph=True``, and the one decode loop runs
+them as a :class:`~lantern.decoding.loop.Schedule`. A row that is not yet
 eligible at a skip step waits (no target forward runs for it; the released code verifies instead, see
 docs/vvs.md). ``interval=None`` never skips: LANTERN token for token.
 
@@ -24,7 +25,8 @@ target; they are counted as unmeasured (``tv_measured``), never as TV 0.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
 import torch
@@ -32,8 +34,8 @@ import torch
 from lantern import checks, rng
 from lantern.decoding.api import DecodeResult, register
 from lantern.decoding.batch import repeat_rows, tree_attention_mask
-from lantern.decoding.compile import compiled
-from lantern.decoding.loop import default_sync_every, run_steps, summarise
+from lantern.decoding.loop import Schedule, default_sync_every, run_schedule
+from lantern.decoding.stats import DecodeStats, summarise
 from lantern.decoding.tree.decoder import SpeculativeDecoder, TreeSettings
 from lantern.decoding.tree.draft import Draft
 from lantern.decoding.tree.session import drafter_consume
@@ -72,13 +74,10 @@ class VVSState(NamedTuple):
 
 @dataclass
 class VVSContext:
-    """LANTERN's step context, the chain width (the draft's depth) and the host's step counter."""
+    """LANTERN's step context and the chain width (the draft's depth)."""
 
     step: StepContext
     chain: int
-    index: int = 0
-    warmed: set = field(default_factory=set)  # step kinds whose first (eager) call has run
-    warm: bool = False  # set by the loop (unused: each kind warms on its own)
 
 
 # ----- helpers -------------------------------------------------------------------------------------
@@ -295,12 +294,12 @@ class VVSDecoder(SpeculativeDecoder):
     ``interval`` (int >= 2, or None: never skip): loop step ``i`` skips when ``i % interval == 1``.
     """
 
-    def __init__(self, *args, interval: int | None = 5, name: str = "vvs", label: str | None = "VVS", **kwargs):
-        super().__init__(*args, name=name, label=label, **kwargs)
+    def __init__(self, sampling, *, interval: int | None = 5, name: str = "vvs", label: str | None = "VVS", **kwargs):
+        super().__init__(sampling, name=name, label=label, **kwargs)
         self.interval = checks.optional(
             checks.integer, "skip_interval", interval, 2, note="loop steps between verification skips"
         )
-        self._steps = {kind: compiled(fn, self.compile, self.backend) for kind, fn in STEPS.items()}
+        self.schedule = Schedule.of(STEPS, self.compile, self.backend, kind=self.kind)
         self._vvs_contexts: dict[int, VVSContext] = {}
         self.last_skipped: torch.Tensor | None = None
 
@@ -327,22 +326,12 @@ class VVSDecoder(SpeculativeDecoder):
             return "skip"
         return "chain" if index >= 2 and (index - 1) % self.interval == 1 else "plain"  # right after a skip
 
-    def _dispatch(self, ctx: VVSContext, state: VVSState, audit: bool):
-        kind = self.kind(ctx.index)
-        ctx.index += 1
-        if kind not in ctx.warmed or self.compile == "none":  # a compiled step's first call fills lazy tables
-            ctx.warmed.add(kind)
-            return STEPS[kind](ctx, state, audit), kind
-        with self.guard():
-            return self._steps[kind](ctx, state, audit), kind
-
     @torch.inference_mode()
     def generate(self, model, condition, keys) -> DecodeResult:
         step_ctx, spec, timer, feature = self.prefill(model, condition, keys)
         num_tokens, depth = model.config.num_image_tokens, self.draft.depth
         batch, vocab = spec.decided.shape[0], model.config.vocab_size
         ctx = self._vvs_contexts.setdefault(id(step_ctx), VVSContext(step=step_ctx, chain=depth))  # one per shape
-        ctx.index = 0
         state = VVSState(
             spec=spec,
             target_length=spec.length,
@@ -351,19 +340,8 @@ class VVSDecoder(SpeculativeDecoder):
             skipped=torch.zeros(spec.codes.shape, dtype=torch.bool, device=spec.codes.device),
             skip_tv=torch.zeros(batch, 3, device=spec.codes.device),
         )
-        kinds: list[str] = []
-
-        def step(c, s, audit):
-            started = timer.now() if timer else None
-            (s, log), kind = self._dispatch(c, s, audit)
-            if timer:
-                timer.add(f"{kind}_step", started, timer.now())
-            kinds.append(kind)
-            return s, log
-
-        state, logs = run_steps(
-            step,
-            step,
+        state, logs = run_schedule(
+            self.schedule,
             ctx,
             state,
             # Every non-skip step decides >= 1 token per active row; a skip step may decide none (a row not yet
@@ -372,25 +350,13 @@ class VVSDecoder(SpeculativeDecoder):
             audit_every=self.spec.tv_audit_every,
             done=lambda s: s.spec.decided >= num_tokens,
             sync_every=default_sync_every(spec.codes.device, self.sync_every),
+            guard=self.guard,
+            timer=timer,
         )
-        verified = [log for log, kind in zip(logs, kinds, strict=True) if kind != "skip"]
-        per_sample = summarise(logs, num_tokens, depth)  # emitted tokens and the walk's TVs, every step
-        checked = summarise(verified, num_tokens, depth)  # target steps: tau = tokens / target forwards
-        for key in ("steps", "histogram", "accepted_drafts", "merged_sum", "merged_max"):
-            per_sample[key] = checked[key]
-        skip_tv = state.skip_tv.double().cpu()
-        per_sample["tv_realised_sum"] += skip_tv[:, 0]
-        per_sample["tv_realised_max"] = torch.maximum(per_sample["tv_realised_max"], skip_tv[:, 1])
-        per_sample["tv_measured"] += skip_tv[:, 2].long()
-        per_sample["skipped_tokens"] = state.skipped[:, :num_tokens].sum(1).cpu()
-        per_sample["skipped_tv_sum"] = skip_tv[:, 0]
-        per_sample["skipped_tv_measured"] = skip_tv[:, 2].long()
-        committed = [
-            log.accepted >= 0 for log, kind in zip(logs, kinds, strict=True) if kind == "skip"
-        ]  # (B,) per skip step
-        none = torch.zeros(batch, 0, dtype=torch.bool)
-        committed = torch.stack(committed, 1).cpu() if committed else none  # (B, skip steps)
-        per_sample["skip_steps"] = committed.sum(1)  # skip steps that committed this row's tokens
+        kinds = self.schedule.kinds(len(logs))
+        committed = [log.accepted >= 0 for log, kind in zip(logs, kinds, strict=True) if kind == "skip"]  # (B,) each
+        committed = torch.stack(committed, 1).cpu() if committed else torch.zeros(batch, 0, dtype=torch.bool)
+        per_sample = self.statistics(state, logs, kinds, committed, num_tokens)
         self.last_skipped = state.skipped[:, :num_tokens].cpu()  # which tokens no target forward verified
         skips = kinds.count("skip")
         stats = {
@@ -404,7 +370,31 @@ class VVSDecoder(SpeculativeDecoder):
             stats.update({f"{phase}_time_s": seconds for phase, seconds in timer.totals().items()})
         return DecodeResult(state.spec.codes[:, :num_tokens], stats, per_sample)
 
+    def statistics(self, state: VVSState, logs: list, kinds: list[str], committed, num_tokens: int) -> DecodeStats:
+        """Per-image statistics: emitted tokens and the walk's TVs over every step, acceptance over the
+        verified ones (tau = tokens / target forwards), plus the skipped tokens' realised TV.
+        ``committed`` (B, skip steps): which skip steps committed each row's tokens."""
+        depth = self.draft.depth
+        every = summarise(logs, num_tokens, depth)
+        verified = summarise([log for log, kind in zip(logs, kinds, strict=True) if kind != "skip"], num_tokens, depth)
+        skip_tv = state.skip_tv.double().cpu()
+        return dataclasses.replace(
+            every,
+            steps=verified.steps,
+            histogram=verified.histogram,
+            accepted_drafts=verified.accepted_drafts,
+            merged_sum=verified.merged_sum,
+            merged_max=verified.merged_max,
+            tv_realised_sum=every.tv_realised_sum + skip_tv[:, 0],
+            tv_realised_max=torch.maximum(every.tv_realised_max, skip_tv[:, 1]),
+            tv_measured=every.tv_measured + skip_tv[:, 2].long(),
+            skipped_tokens=state.skipped[:, :num_tokens].sum(1).cpu(),
+            skipped_tv_sum=skip_tv[:, 0],
+            skipped_tv_measured=skip_tv[:, 2].long(),
+            skip_steps=committed.sum(1),  # skip steps that committed this row's tokens
+        )
 
-def vvs(sampling, drafter, draft, acceptance, interval: int | None = 5, **kwargs) -> VVSDecoder:
+
+def vvs(sampling, *, drafter, draft, acceptance, interval: int | None = 5, **kwargs) -> VVSDecoder:
     """VVS on top of the tree decoder with ``acceptance`` (LANTERN's rule in ``conf/decoding/vvs.yaml``)."""
-    return VVSDecoder(sampling, drafter, draft, acceptance, interval=interval, **kwargs)
+    return VVSDecoder(sampling, drafter=drafter, draft=draft, acceptance=acceptance, interval=interval, **kwargs)

@@ -20,12 +20,13 @@ import torch
 
 from lantern import checks
 from lantern.decoding.api import DecodeResult, DecoderSettings, register
-from lantern.decoding.batch import column_validity, guided_inputs, prefill_condition
+from lantern.decoding.batch import ModelInputs, prefill
 from lantern.decoding.compile import check_compile, compiled, mark_static
 from lantern.decoding.loop import default_sync_every, run_steps
+from lantern.decoding.stats import DecodeStats
 from lantern.decoding.zipar.step import ZipARContext, ZipARState, zipar_step
 from lantern.models.condition import Condition
-from lantern.models.sampling import SamplingConfig, guided_logits, next_token
+from lantern.models.sampling import SamplingConfig
 from lantern.models.target import Target
 
 
@@ -55,6 +56,7 @@ class ZipARDecoder:
     def __init__(
         self,
         sampling: SamplingConfig,
+        *,
         window: int = 16,
         name: str = "zipar",
         label: str | None = None,
@@ -109,16 +111,13 @@ class ZipARDecoder:
         self.check_model(cfg)
         cond_len, num_tokens, side = cfg.cls_token_num, cfg.num_image_tokens, cfg.grid_size
         grid_rows = num_tokens // side
-        cond_emb, cond_mask = guided_inputs(model, condition, sampling)
-        rows, batch = cond_emb.shape[0], len(condition)
-        device = cond_emb.device
+        inputs = ModelInputs.of(model, condition, sampling)
+        batch, device = inputs.batch, inputs.device
         self.check_device(device)
         capacity = cond_len + num_tokens + grid_rows  # one scratch slot per grid row after the image
-        ctx = self._context(model, rows, batch, capacity, device)
+        ctx = self._context(model, inputs.rows, batch, capacity, device)
 
-        hidden = prefill_condition(model, cond_emb, cond_mask, ctx.cache, capacity)  # (rows, T, D)
-        codes = torch.zeros(batch, num_tokens + 1, dtype=torch.long, device=device)
-        codes[:, 0] = next_token(guided_logits(model.head(hidden[:, -1]), sampling, 0), sampling, keys, 0)
+        codes = prefill(model, inputs, ctx.cache, keys, sampling, width=num_tokens + 1, capacity=capacity).codes
         done = torch.zeros(batch, grid_rows, dtype=torch.long, device=device)
         done[:, 0] = 1
         written = torch.zeros(batch, capacity, dtype=torch.bool, device=device)
@@ -128,7 +127,7 @@ class ZipARDecoder:
             flushed=torch.zeros(batch, grid_rows, dtype=torch.bool, device=device),
             written=written,
             keys=keys,
-            target_valid=column_validity(cond_mask, capacity),
+            target_valid=inputs.valid(capacity),
         )
         state, logs = run_steps(  # every step draws at least one token per unfinished image
             zipar_step,
@@ -141,15 +140,15 @@ class ZipARDecoder:
             guard=self.guard,
         )
         drawn = torch.stack([log.drawn for log in logs], dim=1)  # (B, S) tokens per step, 0 once finished
-        per_sample = {
-            "steps": (drawn > 0).sum(1).cpu(),
-            "tokens": torch.full((batch,), num_tokens - 1, dtype=torch.long),
-            "tokens_per_step_max": drawn.amax(1).cpu(),
-        }
+        per_sample = DecodeStats(
+            steps=(drawn > 0).sum(1).cpu(),
+            tokens=torch.full((batch,), num_tokens - 1, dtype=torch.long),
+            tokens_per_step_max=drawn.amax(1).cpu(),
+        )
         stats = {"target_forwards": float(1 + len(logs)), "steps": float(1 + len(logs))}
         return DecodeResult(state.codes[:, :num_tokens], stats, per_sample)
 
 
-def zipar(sampling: SamplingConfig, window: int = 16, **kwargs) -> ZipARDecoder:
+def zipar(sampling: SamplingConfig, *, window: int = 16, **kwargs) -> ZipARDecoder:
     """ZipAR next-set decoding with ``window`` (ZipAR-``window``)."""
     return ZipARDecoder(sampling, window=window, **kwargs)

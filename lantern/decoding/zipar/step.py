@@ -66,7 +66,6 @@ class ZipARContext:
     sampling: SamplingConfig
     window: int  # tokens of the row above decoded before a row starts (<= S)
     groups: int  # CFG rows per image
-    warm: bool = False
 
 
 def _repeat(x: torch.Tensor, groups: int) -> torch.Tensor:
