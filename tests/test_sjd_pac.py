@@ -1,0 +1,122 @@
+"""SJD-PAC (``decoding=sjd_pac``): the released tree, greedy equals AR, one compiled graph, bad knobs, the record,
+and the losslessness verdicts measured by the randomised PIT (docs/jacobi.md, "SJD-PAC as released")."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from test_bad_input import run_in_process
+from test_compile import CountingBackend
+from test_mc_sjd import run_images
+from test_speculative import text_condition, tiny
+
+from lantern.decoding.ar import ARDecoder
+from lantern.decoding.jacobi.pac_step import sibling_laws, sibling_targets
+from lantern.decoding.jacobi.pac_tree import ProactiveTree
+from lantern.decoding.jacobi.sjd_pac import sjd_pac
+from lantern.errors import ConfigError
+from lantern.models.sampling import SamplingConfig
+from lantern.rng import keys_tensor
+from lantern.rules.exact import residual
+
+SAMPLED = SamplingConfig(temperature=1.0, cfg_scale=3.0)
+
+
+def test_the_released_tree_has_13_tree_nodes_a_51_node_chain_and_9_paths():
+    tree = ProactiveTree(3, 3, 64)
+    tab = tree.tables if hasattr(tree, "tables") else tree._host
+    assert (tree.tree_nodes, tree.main, tree.columns, tree.paths) == (13, 54, 53, 9)
+    assert torch.equal(tab.paths[0], torch.arange(54))  # the main path is nodes 0..53, already in cache order
+    assert (tab.paths[1:, 3:] == -1).all() and (tab.paths[1:, :3] >= 0).all()  # side paths end at depth D-1
+    assert torch.equal(tab.ancestors.sum(1), tab.depth + 1)  # every node sees itself and its ancestors only
+    assert len({tuple(row.tolist()) for row in tab.paths[:, :3]}) == 9  # 9 distinct leaves
+    for row in range(9):  # node at depth c+1 of path row reads candidate branch[row, c] of column c
+        for c in range(2):
+            node = tab.paths[row, c + 1]
+            assert tab.token_index[node] == tab.branch[row, c] * tree.columns + c
+            assert tab.ancestors[node, tab.paths[row, c]]
+    assert tab.branch[:, 0].tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]  # path order: branch digits, depth 1 first
+    assert tab.last[0].tolist() == [6, 2] and tab.last[4].tolist() == [7, 5]
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [(dict(tree_width=0), "tree_width=0"), (dict(tree_depth=0), "tree_depth=0"), (dict(window=12), "window=12")],
+)
+def test_out_of_range_knobs_are_refused(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        sjd_pac(SAMPLED, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "override,message", [("tree_width=0", "tree_width=0"), ("tree_depth=0", "tree_depth=0"), ("window=12", "window=12")]
+)
+def test_bad_knobs_through_run_py_are_one_error_line_exit_2(tmp_path, monkeypatch, override, message):
+    out = tmp_path / "run"
+    status, stdout, stderr = run_in_process(["decoding=sjd_pac", override], out, monkeypatch)
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert status == 2 and stdout == "" and not out.exists(), stderr
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
+
+
+def test_sibling_tests_are_recursive_rejection_sampling():
+    """Sibling b is tested against p after siblings 0..b-1 were rejected, with q without their tokens."""
+    torch.manual_seed(0)
+    q = torch.rand(1, 1, 6).softmax(-1)  # (B, T, V)
+    p = torch.rand(1, 1, 6).softmax(-1)
+    candidates = torch.tensor([[[2], [4]]])  # (B, K, T)
+    q_sib = sibling_laws(q, candidates)
+    assert q_sib[0, 1, 0, 2] == 0 and torch.allclose(q_sib[0, 1, 0].sum(), torch.tensor(1.0))
+    p_tree = p[:, None].expand(1, 2, 1, 6)  # (B, P, T, V): two paths, siblings of one parent
+    targets = sibling_targets(p_tree, q_sib)
+    assert torch.equal(targets[0, 0, 0], p[0, 0]) and torch.allclose(targets[0, 1, 0], residual(p[0, 0], q[0, 0]))
+
+
+@pytest.mark.parametrize("cfg_scale", [1.0, 3.0])
+@pytest.mark.parametrize("window,width,depth", [(13, 3, 3), (8, 2, 2), (7, 2, 3), (5, 1, 3), (4, 2, 1)])
+def test_greedy_sjd_pac_reproduces_greedy_ar(cfg_scale, window, width, depth):
+    model, _ = tiny()
+    cond, keys = text_condition(), keys_tensor(0, range(4))
+    greedy = SamplingConfig(temperature=0, cfg_scale=cfg_scale)
+    expected = ARDecoder(greedy).generate(model, cond, keys).codes
+    result = sjd_pac(greedy, window=window, tree_width=width, tree_depth=depth).generate(model, cond, keys)
+    assert torch.equal(result.codes, expected)
+    assert result.per_sample["steps"].float().mean() < 15  # 15 tokens after the first: fewer forwards than AR
+
+
+@pytest.mark.parametrize("sampling", [SAMPLED, SamplingConfig(temperature=0, cfg_scale=3.0)], ids=["sampled", "greedy"])
+def test_sjd_pac_step_captures_as_one_graph_and_matches_eager(sampling):
+    model, _ = tiny()
+    cond, keys = text_condition(), keys_tensor(0, range(4))
+    expected = sjd_pac(sampling, window=10, tree_width=2, tree_depth=3).generate(model, cond, keys)
+    backend = CountingBackend()
+    decoder = sjd_pac(sampling, window=10, tree_width=2, tree_depth=3, compile="default", backend=backend)
+    for _ in range(2):  # a second batch of the same shape reuses the graph
+        result = decoder.generate(model, cond, keys)
+        assert torch.equal(result.codes, expected.codes)
+        assert torch.equal(result.per_sample["histogram"], expected.per_sample["histogram"])
+    assert backend.graphs == 1
+
+
+def test_sampled_images_do_not_depend_on_the_batch():
+    model, _ = tiny()
+    cond, keys = text_condition(), keys_tensor(0, range(4))
+    decoder = sjd_pac(SAMPLED, window=10, tree_width=2, tree_depth=3)
+    whole = decoder.generate(model, cond, keys).codes
+    prompts = ("a red shirt", "b", "two words here now", "x y")
+    alone = decoder.generate(model, text_condition(prompts[2:]), keys[2:]).codes
+    assert torch.equal(alone, whole[2:])
+
+
+def test_run_py_on_the_world_records_tau_above_1_and_greedy_pngs_equal_ar(tmp_path):
+    metrics, _ = run_images(tmp_path, "pac", "decoding=sjd_pac")
+    assert metrics["decoding"] == "sjd_pac" and metrics["mean_accepted_length"] > 1.0
+    assert (metrics["window"], metrics["tree_width"], metrics["tree_depth"]) == (64, 3, 3)
+    assert metrics["tv_realised_mean"] is None  # K >= 2: the emitted law has no closed form, left unmeasured
+    saved = json.loads((tmp_path / "pac" / "metrics.json").read_text())["settings"]
+    assert saved["kind"] == "sjd_pac"
+    _, ar = run_images(tmp_path, "ar", "decoding=ar", "temperature=0")
+    greedy, pac = run_images(tmp_path, "pac_greedy", "decoding=sjd_pac", "temperature=0")
+    assert pac == ar and greedy["mean_accepted_length"] > 1.0
