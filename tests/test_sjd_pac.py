@@ -120,3 +120,95 @@ def test_run_py_on_the_world_records_tau_above_1_and_greedy_pngs_equal_ar(tmp_pa
     _, ar = run_images(tmp_path, "ar", "decoding=ar", "temperature=0")
     greedy, pac = run_images(tmp_path, "pac_greedy", "decoding=sjd_pac", "temperature=0")
     assert pac == ar and greedy["mean_accepted_length"] > 1.0
+
+
+# ----- losslessness, measured -----------------------------------------------------------------------------------
+
+PASS, FAIL = 1e-3, 1e-6
+
+
+def first_emitted(width: int, depth: int, window: int, transition: torch.Tensor, rows: int) -> torch.Tensor:
+    """The first token (rows,) one SJD-PAC step emits from a fresh window (K distinct uniform candidates per column,
+    their recorded law uniform: they follow it exactly) when the target is the Markov chain ``transition`` (V, V)
+    (the law after a node is the row of its token), the pending token 0. Lossless means it follows ``transition[0]``."""
+    from types import SimpleNamespace
+
+    from lantern import rng
+    from lantern.decoding.jacobi.pac_step import distinct_draws, verify
+    from lantern.models.sampling import draw
+
+    vocab = transition.shape[0]
+    tree = ProactiveTree(width, depth, window)
+    tree.tables = tree._host
+    keys, decided = keys_tensor(0, range(rows)), torch.ones(rows, dtype=torch.long)
+    q = torch.full((rows, tree.columns, vocab), 1.0 / vocab)
+    uniforms = rng.uniform(keys, decided - 1, rng.JACOBI_INIT, tree.columns * width).view(rows, -1, width)
+    candidates = distinct_draws(q, width, uniforms)  # (B, K, C)
+    state = SimpleNamespace(window=candidates, draft_q=q, keys=keys, decided=decided)
+    nodes = torch.cat([torch.zeros(rows, 1, dtype=torch.long), candidates.flatten(1)[:, tree._host.token_index[1:]]], 1)
+    _, accepted, column = verify(tree, state, transition[nodes], greedy=False)
+    law = column.failed.gather(1, accepted[:, None, None].expand(-1, 1, vocab))[:, 0]
+    drawn = draw(law, rng.uniform(keys, decided, rng.JACOBI_RESIDUAL, 1)[:, 0])
+    return torch.where(accepted >= 1, column.token[:, 0], drawn)
+
+
+def test_the_released_longest_path_rule_is_not_lossless_and_one_candidate_per_column_is():
+    """One step on a Markov-chain target, 100k rows: with K = 1 (SJD's test, no siblings) the first emitted token
+    follows the target (chi-square p > 1e-3); with the released K-ary tree (K = 2, D = 3) it does not (p < 1e-6):
+    when two siblings both pass, the path with the longer passing continuation wins, not the first sibling, so the
+    test's outcome picks the token. Measured TV 0.010 (docs/jacobi.md)."""
+    from scipy.stats import chisquare
+
+    torch.manual_seed(1)
+    transition = torch.rand(4, 4).pow(2)
+    transition = (transition / transition.sum(1, keepdim=True)).double()
+    rows, target = 100_000, transition[0] / transition[0].sum()
+    results = {}
+    for width in (1, 2):
+        counts = torch.bincount(first_emitted(width, 3, 7, transition.float(), rows), minlength=4).double()
+        results[width] = (chisquare(counts.numpy(), (target * rows).numpy()).pvalue, 0.5 * (counts / rows - target).abs().sum())
+    assert results[1][0] > PASS, f"K=1: chi-square p = {results[1][0]:.2e}"
+    assert results[2][0] < FAIL and results[2][1] > 0.005, f"K=2: p = {results[2][0]:.2e}, TV = {results[2][1]:.4f}"
+
+
+@pytest.mark.slow
+def test_the_pooled_pit_does_not_detect_sjd_pac_on_the_world_and_catches_its_control(tmp_path_factory):
+    """Randomised PIT / KS on the world (40 images, prompts 0-39, seed 0): SJD-PAC at the released defaults passes
+    (measured p = 0.447), GSD with wide groups (the control) fails (p = 3.7e-12). The one-step Monte Carlo above shows
+    the loss the pooled test cannot see at this sample size."""
+    from test_jacobi import ks_pvalue
+    from world_fixture import WORLD_SAMPLING, World
+
+    from lantern.decoding.jacobi.decoder import gsd
+
+    world = World(tmp_path_factory.mktemp("neighbours"))
+    assert ks_pvalue(world, sjd_pac(WORLD_SAMPLING), 40) > PASS
+    assert ks_pvalue(world, gsd(WORLD_SAMPLING, window=6, radius=7, p_thr=1.0, d_thr=None), 40) < FAIL
+
+
+@pytest.mark.slow
+def test_the_pooled_pit_does_not_detect_sjd_pac_on_tiny_lumina_and_catches_its_control(tmp_path_factory):
+    """The same on tiny_random_lumina (256 images): SJD-PAC L 64, K 3, D 3 passes (measured p = 0.756); LANTERN
+    delta 0.4 (the control) fails."""
+    import math
+    from types import SimpleNamespace
+
+    from family_helpers import tiny_preset
+    from test_chameleon_drafter import SAMPLING, ks_pvalue
+
+    from lantern.decoding.tree.decoder import SpeculativeDecoder
+    from lantern.decoding.tree.draft import chain
+    from lantern.models.chameleon import bundle as chameleon
+    from lantern.models.chameleon import lumina_bundle
+    from lantern.rules.factory import lantern
+
+    family = SimpleNamespace(
+        random_bundle=lumina_bundle.random_bundle,
+        random_drafter=lumina_bundle.random_drafter,
+        random_codebook=chameleon.random_codebook,
+    )
+    tiny = tiny_preset("tiny_random_lumina", family, tmp_path_factory.mktemp("neighbours"))
+    assert ks_pvalue(tiny, sjd_pac(SAMPLING), 256) > PASS
+    control = SpeculativeDecoder(SAMPLING, tiny[1], chain(3, "sampled"), lantern(1000, 0.4, tiny[2]))
+    bad = ks_pvalue(tiny, control, 256)
+    assert bad < FAIL and not math.isnan(bad)
