@@ -166,7 +166,10 @@ def test_the_released_longest_path_rule_is_not_lossless_and_one_candidate_per_co
     results = {}
     for width in (1, 2):
         counts = torch.bincount(first_emitted(width, 3, 7, transition.float(), rows), minlength=4).double()
-        results[width] = (chisquare(counts.numpy(), (target * rows).numpy()).pvalue, 0.5 * (counts / rows - target).abs().sum())
+        results[width] = (
+            chisquare(counts.numpy(), (target * rows).numpy()).pvalue,
+            0.5 * (counts / rows - target).abs().sum(),
+        )
     assert results[1][0] > PASS, f"K=1: chi-square p = {results[1][0]:.2e}"
     assert results[2][0] < FAIL and results[2][1] > 0.005, f"K=2: p = {results[2][0]:.2e}, TV = {results[2][1]:.4f}"
 
