@@ -11,9 +11,10 @@ Defaults follow the released code (``_init_new_params`` and ``test_lumina_mgpt.p
 ``tree_depth=3``, ``max_num_new_tokens=64``); the README's prose names ``K=4`` as the sweet spot (docs/jacobi.md).
 ``window`` is the released ``L``: the nodes of one forward, the pending root included.
 
-Whether the emitted tokens follow the target's law is measured, not assumed (docs/jacobi.md, tests/test_sjd_pac.py):
-with ``K >= 2`` no closed form of an emitted token's law is known, so records leave the realised TV unmeasured
-(NaN per token); with ``K = 1`` (or greedy) it is 0.
+As released it is lossy: the longest passing path wins even where an earlier sibling on another path also passed,
+so the test's outcome picks the emitted token (measured: docs/jacobi.md, tests/test_sjd_pac.py). With ``K >= 2`` no
+closed form of an emitted token's law is known, so records leave the realised TV unmeasured (NaN per token); with
+``K = 1`` (SJD's test and a maximal-coupling refill: lossless) or greedy it is 0.
 """
 
 from __future__ import annotations
