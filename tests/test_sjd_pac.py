@@ -110,6 +110,18 @@ def test_sampled_images_do_not_depend_on_the_batch():
     assert torch.equal(alone, whole[2:])
 
 
+@pytest.mark.parametrize("width,measured", [(1, 15), (2, 0)])
+def test_the_realised_tv_is_0_with_one_candidate_per_column_and_unmeasured_with_a_tree(width, measured):
+    """K = 1 is SJD's test with a maximal-coupling refill (lossless: TV 0 on every token); with K >= 2 the emitted
+    law has no closed form, so no token counts as measured (never a TV of 0)."""
+    model, _ = tiny()
+    result = sjd_pac(SAMPLED, window=8, tree_width=width, tree_depth=2).generate(
+        model, text_condition(), keys_tensor(0, range(4))
+    )
+    assert result.per_sample["tv_measured"].tolist() == [measured] * 4
+    assert float(result.per_sample["tv_realised_max"].max()) == 0.0
+
+
 def test_run_py_on_the_world_records_tau_above_1_and_greedy_pngs_equal_ar(tmp_path):
     metrics, _ = run_images(tmp_path, "pac", "decoding=sjd_pac")
     assert metrics["decoding"] == "sjd_pac" and metrics["mean_accepted_length"] > 1.0
