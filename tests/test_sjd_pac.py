@@ -139,51 +139,85 @@ def test_run_py_on_the_world_records_tau_above_1_and_greedy_pngs_equal_ar(tmp_pa
 PASS, FAIL = 1e-3, 1e-6
 
 
-def first_emitted(width: int, depth: int, window: int, transition: torch.Tensor, rows: int) -> torch.Tensor:
-    """The first token (rows,) one SJD-PAC step emits from a fresh window (K distinct uniform candidates per column,
-    their recorded law uniform: they follow it exactly) when the target is the Markov chain ``transition`` (V, V)
-    (the law after a node is the row of its token), the pending token 0. Lossless means it follows ``transition[0]``."""
-    from types import SimpleNamespace
-
+def markov_step(tree: ProactiveTree, state, root: torch.Tensor, transition: torch.Tensor):
+    """One SJD-PAC step (verify, then the drawn token) when the target is the Markov chain ``transition`` (V, V) (the
+    law after a node is the row of its token) and ``root`` (B,) is pending: (accepted (B,), columns, the drawn token
+    (B,), the first emitted token (B,))."""
     from lantern import rng
-    from lantern.decoding.jacobi.pac_step import distinct_draws, verify
+    from lantern.decoding.jacobi.pac_step import verify
     from lantern.models.sampling import draw
 
     vocab = transition.shape[0]
-    tree = ProactiveTree(width, depth, window)
+    nodes = torch.cat([root[:, None], state.window.flatten(1)[:, tree.tables.token_index[1:]]], 1)  # (B, L)
+    _, accepted, column = verify(tree, state, transition[nodes], greedy=False)
+    law = column.failed.gather(1, accepted[:, None, None].expand(-1, 1, vocab))[:, 0]
+    drawn = draw(law, rng.uniform(state.keys, state.decided, rng.JACOBI_RESIDUAL, 1)[:, 0])
+    return accepted, column, drawn, torch.where(accepted >= 1, column.token[:, 0], drawn)
+
+
+def fresh_state(tree: ProactiveTree, vocab: int, rows: int):
+    """A first window: K distinct uniform candidates per column, their recorded law uniform (they follow it)."""
+    from types import SimpleNamespace
+
+    from lantern import rng
+    from lantern.decoding.jacobi.pac_step import distinct_draws
+
     tree.tables = tree._host
     keys, decided = keys_tensor(0, range(rows)), torch.ones(rows, dtype=torch.long)
     q = torch.full((rows, tree.columns, vocab), 1.0 / vocab)
-    uniforms = rng.uniform(keys, decided - 1, rng.JACOBI_INIT, tree.columns * width).view(rows, -1, width)
-    candidates = distinct_draws(q, width, uniforms)  # (B, K, C)
-    state = SimpleNamespace(window=candidates, draft_q=q, keys=keys, decided=decided)
-    nodes = torch.cat([torch.zeros(rows, 1, dtype=torch.long), candidates.flatten(1)[:, tree._host.token_index[1:]]], 1)
-    _, accepted, column = verify(tree, state, transition[nodes], greedy=False)
-    law = column.failed.gather(1, accepted[:, None, None].expand(-1, 1, vocab))[:, 0]
-    drawn = draw(law, rng.uniform(keys, decided, rng.JACOBI_RESIDUAL, 1)[:, 0])
-    return torch.where(accepted >= 1, column.token[:, 0], drawn)
+    uniforms = rng.uniform(keys, decided - 1, rng.JACOBI_INIT, tree.columns * tree.width).view(rows, -1, tree.width)
+    return SimpleNamespace(window=distinct_draws(q, tree.width, uniforms), draft_q=q, keys=keys, decided=decided)
+
+
+def markov_target(vocab: int = 4) -> torch.Tensor:
+    torch.manual_seed(1)
+    transition = torch.rand(vocab, vocab).pow(2)
+    return transition / transition.sum(1, keepdim=True)
+
+
+def chi_square(tokens: torch.Tensor, law: torch.Tensor) -> tuple[float, float]:
+    """(chi-square p, TV) of ``tokens`` against ``law`` (V,)."""
+    from scipy.stats import chisquare
+
+    law = law.double() / law.double().sum()
+    counts = torch.bincount(tokens, minlength=law.shape[0]).double()
+    rows = tokens.shape[0]
+    return chisquare(counts.numpy(), (law * rows).numpy()).pvalue, float(0.5 * (counts / rows - law).abs().sum())
 
 
 def test_the_released_longest_path_rule_is_not_lossless_and_one_candidate_per_column_is():
-    """One step on a Markov-chain target, 100k rows: with K = 1 (SJD's test, no siblings) the first emitted token
-    follows the target (chi-square p > 1e-3); with the released K-ary tree (K = 2, D = 3) it does not (p < 1e-6):
-    when two siblings both pass, the path with the longer passing continuation wins, not the first sibling, so the
-    test's outcome picks the token. Measured TV 0.010 (docs/jacobi.md)."""
-    from scipy.stats import chisquare
-
-    torch.manual_seed(1)
-    transition = torch.rand(4, 4).pow(2)
-    transition = (transition / transition.sum(1, keepdim=True)).double()
-    rows, target = 100_000, transition[0] / transition[0].sum()
-    results = {}
+    """One step on a Markov-chain target from a fresh window, 100k rows: with K = 1 (SJD's test, no siblings) the first
+    emitted token follows the target (chi-square p > 1e-3); with the released K-ary tree (K = 2, D = 3) it does not
+    (p < 1e-6): when two siblings both pass, the path with the longer passing continuation wins, not the first sibling,
+    so the test's outcome picks the token. Measured TV 0.010 (docs/jacobi.md)."""
+    transition, rows = markov_target(), 100_000
+    verdicts = {}
     for width in (1, 2):
-        counts = torch.bincount(first_emitted(width, 3, 7, transition.float(), rows), minlength=4).double()
-        results[width] = (
-            chisquare(counts.numpy(), (target * rows).numpy()).pvalue,
-            0.5 * (counts / rows - target).abs().sum(),
-        )
-    assert results[1][0] > PASS, f"K=1: chi-square p = {results[1][0]:.2e}"
-    assert results[2][0] < FAIL and results[2][1] > 0.005, f"K=2: p = {results[2][0]:.2e}, TV = {results[2][1]:.4f}"
+        tree = ProactiveTree(width, 3, 7)
+        first = markov_step(tree, fresh_state(tree, 4, rows), torch.zeros(rows, dtype=torch.long), transition)[3]
+        verdicts[width] = chi_square(first, transition[0])
+    assert verdicts[1][0] > PASS, f"K=1: chi-square p = {verdicts[1][0]:.2e}"
+    assert verdicts[2][0] < FAIL and verdicts[2][1] > 0.005, f"K=2: p = {verdicts[2][0]:.2e}, TV = {verdicts[2][1]:.4f}"
+
+
+def test_continued_candidates_do_not_follow_the_law_they_are_tested_against():
+    """Two steps with one branching level (D = 2: the longest path is then the first passing sibling), 100k rows: the
+    second step's first token, given the pending token 0, follows the target with K = 1 and not with K = 3 (p < 1e-6):
+    candidates 1..K-1 of a continued column are drawn from a residual but tested as draws from the recorded law."""
+    from lantern.decoding.jacobi.pac_step import refill
+
+    transition, rows = markov_target(), 100_000
+    verdicts = {}
+    for width in (1, 3):
+        tree = ProactiveTree(width, 2, 8)
+        state = fresh_state(tree, 4, rows)
+        accepted, column, pending, _ = markov_step(tree, state, torch.zeros(rows, dtype=torch.long), transition)
+        window, recorded = refill(tree, state, column, accepted, greedy=False)
+        state = type(state)(window=window, draft_q=recorded, keys=state.keys, decided=state.decided + accepted + 1)
+        first = markov_step(tree, state, pending, transition)[3]
+        verdicts[width] = chi_square(first[pending == 0], transition[0])
+    assert verdicts[1][0] > PASS, f"K=1: chi-square p = {verdicts[1][0]:.2e}"
+    assert verdicts[3][0] < FAIL and verdicts[3][1] > 0.01, f"K=3: p = {verdicts[3][0]:.2e}, TV = {verdicts[3][1]:.4f}"
 
 
 @pytest.mark.slow
