@@ -55,6 +55,7 @@ PEERS = {
     "mc_sjd_gumbel": ["decoding=sjd", "coupling=gumbel"],
     "zipar_4": ["decoding=zipar", "window=4"],  # window 4: the world's rows are 8 tokens (the yaml's 16 is LlamaGen's)
     "sjd_pp": ["decoding=sjd_pp"],
+    "sjd_pac": ["decoding=sjd_pac"],
     "vvs": ["decoding=vvs"],
 }
 

@@ -95,7 +95,12 @@ class JacobiDecoder:
     :class:`~lantern.decoding.jacobi.redraw.Independent`, SJD; MC-SJD's couplings, lossless reuse, SJD++'s
     rule: :mod:`lantern.decoding.jacobi.redraw`). ``tv_audit_every``: a lossy test computes the realised TV
     of every position's law (a vocabulary-wide pass) on every N-th step.
+
+    A draft structure other than the chain (SJD-PAC's tree) is a subclass that names its own ``step_function``
+    and overrides :meth:`first_window` and :attr:`max_accepted`.
     """
+
+    step_function = staticmethod(jacobi_step)  # (ctx, state, audit) -> (state, log)
 
     def __init__(
         self,
@@ -126,7 +131,7 @@ class JacobiDecoder:
         self.backend = backend
         self.sync_every = sync_every
         self.guard = guard or contextlib.nullcontext
-        self._step = compiled(jacobi_step, compile, backend)
+        self._step = compiled(self.step_function, compile, backend)
         self._contexts: dict[tuple, JacobiContext] = {}
 
     def check_device(self, device: torch.device | str) -> None:
@@ -173,12 +178,28 @@ class JacobiDecoder:
             )
         return self._contexts[shape]
 
+    @property
+    def max_accepted(self) -> int:
+        """The most drafts one step can accept (the acceptance histogram has this many bins plus one)."""
+        return self.window
+
+    def first_window(self, ctx: JacobiContext, codes: torch.Tensor, keys: torch.Tensor):
+        """The first window (B, W) for tokens 1..W and its laws (B, W, V): initialised tokens with point-mass
+        laws. Step 0 of the init stream is never reused: every step's ``decided`` is >= 1."""
+        width, vocab, device = self.window, ctx.model.config.vocab_size, codes.device
+        window = initial_tokens(ctx, keys, torch.zeros(keys.shape[0], dtype=torch.long, device=device), width)
+        if self.init == "horizon":  # repeat inits start from token 0 (row 0: vertical has no row above)
+            column = torch.arange(1, width + 1, device=device) % ctx.model.config.grid_size
+            window = torch.where(column == 0, window, codes[:, :1])
+        draft_q = torch.zeros(window.shape[0], width, vocab, device=device).scatter(2, window[:, :, None], 1.0)
+        return window, draft_q
+
     @torch.inference_mode()
     def generate(self, model: Target, condition: Condition, keys: torch.Tensor) -> DecodeResult:
         """Decode all image tokens for ``condition`` (B prompts) with per-sample RNG ``keys`` (B,)."""
         cfg, sampling, width = model.config, self.sampling, self.window
         self.check_model(cfg)
-        cond_len, num_tokens, vocab = cfg.cls_token_num, cfg.num_image_tokens, cfg.vocab_size
+        cond_len, num_tokens = cfg.cls_token_num, cfg.num_image_tokens
         cond_emb, cond_mask = guided_inputs(model, condition, sampling)
         rows, batch = cond_emb.shape[0], len(condition)
         device = cond_emb.device
@@ -190,17 +211,8 @@ class JacobiDecoder:
         hidden = prefill_condition(model, cond_emb, cond_mask, ctx.cache, capacity)  # (rows, T, D)
         codes = torch.zeros(batch, num_tokens + 2 * width + 2, dtype=torch.long, device=device)
         codes[:, 0] = next_token(guided_logits(model.head(hidden[:, -1]), sampling, 0), sampling, keys, 0)
-        # The first window: initialised tokens (point-mass laws) for tokens 1..W. Step 0 of the init
-        # stream is never reused: every step's ``decided`` is >= 1.
         decided = torch.ones(batch, dtype=torch.long, device=device)
-        window = initial_tokens(ctx, keys, torch.zeros_like(decided), width)
-        if (
-            self.init != "random"
-        ):  # repeat inits start from token 0 (row 0: horizon copies it, vertical has no row above)
-            if self.init == "horizon":
-                column = torch.arange(1, width + 1, device=device) % cfg.grid_size
-                window = torch.where(column == 0, window, codes[:, :1])
-        draft_q = torch.zeros(batch, width, vocab, device=device).scatter(2, window[:, :, None], 1.0)
+        window, draft_q = self.first_window(ctx, codes, keys)
         state = JacobiState(
             codes=codes,
             decided=decided,
@@ -213,7 +225,7 @@ class JacobiDecoder:
         )
 
         state, logs = run_steps(  # every step decides at least one token per active row
-            jacobi_step,
+            self.step_function,
             self._step,
             ctx,
             state,
@@ -224,7 +236,7 @@ class JacobiDecoder:
             guard=self.guard,
         )
         steps_run = len(logs)
-        per_sample = summarise(logs, num_tokens, width)
+        per_sample = summarise(logs, num_tokens, self.max_accepted)
         stats = {"target_forwards": float(1 + steps_run), "steps": float(1 + steps_run)}
         return DecodeResult(state.codes[:, :num_tokens], stats, per_sample)
 

@@ -91,26 +91,35 @@ def jacobi_step(ctx: JacobiContext, state: JacobiState, audit: bool = True) -> t
 
 
 def _window_laws(ctx: JacobiContext, state: JacobiState, span: torch.Tensor) -> torch.Tensor:
-    """1. One target forward over [pending, window] at slots/positions L .. L+W, causal in the window: the
-    target law (B, W+1, V) at each window position (output j predicts token n + j from inputs 0..j)."""
-    model, width, groups = ctx.model, ctx.window, ctx.groups
-    decided, length = state.decided, state.length
-    batch = decided.shape[0]
-    pending = state.codes.gather(1, (decided - 1)[:, None])  # (B, 1)
+    """1. One target forward over [pending, window], causal in the window: the target law (B, W+1, V) at each
+    window position (output j predicts token n + j from inputs 0..j)."""
+    width = ctx.window
+    pending = state.codes.gather(1, (state.decided - 1)[:, None])  # (B, 1)
     inputs = torch.cat([pending, state.window], dim=1)  # (B, W+1)
-    chain = torch.ones(width + 1, width + 1, dtype=torch.bool, device=decided.device).tril().expand(batch, -1, -1)
-    mask = tree_attention_mask(state.target_valid[:batch], length, chain)  # (B, 1, W+1, S)
-    slots = length[:, None] + span  # (B, W+1)
-    positions = slots.clamp_max(model.config.max_seq_len - 1)  # past the image: junk rows, never kept
+    chain = torch.ones(width + 1, width + 1, dtype=torch.bool, device=span.device).tril()
+    return structure_laws(ctx, state, inputs, chain, span)
+
+
+def structure_laws(
+    ctx: JacobiContext, state: JacobiState, inputs: torch.Tensor, ancestors: torch.Tensor, depth: torch.Tensor
+) -> torch.Tensor:
+    """One target forward over a draft structure's nodes ``inputs`` (B, N) (node 0: the pending token), node ``i``
+    at cache slot ``L + i`` and position ``L + depth[i]``, seeing the prefix and the nodes ``ancestors`` (N, N)
+    marks (a chain: ``tril``, ``depth = arange``; SJD-PAC's tree). The target law (B, N, V) after each node."""
+    model, groups, sampling = ctx.model, ctx.groups, ctx.sampling
+    decided, length = state.decided, state.length
+    batch, nodes = inputs.shape
+    mask = tree_attention_mask(state.target_valid[:batch], length, ancestors.expand(batch, -1, -1))  # (B, 1, N, S)
+    slots = length[:, None] + torch.arange(nodes, device=inputs.device)  # (B, N)
+    positions = (length[:, None] + depth).clamp_max(model.config.max_seq_len - 1)  # past the image: junk rows
     logits, _ = model.forward_tokens(
         repeat_rows(inputs, groups),
         repeat_rows(positions, groups),
         repeat_rows(slots, groups),
         repeat_rows(mask, groups),
         ctx.cache,
-    )  # (rows, W+1, V)
-    sampling = ctx.sampling
-    return verification_probabilities(guided_logits_at(logits, sampling, decided[:, None] + span), sampling)
+    )  # (rows, N, V)
+    return verification_probabilities(guided_logits_at(logits, sampling, decided[:, None] + depth), sampling)
 
 
 def _refill(ctx, state, codes, new_decided, jacobi, fresh, fresh_q, next_token):

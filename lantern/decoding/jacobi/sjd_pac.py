@@ -1,0 +1,100 @@
+"""SJD-PAC as released: Proactive Drafting (a K-ary tree at the resampled token, then a chain) and Adaptive
+Continuation (later columns keep their test against the stale law instead of a full redraw).
+
+Kang et al., "SJD-PAC: Accelerating Speculative Jacobi Decoding via Proactive Drafting and Adaptive
+Continuation" (CVPR 2026, arXiv 2603.18599); code KangJialiang/SJD-PAC, ``scheduler/sjd_pac_iteration_lumina_mgpt.py``
+(``SJDPACSpeculativeSampler``, ``generate_tree_mask_and_retrieve``). The structure is
+:class:`lantern.decoding.jacobi.pac_tree.ProactiveTree` (the decoder's window test: it verifies the tree), the step
+:func:`lantern.decoding.jacobi.pac_step.pac_step`; this module is the decoder, its settings and the factory.
+
+Defaults follow the released code (``_init_new_params`` and ``test_lumina_mgpt.py``: ``tree_width=3``,
+``tree_depth=3``, ``max_num_new_tokens=64``); the README's prose names ``K=4`` as the sweet spot (docs/jacobi.md).
+``window`` is the released ``L``: the nodes of one forward, the pending root included.
+
+As released it is lossy: the longest passing path wins even where an earlier sibling on another path also passed,
+so the test's outcome picks the emitted token (measured: docs/jacobi.md, tests/test_sjd_pac.py). With ``K >= 2`` no
+closed form of an emitted token's law is known, so records leave the realised TV unmeasured (NaN per token); with
+``K = 1`` (SJD's test and a maximal-coupling refill: lossless) or greedy it is 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from lantern import checks, rng
+from lantern.decoding.api import register
+from lantern.decoding.jacobi.decoder import JacobiDecoder, JacobiSettings
+from lantern.decoding.jacobi.pac_step import distinct_draws, pac_step
+from lantern.decoding.jacobi.pac_tree import ProactiveTree
+from lantern.models.sampling import SamplingConfig
+
+
+@register
+@dataclass(frozen=True)
+class SjdPacSettings(JacobiSettings):
+    """SJD's knobs (``window`` is L, the tree and chain nodes) plus the tree's width K and depth D."""
+
+    kind: ClassVar[str] = "sjd_pac"
+    tree_width: int = 3
+    tree_depth: int = 3
+
+    def method(self) -> str:
+        text = f"{self.label} L={self.window} K={self.tree_width} D={self.tree_depth}"
+        return text + (" (greedy)" if self.candidates == "greedy" else "")
+
+    def order(self) -> tuple:
+        return (2, False, self.name, 0, self.window, self.tree_width, self.tree_depth, self.candidates)
+
+    def record(self) -> dict:
+        fields = {"acceptance": "sjd_pac", "tree_width": self.tree_width, "tree_depth": self.tree_depth}
+        return {**super().record(), **fields}
+
+
+class SjdPacDecoder(JacobiDecoder):
+    """A :class:`JacobiDecoder` over a :class:`ProactiveTree` (its ``test``) with SJD-PAC's step."""
+
+    step_function = staticmethod(pac_step)
+
+    def __init__(self, sampling: SamplingConfig, *, tree: ProactiveTree, **kwargs):
+        if not isinstance(tree, ProactiveTree):
+            raise checks.refuse("tree", tree, "a lantern.decoding.jacobi.pac_tree.ProactiveTree")
+        super().__init__(sampling, window=tree.window, test=tree, **kwargs)
+
+    @property
+    def max_accepted(self) -> int:
+        return self.test.columns
+
+    def check_model(self, config) -> None:
+        super().check_model(config)
+        if self.test.width > config.vocab_size:
+            raise checks.refuse("tree_width", self.test.width, f"an integer in [1, {config.vocab_size}]", "the codes")
+
+    def first_window(self, ctx, codes: torch.Tensor, keys: torch.Tensor):
+        """K distinct uniform codes per column (B, K, C) and the uniform law (B, C, V), as the released
+        ``get_multi_token_for_preparation`` (uniform laws, not point masses)."""
+        tree, vocab = self.test, ctx.model.config.vocab_size
+        uniform = torch.full((keys.shape[0], tree.columns, vocab), 1.0 / vocab, device=codes.device)
+        step = torch.zeros(keys.shape[0], dtype=torch.long, device=codes.device)
+        uniforms = rng.uniform(keys, step, rng.JACOBI_INIT, tree.columns * tree.width).view(
+            -1, tree.columns, tree.width
+        )
+        return distinct_draws(uniform, tree.width, uniforms), uniform
+
+    @property
+    def settings(self) -> SjdPacSettings:
+        base = super().settings
+        fields = {field.name: getattr(base, field.name) for field in dataclasses.fields(base)}
+        return SjdPacSettings(**fields, tree_width=self.test.width, tree_depth=self.test.depth)
+
+
+def sjd_pac(
+    sampling: SamplingConfig, *, window: int = 64, tree_width: int = 3, tree_depth: int = 3, **kwargs
+) -> SjdPacDecoder:
+    """SJD-PAC with the released code's defaults: L = 64 nodes, a 3-ary tree of depth 3 (13 nodes), a 51-node chain."""
+    tree = ProactiveTree(tree_width, tree_depth, window)
+    name, label = kwargs.pop("name", "sjd_pac"), kwargs.pop("label", "SJD-PAC")
+    return SjdPacDecoder(sampling, tree=tree, name=name, label=label, **kwargs)
