@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from family_helpers import check_greedy_chain_equals_ar_in_one_graph
 
 from lantern.decoding.ar import ARDecoder
 from lantern.errors import CheckpointError
@@ -252,3 +253,12 @@ def test_the_visual_tokens_must_be_contiguous(tmp_path):
     with pytest.raises(CheckpointError, match="extra_200"):
         read_layout(vocab, "x")
     assert hf.VQ_PREFIX == "model.vqmodel."
+
+
+def test_greedy_speculative_chain_equals_greedy_ar_with_baais_longer_negative_prompt(emu3):
+    """CFG's negative prompt is longer than the prompts (Emu3ForConditionalGeneration's CFG context): a compiled
+    chain-3 speculative decoder, whose later steps mask both halves by the conditional row, writes AR's codes."""
+    _, model_bundle, _ = emu3
+    condition = model_bundle.conditioner.encode(PROMPTS[:2])
+    assert len(model_bundle.target.config.null_ids) > int(condition.mask.sum(1).max())
+    check_greedy_chain_equals_ar_in_one_graph(model_bundle.target, condition, 3.0)

@@ -32,6 +32,7 @@ from torch import nn
 from lantern import checks
 from lantern.errors import ConfigError
 from lantern.models.chameleon.lumina import LuminaTarget
+from lantern.models.chameleon.model import ChameleonCache
 from lantern.models.llama_drafter import LlamaDrafterArch
 from lantern.models.llama_parts import LlamaBody, LlamaShape
 
@@ -131,6 +132,19 @@ class Emu3Target(LuminaTarget):
         null = torch.zeros_like(mask)
         null[:, mask.shape[1] - len(self.config.null_ids) :] = True
         return null
+
+    def visible(self, slots: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
+        """As Chameleon's (hide the slots the prefill's mask hid), and also show an image query every condition slot
+        the prefill's mask held real: some decoders build both CFG halves' condition columns from the conditional
+        row's validity, and Emu3's unconditional context (the negative prompt) is longer than most prompts, so its
+        rows hold real slots where the conditional row has pads. Each row then sees exactly its own context."""
+        mask = super().visible(slots, mask, cache)
+        if not isinstance(cache, ChameleonCache):
+            return mask
+        length, cond_len = mask.shape[-1], self.config.cls_token_num
+        valid = cache.valid[:, :length] & (torch.arange(length, device=slots.device) < cond_len)  # (B, L)
+        image_query = slots >= cond_len  # (B, S): every call but the prefill's
+        return mask | (image_query[:, None, :, None] & valid[:, None, None, :])
 
     def image_stream(self, codes: torch.Tensor) -> torch.Tensor:
         """Codes (B, N) -> the reference's vocabulary ids after ``<|image token|>``: rows each followed by EOL,

@@ -8,7 +8,7 @@ codes in raster order -> images about [-1, 1] (their image processor maps ``x * 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
@@ -29,7 +29,10 @@ def vq_config(vq: Mapping):
     """transformers' ``Emu3VQVAEConfig`` of a preset's ``vq`` node or a folder's ``vq_config``."""
     from transformers import Emu3VQVAEConfig
 
-    return Emu3VQVAEConfig(**{key: value for key, value in dict(vq).items() if key in VQ_KEYS})
+    def plain(value):  # a preset's lists arrive as OmegaConf containers, which their strict config refuses
+        return [int(v) for v in value] if isinstance(value, Sequence) and not isinstance(value, str) else value
+
+    return Emu3VQVAEConfig(**{key: plain(value) for key, value in dict(vq).items() if key in VQ_KEYS})
 
 
 def downsample(vq: Mapping) -> int:
