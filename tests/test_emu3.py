@@ -145,15 +145,9 @@ def test_greedy_ar_equals_emu3forconditionalgeneration_generate_with_baai_proces
                 cfg_scale, reference, unconditional_ids=negative
             )
             processors.insert(0, cfg)
+        settings = dict(do_sample=False, max_new_tokens=STREAM, eos_token_id=None, attention_mask=torch.ones_like(ids))
         with torch.inference_mode():
-            out = reference.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                do_sample=False,
-                max_new_tokens=STREAM,
-                logits_processor=transformers.LogitsProcessorList(processors),
-                eos_token_id=None,
-            )
+            out = reference.generate(ids, logits_processor=transformers.LogitsProcessorList(processors), **settings)
         theirs = out[0, ids.shape[1] :]
         assert theirs.shape == (STREAM,)
         mine = ours.image_stream(codes[row : row + 1])[0]

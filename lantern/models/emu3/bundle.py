@@ -65,7 +65,7 @@ def random_config(target: Mapping, vq: Mapping) -> tuple[Emu3Config, dict[str, i
         grid_size=grid,
         cls_token_num=target["cls_token_num"],
         null_ids=negative_ids(word_tokenizer(vocab), layout, grid),
-        **vars(layout),
+        **layout,
     )
     return config, vocab
 

@@ -29,9 +29,9 @@ def template_ids(tokenizer, text: str, bos_id: int, boi_id: int, img_id: int, gr
     return [bos_id, *encode(text), boi_id, *encode(f"{grid}*{grid}"), img_id]
 
 
-def negative_ids(tokenizer, layout, grid: int) -> tuple[int, ...]:
+def negative_ids(tokenizer, layout: dict[str, int], grid: int) -> tuple[int, ...]:
     """CFG's unconditional context: NEGATIVE in the template (``layout`` holds the special ids)."""
-    return tuple(template_ids(tokenizer, NEGATIVE, layout.bos_id, layout.boi_id, layout.img_id, grid))
+    return tuple(template_ids(tokenizer, NEGATIVE, layout["bos_id"], layout["boi_id"], layout["img_id"], grid))
 
 
 class Emu3Conditioner(PromptConditioner):

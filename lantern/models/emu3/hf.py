@@ -27,7 +27,7 @@ VQ_PREFIX = "model.vqmodel."
 # transformers 5 writes an Emu3ForConditionalGeneration in the original checkpoint's names; the model's own are
 # read as they are.
 STORED = (("text_model.model.", "model.text_model."), ("text_model.lm_head.", "lm_head."), ("vqmodel.", VQ_PREFIX))
-SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+SIZES = ("num_hidden_layers", "num_attention_heads", "hidden_size", "intermediate_size", "vocab_size")
 
 
 def sections(config: Mapping, source: str) -> tuple[Mapping, Mapping, Mapping]:
@@ -53,26 +53,25 @@ def config_from_hf(config: Mapping, grid_size: int, cls_token_num: int, tokenize
     if config.get("tie_word_embeddings", False) or text.get("tie_word_embeddings", False):
         raise CheckpointError(f"{source}: config.json ties lm_head to the embeddings; no Emu3 release does")
     try:
-        sizes = {key: int(text[key]) for key in SIZES}
+        n_layer, heads, dim, ffn, vocab_size = (int(text[key]) for key in SIZES)
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{source}: text_config lacks a size ({exc})") from exc
-    dim, heads = sizes["hidden_size"], sizes["num_attention_heads"]
     if text.get("head_dim") not in (None, dim // heads):
         raise CheckpointError(f"{source}: text_config has head_dim={text['head_dim']}, expected {dim // heads}")
     layout = read_layout(vocab, source)
     return Emu3Config(
-        n_layer=sizes["num_hidden_layers"],
+        n_layer=n_layer,
         n_head=heads,
         n_kv_head=int(text.get("num_key_value_heads") or heads),
         dim=dim,
-        ffn_hidden=sizes["intermediate_size"],
-        text_vocab_size=sizes["vocab_size"],
+        ffn_hidden=ffn,
+        text_vocab_size=vocab_size,
         norm_eps=float(text.get("rms_norm_eps", 1e-5)),
         rope_theta=rope_theta_of(text, source),
         grid_size=grid_size,
         cls_token_num=cls_token_num,
         null_ids=negative_ids(tokenizer, layout, grid_size),
-        **vars(layout),
+        **layout,
     )
 
 

@@ -68,11 +68,8 @@ class Emu3Config(LlamaShape):
 
     def __post_init__(self):
         self.check_shape(("n_layer", "n_head", "dim", "ffn_hidden", "text_vocab_size", "num_codes", "grid_size"))
-        if not 0 <= self.code_offset <= self.text_vocab_size - self.num_codes:
-            raise ConfigError(
-                f"image codes {self.code_offset}..{self.code_offset + self.num_codes - 1} do not fit the "
-                f"vocabulary of {self.text_vocab_size}"
-            )
+        note = f"the {self.num_codes} image codes' first id in a vocabulary of {self.text_vocab_size}"
+        checks.integer("code_offset", self.code_offset, 0, self.text_vocab_size - self.num_codes, note=note)
         object.__setattr__(self, "null_ids", tuple(int(i) for i in self.null_ids))
         for name, value in [*((name, getattr(self, name)) for name in IDS), *(("null_ids", i) for i in self.null_ids)]:
             checks.integer(name, value, 0, self.text_vocab_size - 1)

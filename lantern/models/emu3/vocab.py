@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from lantern.errors import CheckpointError
 
@@ -35,24 +34,10 @@ def visual_token_name(code: int) -> str:
     return f"<|visual token{code:06d}|>"
 
 
-@dataclass(frozen=True)
-class Layout:
-    """The image codes' ids (``code_offset .. code_offset + num_codes - 1``) and the special ids."""
-
-    num_codes: int
-    code_offset: int
-    bos_id: int
-    pad_id: int
-    boi_id: int
-    img_id: int
-    eol_id: int
-    eof_id: int
-    eoi_id: int
-    eos_id: int
-
-
-def read_layout(vocab: Mapping[str, int], source: str) -> Layout:
-    """The :class:`Layout` of a vocabulary map (name -> id); one CheckpointError naming what is missing.
+def read_layout(vocab: Mapping[str, int], source: str) -> dict[str, int]:
+    """The image codes' ids (``num_codes``, ``code_offset``: code c is id ``code_offset + c``) and the special ids
+    (:data:`SPECIAL`'s keys) of a vocabulary map (name -> id), as :class:`~lantern.models.emu3.model.Emu3Config`
+    fields; one CheckpointError naming what is missing.
 
     Only contiguous code ids in code order are supported (every release): the head is then a view of
     ``lm_head``'s rows and the id map an offset, not a gather per step.
@@ -73,7 +58,7 @@ def read_layout(vocab: Mapping[str, int], source: str) -> Layout:
     missing = [name for name in SPECIAL.values() if name not in vocab]
     if missing:
         raise CheckpointError(f"{source}: the vocabulary has no {missing[0]!r} token")
-    return Layout(num_codes=count, code_offset=offset, **{key: int(vocab[name]) for key, name in SPECIAL.items()})
+    return {"num_codes": count, "code_offset": offset, **{key: int(vocab[name]) for key, name in SPECIAL.items()}}
 
 
 def tiny_vocabulary(num_codes: int, words: tuple[str, ...] = ()) -> dict[str, int]:
