@@ -282,13 +282,21 @@ def read_tensor(folder: str | os.PathLike, key: str) -> torch.Tensor:
 
 
 def load_folder_target(
-    folder: Path, build: Callable[[], nn.Module], what: str, vq_prefix: str, set_aside: tuple[str, ...] = ()
+    folder: Path,
+    build: Callable[[], nn.Module],
+    what: str,
+    vq_prefix: str,
+    set_aside: tuple[str, ...] = (),
+    rename: Callable[[str], str] | None = None,
 ) -> tuple[nn.Module, dict[str, torch.Tensor]]:
     """``build()`` loaded strictly from a folder's tensors under their own names (fp32 on CPU), and the tensors
     under ``vq_prefix`` (without it) for the tokenizer; tensors under ``set_aside`` prefixes are not read into
-    the target. The shapes are checked on a meta-device model first (one error naming every misfit, ``what``
-    the architecture); the folder is noted as one input (role ``target``)."""
+    the target. ``rename`` maps a stored name to the in-memory one first (transformers 5 writes some models in
+    their original checkpoint's names). The shapes are checked on a meta-device model first (one error naming
+    every misfit, ``what`` the architecture); the folder is noted as one input (role ``target``)."""
     given = {k: v for k, v in read_hf_weights(folder).items() if not k.endswith(STRAY_SUFFIXES)}
+    if rename is not None:
+        given = {rename(k): v for k, v in given.items()}
     vq = {k[len(vq_prefix) :]: v for k, v in given.items() if k.startswith(vq_prefix)}
     own = {k: v for k, v in given.items() if not k.startswith((vq_prefix, *set_aside))}
     with torch.device("meta"):

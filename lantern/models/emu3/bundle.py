@@ -1,0 +1,153 @@
+"""Emu3 bundles (target + VQ + prompt conditioner) and their drafters, built from a preset's nodes.
+
+``target`` nodes: ``image_size`` and ``cls_token_num`` (nothing in a folder says them); for the seeded random
+preset also the architecture (``n_layer``, ``n_head``, ``n_kv_head``, ``dim``, ``ffn_hidden``, ``num_codes``). ``vq`` nodes
+(random preset only) are transformers' ``Emu3VQVAEConfig`` keys; a folder's VQ is its own ``vq_config``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import torch
+
+from lantern import checks
+from lantern.errors import CheckpointError, ConfigError
+from lantern.models.bundle import (
+    ModelBundle,
+    family_drafter,
+    finish_family_bundle,
+    require_drafter,
+    require_folder,
+    timing_parts,
+)
+from lantern.models.chameleon.bundle import random_target
+from lantern.models.checkpoint import folder_source, read_tensor, tokenizer_file
+from lantern.models.devices import resolve_device, resolve_dtype
+from lantern.models.drafter import load_drafter_for
+from lantern.models.emu3 import hf
+from lantern.models.emu3.condition import Emu3Conditioner, negative_ids
+from lantern.models.emu3.model import Emu3Config, Emu3Target
+from lantern.models.emu3.vocab import read_layout, tiny_vocabulary, word_tokenizer
+from lantern.models.emu3.vq import downsample, load_vq, random_vq
+from lantern.models.prompt_ids import load_tokenizer
+
+# Words of the random preset's tokenizer: its captions', and those of BAAI's positive and negative prompts.
+TINY_WORDS = tuple(
+    "a an the of on in with at and photo red blue small large old cat dog fox bird house tree boat sunset snow "
+    "bowl table lighthouse bicycle wall cliff masterpiece film grained best quality lowres bad anatomy hands "
+    "text error missing fingers extra digit fewer digits cropped worst low normal jpeg artifacts signature "
+    "watermark username blurry , .".split()
+)
+CODEBOOK_KEY = "vqmodel.quantize.embedding.weight"  # as transformers 5 stores it
+
+
+def grid_of(target: Mapping, vq: Mapping) -> int:
+    """Codes per image side: ``image_size`` over the VQ's downsampling, which must divide it."""
+    size, factor = checks.integer("model.image_size", target["image_size"], 1), downsample(vq)
+    if size % factor:
+        raise ConfigError(f"image_size {size} is not a multiple of the VQ's {factor}x downsample")
+    return size // factor
+
+
+def random_config(target: Mapping, vq: Mapping) -> tuple[Emu3Config, dict[str, int]]:
+    """The seeded random preset's architecture and its vocabulary (``tiny_vocabulary``)."""
+    num_codes = checks.integer("model.target.num_codes", target["num_codes"], 1)
+    if num_codes != int(vq["codebook_size"]):
+        raise ConfigError(f"{num_codes} image codes do not match the VQ's {vq['codebook_size']}")
+    vocab = tiny_vocabulary(num_codes, TINY_WORDS)
+    layout = read_layout(vocab, "the random preset's vocabulary")
+    grid = grid_of(target, vq)
+    config = Emu3Config(
+        **Emu3Config.node_sizes(target, len(vocab)),
+        n_kv_head=int(target.get("n_kv_head", 0)),  # 0: as n_head
+        grid_size=grid,
+        cls_token_num=target["cls_token_num"],
+        null_ids=negative_ids(word_tokenizer(vocab), layout, grid),
+        **layout,
+    )
+    return config, vocab
+
+
+def folder_parts(folder: str, target: Mapping, tokenizer) -> tuple[Emu3Config, Mapping]:
+    """A folder's target config and ``vq_config``, checked before any large read."""
+    vq = hf.vq_section(folder)
+    cls_token_num = checks.integer("model.cls_token_num", target["cls_token_num"], 2)
+    return hf.check_folder(folder, grid_of(target, vq), cls_token_num, tokenizer), vq
+
+
+def random_bundle(
+    name: str,
+    target: Mapping,
+    vq: Mapping,
+    init_seed: int = 0,
+    device: str = "cpu",
+    dtype: str = "float32",
+    gpt_ckpt: str | None = None,
+) -> ModelBundle:
+    """The seeded random tiny Emu3 (no files): target, VQ and a word-level tokenizer over its vocabulary.
+    ``gpt_ckpt`` (an HF folder of the same architecture and vocabulary), when given, replaces target and VQ."""
+    device, dtype = resolve_device(device), resolve_dtype(dtype)
+    config, vocab = random_config(target, vq)
+    tokenizer = word_tokenizer(vocab)
+    model, vq_model = random_target(config, init_seed, Emu3Target), random_vq(vq, init_seed)
+    if gpt_ckpt is not None:
+        folder = require_folder(gpt_ckpt, hf.ARCHITECTURE)
+        loaded, folder_vq = folder_parts(folder, target, tokenizer)
+        if loaded != config:
+            raise CheckpointError(f"HF folder {folder!r} is not the random preset's architecture")
+        model, state = hf.load_target(folder, config)
+        vq_model = load_vq(folder_vq, state, folder_source(folder))
+    conditioner = Emu3Conditioner.for_model(tokenizer, config, device=device)
+    return finish_family_bundle(ModelBundle, name, model, vq_model, conditioner, device, dtype)
+
+
+def load_bundle(
+    name: str, gpt_ckpt: str | None, target: Mapping, device: str = "cpu", dtype: str = "float32"
+) -> ModelBundle:
+    """An Emu3 target, its VQ and its tokenizer from one HF ``Emu3ForConditionalGeneration`` folder."""
+    folder = require_folder(gpt_ckpt, hf.ARCHITECTURE, "config.json, weights with model.vqmodel.*, tokenizer.json")
+    device, dtype = resolve_device(device), resolve_dtype(dtype)
+    tokenizer = load_tokenizer(tokenizer_file(folder))
+    config, vq = folder_parts(folder, target, tokenizer)
+    model, state = hf.load_target(folder, config)
+    vq_model = load_vq(vq, state, folder_source(folder))
+    conditioner = Emu3Conditioner.for_model(tokenizer, config, device=device)
+    return finish_family_bundle(ModelBundle, name, model, vq_model, conditioner, device, dtype)
+
+
+# ----- drafters and neighbours -----------------------------------------------------------------------------
+def random_drafter(target, vq, init_seed=0, device="cpu", dtype="float32", path=None, name="tiny_random_emu3"):
+    """A seeded random one-layer drafter of Emu3's kind (Llama's layer) for the random preset, or the one at ``path``."""
+    return family_drafter(random_config(target, vq)[0], path, name, init_seed, device, dtype)
+
+
+def load_drafter(path, gpt_ckpt, target: Mapping, device="cpu", dtype="float32", name="emu3_gen"):
+    """The drafter at ``path`` for the target folder ``gpt_ckpt`` (its config.json and tokenizer.json read)."""
+    require_drafter(path, "a drafter folder scripts/train_drafter.py exported", "ar, sjd, gsd and zipar")
+    folder = require_folder(gpt_ckpt, hf.ARCHITECTURE)
+    config, _ = folder_parts(folder, target, load_tokenizer(tokenizer_file(folder)))
+    return load_drafter_for(path, config, name, device, dtype)
+
+
+def random_codebook(vq: Mapping, init_seed: int = 0) -> torch.Tensor:
+    """The random preset's VQ codebook (K, D) (code c is the decoder's token c: no id map needed)."""
+    return random_vq(vq, init_seed).raw_codebook().detach()
+
+
+def folder_codebook(gpt_ckpt: str | os.PathLike) -> torch.Tensor:
+    """A folder's VQ codebook (K, D), read alone from its shards."""
+    return read_tensor(require_folder(gpt_ckpt, hf.ARCHITECTURE), CODEBOOK_KEY).float()
+
+
+# ----- timing (scripts/gpu_check.py) ------------------------------------------------------------------------
+def timing(architecture: Mapping | None, target: Mapping, vq: Mapping, device="cpu", dtype="float32", init_seed=0):
+    """Random-weight parts of a preset for the GPU check: a target of ``architecture`` (the fields of
+    :class:`Emu3Config` but the grid and the condition slots; null: the random preset's own) and a one-layer drafter."""
+    if architecture is None:
+        config, _ = random_config(target, vq)
+    else:
+        ids = (architecture["bos_id"], architecture["boi_id"], architecture["img_id"])
+        config = Emu3Config.for_architecture(architecture, target, grid_of(target, vq), null_ids=ids)
+    return timing_parts(Emu3Target, config, Emu3Conditioner, device, dtype, init_seed)
