@@ -189,10 +189,14 @@ CASES = [
     ("eagle-delta-bad", ["decoding=eagle", "delta=2"], "delta=2: expected a number in [0, 1]"),
     (
         "lantern-semantics",
-        ["decoding=lantern", "decoding.acceptance.semantics=paper"],
-        "semantics='paper': expected one of",
+        ["decoding=lantern", "semantics=paper"],
+        "semantics=paper is not an option; choose one of bounded, reference",
     ),
-    ("lantern-audit", ["decoding=lantern", "decoding.acceptance.tv_audit_every=0"], "tv_audit_every=0"),
+    (
+        "lantern-audit",
+        ["decoding=lantern", "semantics=reference", "decoding.acceptance.tv_audit_every=0"],
+        "tv_audit_every=0",
+    ),
     (
         "lantern-audit-text",
         ["decoding=lantern", "decoding.acceptance.tv_audit_every=x"],

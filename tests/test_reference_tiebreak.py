@@ -26,7 +26,7 @@ from lantern.errors import ConfigError
 from lantern.models.kv_cache import NoCache
 from lantern.models.sampling import SamplingConfig
 from lantern.rng import keys_tensor
-from lantern.rules.factory import lantern
+from lantern.rules.factory import lantern, lantern_reference
 from lantern.rules.neighbours import CodebookNeighbours
 from lantern.rules.reference import LanternReference
 
@@ -126,7 +126,7 @@ def test_bad_options_are_refused_with_one_line():
 
 def test_reference_rules_read_zero_rope_rows_past_the_grid_and_bounded_ones_clamp():
     table = CodebookNeighbours(codebook=torch.randn(8, 4), k_max=7)
-    assert lantern(4, 0.3, table, semantics="reference").build("greedy").past_grid == "zero_rope"
+    assert lantern_reference(4, 0.3, table).build("greedy").past_grid == "zero_rope"
     assert not hasattr(lantern(4, 0.3, table).build("greedy"), "past_grid")  # the step clamps
     positions = torch.tensor([[18, 19, 20, 21]])
     assert grid_positions(positions, 20, "clamp").tolist() == [[18, 19, 19, 19]]
@@ -174,7 +174,7 @@ def test_reference_greedy_dynamic_tree_compiles_as_one_graph_and_matches_eager()
     sampling = SamplingConfig(temperature=0, cfg_scale=3.0)
     table = CodebookNeighbours(codebook=torch.randn(model.config.vocab_size, 4), k_max=16)
     for order in ("index", "sorted"):
-        spec = lantern(4, 0.3, table, semantics="reference")
+        spec = lantern_reference(4, 0.3, table)
         structure = DynamicTree(4, 3, 10)
         eager = SpeculativeDecoder(sampling, drafter, structure, spec)
         eager.rule.leaf_order = order
@@ -190,10 +190,10 @@ def test_reference_greedy_dynamic_tree_compiles_as_one_graph_and_matches_eager()
 def test_the_rule_takes_the_authors_path_order_of_its_draft_structure():
     """Static trees (and chains) list paths sorted, as the authors' generate_tree_buffers; EAGLE-2 trees by leaf index."""
     from lantern.decoding.tree.draft import StaticTree, chain
-    from lantern.rules.factory import lantern
+    from lantern.rules.factory import lantern_reference
 
     table = (torch.arange(16)[:, None] + torch.arange(1, 5)[None, :]) % 16  # (V, 4) other codes
-    spec = lantern(k=3, delta=0.1, neighbours=table, semantics="reference")
+    spec = lantern_reference(k=3, delta=0.1, neighbours=table)
     static = StaticTree([[0], [1], [0, 0], [1, 0]])
     assert spec.build("greedy", static).leaf_order == "sorted"
     assert spec.build("greedy", chain(3)).leaf_order == "sorted"

@@ -422,8 +422,10 @@ def test_every_decoding_and_draft_config_instantiates_and_decodes(decoding, draf
                 "model.neighbours.cache_dir=outputs/test_neighbours",
             ],
         )
+    from lantern.run.compose import ModelParts, build_decoder
+
     bundle = instantiate(cfg.model.bundle)
-    decoder = instantiate(cfg.decoding)
+    decoder = build_decoder(cfg.decoding, ModelParts(cfg.model, bundle=bundle))
     assert decoder.name == decoding and decoder.settings.record()["draft"] == draft.replace(
         "static_paths", "static_tree"
     )
