@@ -477,11 +477,10 @@ def test_bad_parameters_raise_config_error():
     for lam in (0.5, float("nan"), float("inf")):
         with pytest.raises(ConfigError, match=f"lambda={lam}"):
             lantern_pp(4, lam, table)
-    with pytest.raises(ConfigError, match="semantics='paper'"):
-        lantern(4, 0.1, table, semantics="paper")
+    # An unknown semantics is no option of the conf/semantics group (tests/test_run.py, tests/test_bad_input.py).
     for every in (0, -2, 1.5):
         with pytest.raises(ConfigError, match=f"tv_audit_every={every}"):
-            lantern(4, 0.1, table, tv_audit_every=every)
+            lantern_reference(4, 0.1, table, tv_audit_every=every)
     with pytest.raises(ConfigError, match="candidates='tree'"):
         lantern_pp(4, 2.0, table).build("tree")
     with pytest.raises(ConfigError, match="integer table"):
