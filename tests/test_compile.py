@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_speculative import text_condition, tiny
+from helpers import CountingBackend, text_condition, tiny
 from torch import nn
 
 from lantern.decoding.ar import ARDecoder
@@ -22,17 +22,6 @@ from lantern.rules.factory import lantern, lantern_reference
 from lantern.rules.neighbours import CodebookNeighbours
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-class CountingBackend:
-    """A torch.compile backend that runs graphs eagerly and counts how many it was given."""
-
-    def __init__(self):
-        self.graphs = 0
-
-    def __call__(self, graph_module, example_inputs):
-        self.graphs += 1
-        return graph_module.forward
 
 
 def speculative_cases():

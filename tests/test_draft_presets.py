@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from helpers import REPO
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
-from test_run import REPO
 
 from lantern.decoding.tree.draft import StaticTree
 from lantern.rng import keys_tensor

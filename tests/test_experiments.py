@@ -8,8 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_metric_configs import CASES as METRIC_CASES
-from test_run import REPO
+from helpers import METRIC_CASES, REPO
 
 from lantern.run.compose import ModelParts, build_decoder
 

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import REPO, TINY, run_in_process
 from safetensors.torch import load_file, save_file
-from test_bad_input import TINY, run_in_process
-from test_run import REPO
 
 from lantern.errors import CheckpointError, ConfigError
 from lantern.files import png_bytes

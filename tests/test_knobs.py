@@ -6,10 +6,10 @@ import subprocess
 import sys
 
 import pytest
+from helpers import REPO
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
-from test_run import REPO
 
 import lantern  # noqa: F401 - registers the resolvers the configs use
 from lantern.cli.knobs import decoder_knobs, drop_foreign, forced

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_compile import CountingBackend
-from test_speculative import text_condition, tiny
+from helpers import CountingBackend, V, greedy_draft, text_condition, tiny
 
 from lantern.decoding.tree.decoder import SpeculativeDecoder
-from lantern.decoding.tree.draft import DynamicTree, finish_draft
+from lantern.decoding.tree.draft import DynamicTree
 from lantern.decoding.tree.step import grid_positions
 from lantern.errors import ConfigError
 from lantern.models.kv_cache import NoCache
@@ -30,35 +29,9 @@ from lantern.rules.factory import lantern, lantern_reference
 from lantern.rules.neighbours import CodebookNeighbours
 from lantern.rules.reference import LanternReference
 
-V = 6
 TABLE = torch.tensor([[(i + s) % V for s in range(1, V)] for i in range(V)])
 ROOT = [0.34, 0.26, 0.10, 0.10, 0.10, 0.10]  # tokens 0 and 1 both pass
 FAIL_5 = [0.10, 0.10, 0.10, 0.40, 0.10, 0.20]  # token 5 fails (0.2 + 0.1 < 0.4); argmax 3
-
-
-def _draft(tokens: list[int], parents: list[int]):
-    """A greedy draft (batch 1) from node tokens and parents (node 0 the root, parents before children)."""
-    count = len(tokens)
-    depth = [0] * count
-    for i in range(1, count):
-        depth[i] = depth[parents[i]] + 1
-    kids = [[i for i in range(1, count) if parents[i] == n] for n in range(count)]
-    width = max(len(k) for k in kids)
-    draws = torch.full((1, count, width), -1)
-    slots = torch.zeros(1, count, dtype=torch.long)
-    for node, children in enumerate(kids):
-        for slot, child in enumerate(children):
-            draws[0, node, slot], slots[0, child] = tokens[child], slot
-    return finish_draft(
-        torch.tensor([tokens]),
-        torch.tensor([parents]),
-        torch.tensor([depth]),
-        torch.zeros(1, count, V),
-        draws,
-        slots,
-        max(depth),
-        "greedy",
-    )
 
 
 def _rows(rows: dict[int, list[float]], count: int) -> torch.Tensor:
@@ -74,7 +47,7 @@ def _rule(leaf_order: str = "index") -> LanternReference:
 
 
 def _walk(rule, tokens, parents, rows):
-    draft = _draft(tokens, parents)
+    draft = greedy_draft(tokens, parents)
     path, next_token, _, _ = rule.walk(draft, _rows(rows, len(tokens)))
     return [n for n in path[0].tolist() if n >= 0], int(next_token)
 

@@ -3,32 +3,9 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def run(
-    tmp_path: Path, *overrides: str, name: str = "run", wandb_off: bool = True
-) -> tuple[subprocess.CompletedProcess, Path]:
-    out = tmp_path / name
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "run.py",
-            "model=tiny_random_c2i",
-            f"hydra.run.dir={out}",
-            *(("wandb.mode=disabled",) if wandb_off else ()),
-            *overrides,
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    return proc, out
+from helpers import REPO, run
 
 
 def test_run_writes_images_grid_and_metrics(tmp_path):

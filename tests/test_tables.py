@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import pytest
-from test_run import REPO
+from helpers import REPO
 
 from lantern.decoding.api import DecoderSettings, register
 from lantern.decoding.ar import ARSettings

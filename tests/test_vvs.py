@@ -10,9 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_compile import CountingBackend
-from test_run import run
-from test_speculative import VOCAB, _neighbours, text_condition, tiny
+from helpers import VOCAB, CountingBackend, run, text_condition, tiny
+from helpers import neighbours_of as _neighbours
 
 from lantern.decoding.batch import guided_inputs
 from lantern.decoding.tree.decoder import SpeculativeDecoder
