@@ -189,7 +189,7 @@ CASES = [
     ),
     (
         "lantern-audit-text",
-        ["decoding=lantern", "decoding.acceptance.tv_audit_every=x"],
+        ["decoding=lantern", "semantics=reference", "decoding.acceptance.tv_audit_every=x"],
         "tv_audit_every='x': expected a number",
     ),
     ("draft-depth-zero", ["decoding=eagle", "draft.depth=0"], "depth=0"),
