@@ -6,6 +6,7 @@ python run.py model=llamagen_t2i_xl_256 model.gpt_ckpt=... model.vq_ckpt=... mod
 torchrun --nproc_per_node=2 run.py hydra.run.dir=outputs/run/two   # images sharded over 2 processes
 """
 
+import sys
 from pathlib import Path
 
 import hydra
@@ -13,10 +14,12 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from lantern.cli.knobs import drop_foreign, forced
 from lantern.cli.main import run_hydra, run_or_exit
 from lantern.cli.preflight import check_run_config
 from lantern.files import forget_inputs
 from lantern.metrics.protocol import Protocol
+from lantern.run.compose import ModelParts, build_decoder
 from lantern.run.distributed import World, check_world, rank_device, world_from_env
 from lantern.run.rundir import claim_run_folder
 from lantern.run.tracking import run_identity
@@ -28,7 +31,16 @@ def generate(cfg: DictConfig, out_dir: Path, world: World) -> dict | None:
     Returns the record (rank 0), or None on the other ranks of a torchrun job. A folder that already
     holds a finished run of this config is returned as it is, without loading a model.
     """
-    resolved = check_run_config(cfg, HydraConfig.get().overrides.task)  # before anything is built or written
+    hydra = HydraConfig.get()
+    resolved = check_run_config(cfg, hydra.overrides.task)  # before anything is built or written
+    # A sweep across decoders: a knob this job's decoder does not define is left out (once checked), and recorded.
+    dropped = drop_foreign(cfg, hydra.overrides.task, hydra.runtime.choices.get("decoding"))
+    if dropped:
+        for key in dropped:
+            del resolved[key]
+        resolved["dropped_overrides"] = list(dropped.values())
+        choice = hydra.runtime.choices.get("decoding")
+        print(f"decoding={choice} has no such knob: {' '.join(dropped.values())} left out of this job", file=sys.stderr)
     forget_inputs()  # this job's inputs: what the loaders below read (a multirun runs jobs in one process)
     check_world(world, cfg.num_images)
     prompts = instantiate(cfg.prompts)
@@ -43,8 +55,10 @@ def generate(cfg: DictConfig, out_dir: Path, world: World) -> dict | None:
             print(f"already finished: {out_dir} holds a complete record of this config; nothing to do")
             return folder.claim.finished.to_json()
         cfg.device = rank_device(cfg.device, world)  # cuda -> cuda:LOCAL_RANK; the recorded config keeps "cuda"
-        decoder = instantiate(cfg.decoding)
         bundle = instantiate(cfg.model.bundle)
+        decoder = build_decoder(
+            cfg.decoding, ModelParts(cfg.model, bundle=bundle)
+        )  # the model's drafter and neighbours
         job = instantiate(cfg.job, _partial_=True)(
             bundle=bundle, decoder=decoder, prompts=prompts, tracker=tracker, protocol=pinned
         )
@@ -75,4 +89,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    sys.argv = forced(sys.argv)  # another decoder's knob in a sweep across decoders (lantern.cli.knobs)
     run_hydra(main)

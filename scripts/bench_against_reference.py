@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 from lantern.cli.main import ArgumentParser, flag_number, run_or_exit
-from lantern.run.against_reference import plan_from, run
+from lantern.run.bench.against_reference import plan_from, run
 
 
 def main() -> None:

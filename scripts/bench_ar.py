@@ -11,7 +11,7 @@ and its greedy tokens are compared with ours token for token.
 from __future__ import annotations
 
 from lantern.cli.main import ArgumentParser, run_or_exit
-from lantern.run.bench import run_ar_bench
+from lantern.run.bench.ar import run_ar_bench
 
 
 def main() -> None:

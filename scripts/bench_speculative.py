@@ -9,7 +9,7 @@ r"""Speculative decoding vs AR on the same prompts and seeds, in one run: tau, l
 Steps are compiled (``torch.compile(fullgraph=True)``, AR alike) unless ``--compile none``: the first
 compile of each mode takes one to three minutes on a 2-core CPU and is cached by Inductor for later runs.
 
-How modes are composed, interleaved and summarised: :mod:`lantern.run.bench`. Every value is checked and
+How modes are composed, interleaved and summarised: :mod:`lantern.run.bench.speculative`. Every value is checked and
 every mode's config composed before the first is timed; ``--out`` is checked writable first, and the
 results are written after each setting.
 """
@@ -20,7 +20,7 @@ import json
 import sys
 
 from lantern.cli.main import ArgumentParser, flag_number, run_or_exit
-from lantern.run.bench import plan_from, run_bench, write_results
+from lantern.run.bench.speculative import plan_from, run_bench, write_results
 
 
 def main() -> None:
@@ -47,7 +47,7 @@ def main() -> None:
         "--peers",
         default="",
         help="training-free peers to add, comma-separated: sjd, gsd, gsd_audit_off, mc_sjd, mc_sjd_gumbel, zipar_4 "
-        "(lantern.run.bench.PEERS)",
+        "(lantern.run.bench.speculative.PEERS)",
     )
     parser.add_argument(
         "--mode",

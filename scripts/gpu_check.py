@@ -4,7 +4,7 @@
     python scripts/gpu_check.py --targets anole_7b,janus_pro_7b --images 2 --out results/gpu_check_7b   # the 7B presets
     python scripts/gpu_check.py --device cpu --dtype float32 --compile none --tiny --out /tmp/g   # its CPU form (tests)
 
-What it times and checks, and on which targets: :mod:`lantern.run.gpu_check`.
+What it times and checks, and on which targets: :mod:`lantern.run.bench.gpu_check`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lantern.cli.main import ArgumentParser, run_or_exit  # noqa: E402
 from lantern.decoding.compile import COMPILE_MODES  # noqa: E402
 from lantern.results.provenance import environment  # noqa: E402
-from lantern.run.gpu_check import markdown, run_gpu_check  # noqa: E402
+from lantern.run.bench.gpu_check import markdown, run_gpu_check  # noqa: E402
 
 
 def main(argv=None) -> int:

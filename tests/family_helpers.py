@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import torch
-from test_compile import CountingBackend
+from helpers import CountingBackend
 
 from lantern.decoding.ar import ARDecoder
 from lantern.decoding.tree.decoder import SpeculativeDecoder

@@ -4,7 +4,7 @@ import importlib.util
 from pathlib import Path
 
 import numpy as np
-from test_run import REPO
+from helpers import REPO
 
 
 def load_script(name: str):

@@ -11,7 +11,7 @@ from lantern.errors import ConfigError
 from lantern.models.sampling import SamplingConfig
 from lantern.rules import neighbours as nbm
 from lantern.rules.exact import ExactDeterministic, ExactSampled
-from lantern.rules.factory import lantern, lantern_pp
+from lantern.rules.factory import lantern, lantern_pp, lantern_reference
 from lantern.rules.neighbours import check_table, codebook_hash, load_or_build_table, neighbour_table, to_storage
 from lantern.rules.relaxation import NeighbourRelaxation
 
@@ -421,14 +421,14 @@ def test_reference_rejection_zeroes_k_plus_one_neighbours_only_after_a_merge():
     sampling = SamplingConfig()
     # x = 2, k = 2, delta = 0.25: neighbour 3 (0.20) merges, 4 would make 0.35; p~ = 0.30.
     # Rejected: x and the k+1 = 3 nearest (3, 4, 5) are zeroed: [0.05, 0.30, 0, 0, 0, 0, 0.08] / 0.43.
-    rule = lantern(2, 0.25, table, semantics="reference").build("deterministic")
+    rule = lantern_reference(2, 0.25, table).build("deterministic")
     out = rule.node(p, torch.tensor([[2]]), torch.ones(1, 1, dtype=torch.bool), p, None, noise, sampling)
     residual = torch.tensor([0.05, 0.30, 0, 0, 0, 0, 0.08], dtype=torch.float64) / 0.43
     assert torch.allclose(out.target[0], residual)
     law = 0.30 * torch.eye(7, dtype=torch.float64)[2] + 0.70 * residual
     assert float(out.tv[0]) == pytest.approx(float(_tv(law, p[0])))
     # delta = 0.1: nothing merges, only x is zeroed.
-    rule = lantern(2, 0.1, table, semantics="reference").build("deterministic")
+    rule = lantern_reference(2, 0.1, table).build("deterministic")
     out = rule.node(p, torch.tensor([[2]]), torch.ones(1, 1, dtype=torch.bool), p, None, noise, sampling)
     assert torch.allclose(out.target[0], p[0].index_fill(0, torch.tensor([2]), 0.0) / 0.90)
     assert float(out.tv[0]) == pytest.approx(0.0, abs=1e-12)
@@ -454,7 +454,7 @@ def test_reference_greedy_takes_the_longest_accepted_path():
     p[0, 1] = torch.tensor([0.2, 0.1, 0.1, 0.1, 0.1, 0.3, 0.1])  # below node 1 (never reached)
     p[0, 2] = torch.tensor([0.1, 0.1, 0.1, 0.1, 0.4, 0.1, 0.1])  # below node 2: argmax 4 = node 4's token
     p[0, 4] = torch.tensor([0.1, 0.6, 0.1, 0.05, 0.05, 0.05, 0.05])  # below node 4: argmax 1
-    rule = lantern(1, 0.2, table, semantics="reference").build("greedy")
+    rule = lantern_reference(1, 0.2, table).build("greedy")
     path, next_token, tv, merged = rule.walk(draft, p)
     assert path.tolist() == [[2, 4]] and int(next_token) == 1
     assert merged[0].tolist() == pytest.approx([0.20, 0.10])  # the prefixes merged at nodes 2 and 4 (neighbours 4, 5)
@@ -477,14 +477,13 @@ def test_bad_parameters_raise_config_error():
     for lam in (0.5, float("nan"), float("inf")):
         with pytest.raises(ConfigError, match=f"lambda={lam}"):
             lantern_pp(4, lam, table)
-    with pytest.raises(ConfigError, match="semantics='paper'"):
-        lantern(4, 0.1, table, semantics="paper")
+    # An unknown semantics is no option of the conf/semantics group (tests/test_run.py, tests/test_bad_input.py).
     for every in (0, -2, 1.5):
         with pytest.raises(ConfigError, match=f"tv_audit_every={every}"):
-            lantern(4, 0.1, table, tv_audit_every=every)
+            lantern_reference(4, 0.1, table, tv_audit_every=every)
     with pytest.raises(ConfigError, match="candidates='tree'"):
         lantern_pp(4, 2.0, table).build("tree")
     with pytest.raises(ConfigError, match="integer table"):
         lantern(4, 0.1, table.float())
     with pytest.raises(ConfigError, match="k\\+1=9 neighbours"):
-        lantern(8, 0.1, table, semantics="reference")  # the authors' slice needs k+1 columns
+        lantern_reference(8, 0.1, table)  # the authors' slice needs k+1 columns

@@ -203,7 +203,7 @@ def test_our_reference_walk_equals_their_evaluate_posterior_on_random_trees():
         modules = theirs.import_reference(theirs.reference_folder(None))
     except theirs.ReferenceUnavailable as exc:
         pytest.skip(str(exc))
-    from test_reference_tiebreak import _draft
+    from helpers import greedy_draft as _draft
 
     from lantern.rules.reference import LanternReference
 

@@ -1,11 +1,11 @@
 import pytest
 import torch
+from helpers import FakeEncoder
 
 from lantern.decoding.ar import ARDecoder
 from lantern.models.condition import ClassConditioner, TextConditioner
 from lantern.models.llamagen.gpt import Transformer, gpt_config
 from lantern.models.sampling import SamplingConfig, combine_cfg
-from lantern.models.text.base import TextEmbedding, TextEncoder
 from lantern.rng import keys_tensor
 
 
@@ -21,22 +21,6 @@ def tiny(model_type="c2i", seed=0):
         cls_token_num=4 if model_type == "t2i" else 1,
     )
     return Transformer(cfg).eval()
-
-
-class FakeEncoder(TextEncoder):
-    """Deterministic caption states from the prompt text, left-padded like T5."""
-
-    max_length, dim = 4, 8
-
-    def encode(self, prompts):
-        states = torch.zeros(len(prompts), 4, 8)
-        mask = torch.zeros(len(prompts), 4, dtype=torch.bool)
-        for i, text in enumerate(prompts):
-            n = min(4, len(text.split()))
-            g = torch.Generator().manual_seed(sum(map(ord, text)))
-            states[i, 4 - n :] = torch.randn(n, 8, generator=g)
-            mask[i, 4 - n :] = True
-        return TextEmbedding(states, mask)
 
 
 def test_greedy_cfg_decoding_is_the_argmax_of_the_teacher_forced_model():

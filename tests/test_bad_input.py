@@ -9,29 +9,19 @@ processes, and the file-system faults run there too.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import errno
-import io
 import json
 import os
-import runpy
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import TINY, run_in_process
 
 REPO = Path(__file__).resolve().parents[1]
 DECODERS = sorted(path.stem for path in (REPO / "conf" / "decoding").glob("*.yaml"))
-TINY = (
-    "model=tiny_random_c2i",
-    "decoding=ar",
-    "wandb.mode=disabled",
-    "speedup_baseline=null",
-    "warmup=0",
-    "num_images=2",
-)
 
 
 class Evil:
@@ -189,13 +179,17 @@ CASES = [
     ("eagle-delta-bad", ["decoding=eagle", "delta=2"], "delta=2: expected a number in [0, 1]"),
     (
         "lantern-semantics",
-        ["decoding=lantern", "decoding.acceptance.semantics=paper"],
-        "semantics='paper': expected one of",
+        ["decoding=lantern", "semantics=paper"],
+        "semantics=paper is not an option; choose one of bounded, reference",
     ),
-    ("lantern-audit", ["decoding=lantern", "decoding.acceptance.tv_audit_every=0"], "tv_audit_every=0"),
+    (
+        "lantern-audit",
+        ["decoding=lantern", "semantics=reference", "decoding.acceptance.tv_audit_every=0"],
+        "tv_audit_every=0",
+    ),
     (
         "lantern-audit-text",
-        ["decoding=lantern", "decoding.acceptance.tv_audit_every=x"],
+        ["decoding=lantern", "semantics=reference", "decoding.acceptance.tv_audit_every=x"],
         "tv_audit_every='x': expected a number",
     ),
     ("draft-depth-zero", ["decoding=eagle", "draft.depth=0"], "depth=0"),
@@ -460,22 +454,6 @@ def _fill(overrides: list[str], files: dict[str, Path]) -> list[str]:
             override = override.replace("{" + name + "}", str(path))
         filled.append(override)
     return filled
-
-
-def run_in_process(overrides: list[str], out: Path, monkeypatch) -> tuple[int, str, str]:
-    """``python run.py TINY... overrides`` in this process: (exit status, stdout, stderr)."""
-    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
-    argv = ["run.py", *TINY, f"hydra.run.dir={out}", *overrides]
-    monkeypatch.setattr(sys, "argv", argv)
-    monkeypatch.chdir(REPO)
-    stdout, stderr = io.StringIO(), io.StringIO()
-    status = 0
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        try:
-            runpy.run_path(str(REPO / "run.py"), run_name="__main__")
-        except SystemExit as exc:
-            status = exc.code if isinstance(exc.code, int) else 1
-    return status, stdout.getvalue(), stderr.getvalue()
 
 
 def test_the_sweep_has_at_least_a_hundred_cases():

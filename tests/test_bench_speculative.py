@@ -71,7 +71,7 @@ def test_bench_keeps_every_run_and_reports_the_spread(tmp_path):
 
 def test_every_candidate_kind_is_asked_for_explicitly():
     """The config's default kind is sampled: a deterministic row without its override would time sampled drafts."""
-    from lantern.run.bench import modes
+    from lantern.run.bench.speculative import modes
 
     rows = dict(modes(("chain",), ("chain",), (0.4,), ("deterministic", "sampled")))
     assert rows["eagle chain"] == ["decoding=eagle", "draft=chain", "draft.candidates=deterministic"]
@@ -85,7 +85,7 @@ def test_target_forward_alone_runs_at_every_draft_size():
     from hydra.utils import instantiate
 
     from lantern.models.sampling import SamplingConfig
-    from lantern.run.bench import compose_config, target_forward_ms
+    from lantern.run.bench.speculative import compose_config, target_forward_ms
 
     bundle = instantiate(compose_config(["model=tiny_random_c2i"]).model.bundle)
     count = bundle.target.config.max_seq_len  # more tokens than positions left after the middle of the image
@@ -96,7 +96,7 @@ def test_target_forward_alone_runs_at_every_draft_size():
 
 def test_every_peer_row_composes_and_builds_before_timing():
     """Each --peers row (SJD, GSD, MC-SJD, ZipAR) is a config a run composes, built with stand-ins first."""
-    from lantern.run.bench import PEERS, plan_from
+    from lantern.run.bench.speculative import PEERS, plan_from
 
     plan = plan_from(1, 1, 0, 1, "fashion_t2i", "", "", "0.1", "sampled", "sampling", ",".join(PEERS), [], "", None)
     assert [label for label, _ in plan.rows] == list(PEERS)

@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 
 import torch
-from test_text import T5_DIM, _tiny_t5_folder
+from helpers import T5_DIM
+from helpers import tiny_t5_folder as _tiny_t5_folder
 
 from lantern.models.llamagen.gpt import Transformer, gpt_config
 from lantern.models.llamagen.vq import VQModel, vq_config

@@ -96,7 +96,7 @@ def test_the_other_modes():
 
 @pytest.fixture(scope="module")
 def t5_folder(tmp_path_factory):
-    from test_text import _tiny_t5_folder
+    from helpers import tiny_t5_folder as _tiny_t5_folder
 
     return _tiny_t5_folder(tmp_path_factory.mktemp("t5"))
 
@@ -117,8 +117,8 @@ def test_t5_encoder_cleans_captions_by_default(t5_folder):
 
 
 def test_t5_config_defaults_are_llamagens():
+    from helpers import REPO
     from hydra import compose, initialize_config_dir
-    from test_run import REPO
 
     for model in ("llamagen_t2i_xl_256", "llamagen_t2i_xl_512"):
         with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):

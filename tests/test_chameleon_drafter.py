@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 from family_helpers import tiny_preset
-from scipy.stats import kstest
+from helpers import FAIL, PASS, SAMPLING, ks_pvalue
 from test_chameleon import GRID, SLOTS, VQ, hf_model, save_folder
 
-from lantern.decoding.batch import guided_inputs
 from lantern.decoding.tree.decoder import SpeculativeDecoder
 from lantern.decoding.tree.draft import DynamicTree, chain
 from lantern.errors import CheckpointError, ConfigError
@@ -28,9 +27,7 @@ from lantern.models.drafter import Drafter, DrafterConfig, load_drafter_for, sav
 from lantern.models.kv_cache import NoCache
 from lantern.models.llama_parts import inv_freq, rope_angles
 from lantern.models.llamagen.gpt import LlamaGenArch, gpt_config
-from lantern.models.sampling import SamplingConfig, guided_logits_at, probabilities
 from lantern.models.target import prefix_causal_mask
-from lantern.rng import keys_tensor
 from lantern.rules.exact import ExactSampled
 from lantern.rules.factory import lantern
 
@@ -243,41 +240,12 @@ def test_the_factory_trains_a_drafter_that_run_py_loads_greedy_eagle_writes_ars_
 
 
 # ----- the target's law under sampled exact eagle (randomised PIT, Kolmogorov-Smirnov) --------------------------
-PASS, FAIL = 1e-3, 1e-6  # a lossless decoder's p-value stays above PASS; the negative control falls below FAIL
-SAMPLING = SamplingConfig(temperature=1.0, cfg_scale=3.0)  # the preset's recommended sampling
-
-
-def pit_values(probs: torch.Tensor, codes: torch.Tensor, seed: int = 7) -> torch.Tensor:
-    """Per token, the mass the target puts on tokens it ranks above the drawn one, plus a uniform share of the
-    drawn token's own mass: iid uniform on (0, 1) exactly when the codes follow the target's joint law
-    (Rosenblatt). ``probs`` (B, N, V) teacher-forced, ``codes`` (B, N) -> (B, N) float64."""
-    order = probs.argsort(dim=-1, descending=True, stable=True)
-    ranked = probs.gather(-1, order)  # (B, N, V) by descending probability
-    place = order.argsort(dim=-1).gather(-1, codes[..., None])  # (B, N, 1) rank of the drawn code
-    above = (ranked.cumsum(-1) - ranked).gather(-1, place)[..., 0].double()
-    own = probs.gather(-1, codes[..., None])[..., 0].double()
-    share = torch.rand(codes.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    return (above + share * own).clamp(0.0, 1.0)
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """The tiny_random_chameleon preset's bundle, drafter and codebook neighbours, and its prompts."""
     return tiny_preset("tiny_random_chameleon", chameleon, tmp_path_factory.mktemp("neighbours"))
-
-
-def ks_pvalue(tiny, decoder, images: int = 64) -> float:
-    model_bundle, _, _, captions = tiny
-    model = model_bundle.target
-    condition = model_bundle.conditioner.encode([captions[i % len(captions)] for i in range(images)])
-    codes = decoder.generate(model, condition, keys_tensor(11, range(images))).codes  # (B, N)
-    with torch.inference_mode():
-        emb, mask = guided_inputs(model, condition, SAMPLING)
-        hidden = model.forward_teacher(emb, codes.repeat(emb.shape[0] // images, 1), mask)  # (rows, N, D)
-        steps = torch.arange(codes.shape[1]).expand(images, -1)
-        probs = probabilities(guided_logits_at(model.head(hidden), SAMPLING, steps), SAMPLING)  # (B, N, K)
-    values = pit_values(probs, codes)[:, 1:].flatten()  # token 0 comes from the target's own prefill
-    return float(kstest(values.numpy(), "uniform").pvalue)
 
 
 def test_sampled_exact_eagle_keeps_the_chameleon_targets_law_and_lantern_far_off_does_not(tiny):

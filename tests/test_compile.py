@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_speculative import text_condition, tiny
+from helpers import CountingBackend, text_condition, tiny
 from torch import nn
 
 from lantern.decoding.ar import ARDecoder
@@ -18,21 +18,10 @@ from lantern.errors import ConfigError
 from lantern.models.sampling import SamplingConfig
 from lantern.rng import keys_tensor
 from lantern.rules.exact import ExactDeterministic, ExactSampled
-from lantern.rules.factory import lantern
+from lantern.rules.factory import lantern, lantern_reference
 from lantern.rules.neighbours import CodebookNeighbours
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-class CountingBackend:
-    """A torch.compile backend that runs graphs eagerly and counts how many it was given."""
-
-    def __init__(self):
-        self.graphs = 0
-
-    def __call__(self, graph_module, example_inputs):
-        self.graphs += 1
-        return graph_module.forward
 
 
 def speculative_cases():
@@ -88,9 +77,7 @@ def test_an_audit_schedule_compiles_every_graph_in_the_first_call(every, graphs)
     of the same shape compiles nothing."""
     model, drafter = tiny()
     sampling = SamplingConfig(temperature=1.0, cfg_scale=3.0)
-    rule = lantern(
-        4, 0.3, CodebookNeighbours(codebook=torch.randn(8, 4), k_max=7), semantics="reference", tv_audit_every=every
-    )
+    rule = lantern_reference(4, 0.3, CodebookNeighbours(codebook=torch.randn(8, 4), k_max=7), tv_audit_every=every)
     backend = CountingBackend()
     decoder = SpeculativeDecoder(
         sampling, drafter=drafter, draft=chain(2, "sampled"), acceptance=rule, compile="default", backend=backend
@@ -129,7 +116,7 @@ def test_decoders_sharing_a_step_alternate_without_rerunning_every_guard():
     rules = {
         "exact": ExactSampled(),
         "lantern": lantern(4, 0.3, table),
-        "reference": lantern(4, 0.3, table, semantics="reference", tv_audit_every=3),
+        "reference": lantern_reference(4, 0.3, table, tv_audit_every=3),
     }
     backend = CountingBackend()
     decoders = {

@@ -4,7 +4,7 @@ import json
 import subprocess
 import sys
 
-from test_run import REPO
+from helpers import REPO
 
 BASE = ("model=tiny_random_c2i", "num_images=5", "batch_size=2", "warmup=0", "wandb.mode=disabled")
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from helpers import REPO
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
-from test_run import REPO
 
 from lantern.decoding.tree.draft import StaticTree
 from lantern.rng import keys_tensor
+from lantern.run.compose import ModelParts, build_decoder
 
 # name: (nodes, nodes per level, children of the root, of its best child, of that one's best child)
 PRESETS = {"naive_extend_57": (57, [5, 13, 16, 14, 9], [5, 4, 4]), "mc_sim_7b_63": (25, [4, 8, 8, 3, 2], [4, 3, 3])}
@@ -63,7 +64,7 @@ def test_preset_decodes(name):
         "model.neighbours.cache_dir=outputs/test_neighbours",
     )
     bundle = instantiate(cfg.model.bundle)
-    decoder = instantiate(cfg.decoding)
+    decoder = build_decoder(cfg.decoding, ModelParts(cfg.model, bundle=bundle))
     assert decoder.settings.record()["nodes"] == PRESETS[name][0]
     result = decoder.generate(bundle.target, bundle.conditioner.encode([1]), keys_tensor(0, [0]))
     assert result.codes.shape == (1, bundle.target.config.num_image_tokens)

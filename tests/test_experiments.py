@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_metric_configs import CASES as METRIC_CASES
-from test_run import REPO
+from helpers import METRIC_CASES, REPO
 
 from lantern.decoding.api import settings_from_record
+from lantern.run.compose import ModelParts, build_decoder
 
 EXPERIMENTS = sorted(p.stem for p in (REPO / "experiments" / "experiment").glob("*.yaml"))
 METRICS = sorted(p.stem for p in (REPO / "conf" / "metrics").glob("*.yaml"))
@@ -291,7 +291,6 @@ def test_every_paper_table_mode_composes_and_builds_its_decoder():
     the experiment and instantiates its decoder."""
     import yaml
     from hydra import compose, initialize_config_dir
-    from hydra.utils import instantiate
 
     import lantern  # noqa: F401  (registers the ${lantern_root:} resolver the search path uses)
 
@@ -302,6 +301,6 @@ def test_every_paper_table_mode_composes_and_builds_its_decoder():
     for mode in modes:
         with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):
             cfg = compose("config", overrides=["+experiment=paper_table", f"+experiment/mode={mode}"])
-        decoder = instantiate(cfg.decoding)
+        decoder = build_decoder(cfg.decoding, ModelParts(cfg.model))
         names.add((decoder.name, str(sorted(decoder.settings.record().items()))))
     assert len(names) == len(modes), "two modes build the same decoder"

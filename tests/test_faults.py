@@ -13,10 +13,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_run import REPO
 
 # IMAGES, BASE and the uninterrupted run (`clean` below) are test_rundir's: the tiny model at batch 1
-from test_rundir import IMAGES, finish, reference, start, wait_for  # noqa: F401 (reference: a fixture)
+from helpers import IMAGES, REPO, finish, start, uninterrupted_run, wait_for
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted run of the configuration the tests interrupt."""
+    return uninterrupted_run(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -85,3 +85,23 @@ def test_the_7b_timing_nodes_build_the_full_architecture_in_bf16_without_memory(
     assert all(t.device.type == "meta" and t.dtype == torch.bfloat16 for t in tensors)
     assert parts.target.inv_freq.dtype == torch.float32 and len(parts.drafter.layers) == 1
     assert len(parts.conditions) == 64 and parts.conditions[5].mask.shape == (1, 128)
+
+
+def test_gpu_check_compiled_form_compiles_every_decoder_like_its_ar(tmp_path):
+    """``--compile default``: every row but eager AR names the compile mode its decoder ran with (read from the
+    decoder), and it is compiled AR's; a decoder built by position with its compile mode in the wrong slot (the
+    label) would run eager beside compiled AR and fail here."""
+    script = load_script("gpu_check")
+    out = tmp_path / "compiled"
+    argv = ["--device", "cpu", "--dtype", "float32", "--compile", "default", "--tiny", "--images", "2"]
+    assert script.main([*argv, "--targets", "janus_pro_7b", "--out", str(out)]) == 0
+    report = json.loads(out.with_suffix(".json").read_text())
+    rows = {row["mode"]: row for row in report["results"][0]["rows"]}
+    assert list(rows) == ["ar eager", "ar default", "lantern d=0.1 chain3 sampled"]
+    assert rows["ar eager"]["compile"] == "none" and rows["ar default"]["compile"] == "default"
+    for label, row in rows.items():
+        if label != "ar eager":
+            assert (row["compile"], row["dtype"], row["attention"]) == ("default", "float32", "fast"), label
+    assert rows["lantern d=0.1 chain3 sampled"]["drafter_dtype"] == "float32"
+    table = out.with_suffix(".md").read_text()
+    assert "| lantern d=0.1 chain3 sampled |" in table and table.count("default, float32, fast |") == 2

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import REPO, TINY, run_in_process
 from safetensors.torch import load_file, save_file
-from test_bad_input import TINY, run_in_process
-from test_run import REPO
 
 from lantern.errors import CheckpointError, ConfigError
 from lantern.files import png_bytes
@@ -494,7 +493,10 @@ def world_images(overrides: list[str], count: int = 4) -> dict[str, list[bytes]]
     with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):
         cfg = compose("config", overrides=["decoding=eagle", "temperature=0", *overrides])
     bundle = instantiate(cfg.model.bundle)
-    decoders = {"eagle": instantiate(cfg.decoding), "ar": instantiate(cfg.speedup_baseline)}
+    from lantern.run.compose import ModelParts, build_decoder
+
+    decoders = {"eagle": build_decoder(cfg.decoding, ModelParts(cfg.model, bundle=bundle))}
+    decoders["ar"] = instantiate(cfg.speedup_baseline)
     condition = bundle.conditioner.encode(list(fashion_prompts(count)))
     images = {}
     with torch.inference_mode():

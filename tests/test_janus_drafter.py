@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from family_helpers import tiny_preset
-from test_chameleon_drafter import FAIL, PASS, SAMPLING, ks_pvalue
+from helpers import FAIL, PASS, SAMPLING, ks_pvalue
 
 from lantern.decoding.tree.decoder import SpeculativeDecoder
 from lantern.decoding.tree.draft import DynamicTree, chain

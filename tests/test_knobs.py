@@ -1,16 +1,24 @@
-"""Top-level knobs that reach every decoder: LANTERN's k, delta and lambda, and the CFG rule."""
+"""Top-level knobs: each decoder's own (LANTERN's k, delta, LANTERN++'s lambda), given across decoders in a
+sweep, and the CFG rule."""
 
 import json
 import subprocess
 import sys
 
 import pytest
+from helpers import REPO
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
-from test_run import REPO
+from omegaconf import OmegaConf
 
 import lantern  # noqa: F401 - registers the resolvers the configs use
+from lantern.cli.knobs import decoder_knobs, drop_foreign, forced
 from lantern.decoding.api import settings_from_record
+from lantern.run.compose import ModelParts, build_decoder
+
+
+def decoder_of(cfg):
+    return build_decoder(cfg.decoding, ModelParts(cfg.model))
 
 
 def composed(*overrides: str):
@@ -27,15 +35,20 @@ def composed(*overrides: str):
         ("lantern_pp", {"k": 10, "delta": None, "lambda": 3.0}),
     ],
 )
-def test_delta_is_a_top_level_key_for_every_decoder(decoding, recorded):
-    cfg = composed(f"decoding={decoding}", "delta=0.2")  # no "+": the key exists whichever decoder runs
-    assert cfg.delta == 0.2 and "k" in cfg and "lambda" in cfg
-    described = instantiate(cfg.decoding).settings.record()
+def test_a_knob_the_decoder_lacks_is_left_out_and_the_records_keep_it_null(decoding, recorded):
+    overrides = forced(["delta=0.2"])  # what run.py makes of a plain delta=0.2
+    assert overrides == ["++delta=0.2"]
+    cfg = composed(f"decoding={decoding}", *overrides)
+    dropped = drop_foreign(cfg, overrides, decoding)
+    assert ("delta" in cfg) == (decoding == "lantern") and (dropped == {}) == (decoding == "lantern")
+    if decoding != "lantern":
+        assert dropped == {"delta": "delta=0.2"}
+    described = decoder_of(cfg).settings.record()
     assert {key: described.get(key) for key in recorded} == recorded  # ignored knobs are recorded as null
 
 
 def test_lambda_and_k_reach_lantern_pp():
-    described = instantiate(composed("decoding=lantern_pp", "lambda=2", "k=7").decoding).settings.record()
+    described = decoder_of(composed("decoding=lantern_pp", "lambda=2", "k=7")).settings.record()
     assert described["lambda"] == 2 and described["k"] == 7
 
 
@@ -75,9 +88,21 @@ def test_the_first_comparison_a_researcher_runs(tmp_path):
     assert set(records) == {"ar", "eagle", "lantern"}
     assert [records[d].get("delta") for d in ("ar", "eagle", "lantern")] == [None, None, 0.2]
     assert records["lantern"]["k"] == 1000 and records["ar"].get("k") is None and records["lantern"]["lambda"] is None
+    for decoding in ("ar", "eagle"):  # each record says what its job left out
+        config = records[decoding]["config"]
+        assert config["dropped_overrides"] == ["delta=0.2"] and "delta" not in config
+    assert records["lantern"]["config"]["delta"] == 0.2 and "dropped_overrides" not in records["lantern"]["config"]
+    assert "decoding=ar has no such knob: delta=0.2 left out of this job" in proc.stderr
 
 
 @pytest.mark.parametrize("decoding", sorted(path.stem for path in (REPO / "conf" / "decoding").glob("*.yaml")))
-def test_every_decoder_config_declares_the_lantern_knobs(decoding):
-    cfg = composed(f"decoding={decoding}", "delta=0.2", "k=5", "lambda=2")
-    assert (cfg.k, cfg.delta, cfg["lambda"]) == (5, 0.2, 2)
+def test_a_decoder_config_defines_only_the_knobs_it_reads_and_a_cross_decoder_sweep_composes(decoding):
+    raw = OmegaConf.load(REPO / "conf" / "decoding" / f"{decoding}.yaml")
+    node = OmegaConf.to_yaml(raw.decoding)
+    unread = [key for key in decoder_knobs()[decoding] if "${" + key + "}" not in node]
+    assert unread == [], f"{decoding}.yaml defines knobs its decoder does not read: {unread}"
+    overrides = forced(["delta=0.2", "k=5", "lambda=2"])
+    cfg = composed(f"decoding={decoding}", *overrides)
+    drop_foreign(cfg, overrides, decoding)
+    own = decoder_knobs()[decoding]
+    assert {key for key in ("k", "delta", "lambda") if key in cfg} == own & {"k", "delta", "lambda"}

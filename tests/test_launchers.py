@@ -4,7 +4,7 @@ import json
 import subprocess
 import sys
 
-from test_run import REPO
+from helpers import REPO
 
 
 def test_a_submitit_local_sweep_writes_both_records_and_the_table(tmp_path):

@@ -20,7 +20,7 @@ from lantern.decoding.ar import ARDecoder
 from lantern.decoding.tree.decoder import SpeculativeDecoder
 from lantern.decoding.tree.draft import DynamicTree, chain, prior_tree
 from lantern.rules.exact import ExactDeterministic, ExactSampled
-from lantern.rules.factory import lantern, lantern_pp
+from lantern.rules.factory import lantern, lantern_pp, lantern_reference
 
 PASS = 1e-3  # a lossless decoder's p-value stays above this
 FAIL = 1e-6  # a negative control's p-value falls below this
@@ -87,5 +87,5 @@ def test_losslessness_matrix(world, rule, structure, kind):
 def test_ar_and_the_reference_at_delta_zero_on_a_chain_are_lossless(world):
     assert ks_pvalue(world, ARDecoder(WORLD_SAMPLING), 120) > PASS
     for kind in ("deterministic", "sampled"):
-        rule = lantern(1000, 0.0, world.neighbours, semantics="reference")
+        rule = lantern_reference(1000, 0.0, world.neighbours)
         assert ks_pvalue(world, speculative(world, chain(3, kind), rule), 120) > PASS

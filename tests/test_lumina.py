@@ -288,7 +288,7 @@ def test_sampled_exact_eagle_keeps_the_lumina_targets_law_and_lantern_far_off_do
     """Randomised PIT of sampled codes against the teacher-forced law of the interleaved stream (KS test)."""
     import math
 
-    from test_chameleon_drafter import FAIL, PASS, SAMPLING, ks_pvalue
+    from helpers import FAIL, PASS, SAMPLING, ks_pvalue
 
     from lantern.decoding.tree.decoder import SpeculativeDecoder
     from lantern.decoding.tree.draft import chain

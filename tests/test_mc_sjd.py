@@ -6,17 +6,12 @@ on the world, configs, records and bad input."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import CountingBackend, expected, run, run_images, text_condition, tiny
 from scipy.stats import chisquare, kstest
-from test_compile import CountingBackend
-from test_run import REPO, run
-from test_speculative import text_condition, tiny
 
 from lantern.decoding.api import settings_from_record
 from lantern.decoding.ar import ARDecoder
@@ -109,12 +104,6 @@ def laws(vocab: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     p = torch.softmax(1.5 * torch.randn(vocab, generator=generator), -1)
     q = torch.softmax(1.5 * torch.randn(vocab, generator=generator), -1)
     return p, q
-
-
-def expected(law: torch.Tensor, draws: int):
-    """Expected counts (V,) of ``draws`` draws from ``law`` (V,), summing to ``draws`` in float64."""
-    law = law.double()
-    return (law / law.sum() * draws).numpy()
 
 
 def couple(old: torch.Tensor, q: torch.Tensor, p: torch.Tensor, u: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
@@ -276,22 +265,6 @@ def test_coupling_raises_tau_on_the_world(world):
 
 
 # ----- configs and the command line ------------------------------------------------------------------
-
-
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
-
-
-def run_images(tmp_path, name: str, *overrides: str) -> tuple[dict, list[bytes]]:
-    out = tmp_path / name
-    proc = subprocess.run(
-        [sys.executable, "run.py", "model=fashion_t2i", f"hydra.run.dir={out}", "wandb.mode=disabled",
-         "num_images=4", "batch_size=2", "speedup_baseline=null", "warmup=0", *overrides],
-        cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    metrics = json.loads((out / "metrics.json").read_text())
-    metrics = {**metrics, **settings_from_record(metrics).record()}  # the decoder's knobs, flat
-    return metrics, [(out / f"{i:06d}.png").read_bytes() for i in range(4)]
 
 
 def test_greedy_mc_sjd_pngs_equal_greedy_ar_on_the_world(tmp_path):

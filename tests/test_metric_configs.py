@@ -5,38 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import METRIC_CASES
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-CASES = {
-    "world": ({}, {"fid": "FID", "faithfulness": "PromptFaithfulness", "clip": "CLIPScore"}),
-    "precision_recall": (
-        {"metrics.precision_recall.weights": "v.pth", "metrics.precision_recall.reference.path": "REF"},
-        {"precision_recall": "PrecisionRecall"},
-    ),
-    "hps": ({"metrics.hps.checkpoint": "h.pt"}, {"hps": "HPSv2"}),
-    "kid": ({"metrics.kid.reference.path": "REF"}, {"kid": "KID"}),
-    "inception_score": ({"metrics.inception_score.logits_weights": "fc.pth"}, {"inception_score": "InceptionScore"}),
-    "lantern_coco": (
-        {
-            "metrics.fid.reference.path": "REF",
-            "metrics.clip.pretrained": "c.pt",
-            "metrics.precision_recall.weights": "v.pth",
-            "metrics.hps.checkpoint": "h.pt",
-        },
-        {"fid": "FID", "clip": "CLIPScore", "precision_recall": "PrecisionRecall", "hps": "HPSv2"},
-    ),
-    "sjd_coco": (
-        {"metrics.fid.reference.path": "REF", "metrics.fid.extractor.weights": "p.pth", "metrics.clip.folder": "CLIP"},
-        {"fid": "FID", "clip": "TorchmetricsCLIPScore"},
-    ),
-}
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", sorted(METRIC_CASES))
 def test_metric_option_composes_and_builds(name, monkeypatch, tmp_path):
-    overrides, classes = CASES[name]
+    overrides, classes = METRIC_CASES[name]
     monkeypatch.setattr("lantern.metrics.fid.image_folder", lambda path: path)
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
         cfg = compose("config", overrides=[f"metrics={name}", *(f"{k}={v}" for k, v in overrides.items())])

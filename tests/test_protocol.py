@@ -7,11 +7,11 @@ import sys
 
 import numpy as np
 import pytest
+from helpers import REPO
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from PIL import Image
-from test_run import REPO
 
 import lantern  # noqa: F401 - registers the resolvers the configs use
 from lantern.cli.preflight import resolve as resolve_config

@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from test_run import REPO
+from helpers import REPO
 
 from lantern import files
 

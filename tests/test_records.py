@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from test_run import REPO
+from helpers import REPO
 
 WRITER = """
 import sys, time

@@ -16,49 +16,22 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_compile import CountingBackend
-from test_speculative import text_condition, tiny
+from helpers import CountingBackend, V, greedy_draft, text_condition, tiny
 
 from lantern.decoding.tree.decoder import SpeculativeDecoder
-from lantern.decoding.tree.draft import DynamicTree, finish_draft
+from lantern.decoding.tree.draft import DynamicTree
 from lantern.decoding.tree.step import grid_positions
 from lantern.errors import ConfigError
 from lantern.models.kv_cache import NoCache
 from lantern.models.sampling import SamplingConfig
 from lantern.rng import keys_tensor
-from lantern.rules.factory import lantern
+from lantern.rules.factory import lantern, lantern_reference
 from lantern.rules.neighbours import CodebookNeighbours
 from lantern.rules.reference import LanternReference
 
-V = 6
 TABLE = torch.tensor([[(i + s) % V for s in range(1, V)] for i in range(V)])
 ROOT = [0.34, 0.26, 0.10, 0.10, 0.10, 0.10]  # tokens 0 and 1 both pass
 FAIL_5 = [0.10, 0.10, 0.10, 0.40, 0.10, 0.20]  # token 5 fails (0.2 + 0.1 < 0.4); argmax 3
-
-
-def _draft(tokens: list[int], parents: list[int]):
-    """A greedy draft (batch 1) from node tokens and parents (node 0 the root, parents before children)."""
-    count = len(tokens)
-    depth = [0] * count
-    for i in range(1, count):
-        depth[i] = depth[parents[i]] + 1
-    kids = [[i for i in range(1, count) if parents[i] == n] for n in range(count)]
-    width = max(len(k) for k in kids)
-    draws = torch.full((1, count, width), -1)
-    slots = torch.zeros(1, count, dtype=torch.long)
-    for node, children in enumerate(kids):
-        for slot, child in enumerate(children):
-            draws[0, node, slot], slots[0, child] = tokens[child], slot
-    return finish_draft(
-        torch.tensor([tokens]),
-        torch.tensor([parents]),
-        torch.tensor([depth]),
-        torch.zeros(1, count, V),
-        draws,
-        slots,
-        max(depth),
-        "greedy",
-    )
 
 
 def _rows(rows: dict[int, list[float]], count: int) -> torch.Tensor:
@@ -74,7 +47,7 @@ def _rule(leaf_order: str = "index") -> LanternReference:
 
 
 def _walk(rule, tokens, parents, rows):
-    draft = _draft(tokens, parents)
+    draft = greedy_draft(tokens, parents)
     path, next_token, _, _ = rule.walk(draft, _rows(rows, len(tokens)))
     return [n for n in path[0].tolist() if n >= 0], int(next_token)
 
@@ -126,7 +99,7 @@ def test_bad_options_are_refused_with_one_line():
 
 def test_reference_rules_read_zero_rope_rows_past_the_grid_and_bounded_ones_clamp():
     table = CodebookNeighbours(codebook=torch.randn(8, 4), k_max=7)
-    assert lantern(4, 0.3, table, semantics="reference").build("greedy").past_grid == "zero_rope"
+    assert lantern_reference(4, 0.3, table).build("greedy").past_grid == "zero_rope"
     assert not hasattr(lantern(4, 0.3, table).build("greedy"), "past_grid")  # the step clamps
     positions = torch.tensor([[18, 19, 20, 21]])
     assert grid_positions(positions, 20, "clamp").tolist() == [[18, 19, 19, 19]]
@@ -174,7 +147,7 @@ def test_reference_greedy_dynamic_tree_compiles_as_one_graph_and_matches_eager()
     sampling = SamplingConfig(temperature=0, cfg_scale=3.0)
     table = CodebookNeighbours(codebook=torch.randn(model.config.vocab_size, 4), k_max=16)
     for order in ("index", "sorted"):
-        spec = lantern(4, 0.3, table, semantics="reference")
+        spec = lantern_reference(4, 0.3, table)
         structure = DynamicTree(4, 3, 10)
         eager = SpeculativeDecoder(sampling, drafter=drafter, draft=structure, acceptance=spec)
         eager.rule.leaf_order = order
@@ -192,10 +165,10 @@ def test_reference_greedy_dynamic_tree_compiles_as_one_graph_and_matches_eager()
 def test_the_rule_takes_the_authors_path_order_of_its_draft_structure():
     """Static trees (and chains) list paths sorted, as the authors' generate_tree_buffers; EAGLE-2 trees by leaf index."""
     from lantern.decoding.tree.draft import StaticTree, chain
-    from lantern.rules.factory import lantern
+    from lantern.rules.factory import lantern_reference
 
     table = (torch.arange(16)[:, None] + torch.arange(1, 5)[None, :]) % 16  # (V, 4) other codes
-    spec = lantern(k=3, delta=0.1, neighbours=table, semantics="reference")
+    spec = lantern_reference(k=3, delta=0.1, neighbours=table)
     static = StaticTree([[0], [1], [0, 0], [1, 0]])
     assert spec.build("greedy", static).leaf_order == "sorted"
     assert spec.build("greedy", chain(3)).leaf_order == "sorted"

@@ -16,7 +16,7 @@ from lantern.decoding.tree.decoder import SpeculativeDecoder
 from lantern.decoding.tree.draft import DynamicTree, chain
 from lantern.models.sampling import SamplingConfig
 from lantern.rules.exact import ExactDeterministic, ExactSampled
-from lantern.rules.factory import lantern, lantern_pp
+from lantern.rules.factory import lantern, lantern_pp, lantern_reference
 
 NODES = 8  # nodes per kind, each enumerated over the whole vocabulary
 
@@ -158,7 +158,7 @@ def _authors_loop_law(p, tokens, table, k, delta):
 
 def test_reference_siblings_follow_the_authors_loop_and_drift_past_delta(world, roots):
     delta, k = 0.1, 1000
-    rule = lantern(k, delta, world.neighbours, semantics="reference").build("deterministic")
+    rule = lantern_reference(k, delta, world.neighbours).build("deterministic")
     table = rule.table.indices
     drifts = []
     for p, _candidates, q in roots["deterministic"]:
@@ -180,7 +180,7 @@ def test_reference_siblings_follow_the_authors_loop_and_drift_past_delta(world, 
 
 def test_reference_sampled_closed_form_matches_the_enumerated_mixture(world, roots):
     k, delta = 1000, 0.1
-    rule = lantern(k, delta, world.neighbours, semantics="reference").build("sampled")
+    rule = lantern_reference(k, delta, world.neighbours).build("sampled")
     vocab = world.bundle.target.config.vocab_size
     for p, _, q in roots["sampled"][:6]:
         xs = torch.arange(vocab)

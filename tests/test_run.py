@@ -3,34 +3,11 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from helpers import REPO, run
 
 from lantern.decoding.api import settings_from_record
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def run(
-    tmp_path: Path, *overrides: str, name: str = "run", wandb_off: bool = True
-) -> tuple[subprocess.CompletedProcess, Path]:
-    out = tmp_path / name
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "run.py",
-            "model=tiny_random_c2i",
-            f"hydra.run.dir={out}",
-            *(("wandb.mode=disabled",) if wandb_off else ()),
-            *overrides,
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    return proc, out
 
 
 def test_run_writes_images_grid_and_metrics(tmp_path):
@@ -99,19 +76,11 @@ def test_bad_input_is_one_line_nonzero_and_writes_nothing(tmp_path, override, me
             "another codebook",
         ),
         (("decoding=eagle", "draft=chain", "draft.depth=0"), "depth=0"),
+        (("decoding=lantern", "semantics=paper"), "semantics=paper is not an option; choose one of bounded, reference"),
+        (("decoding=lantern", "semantics=reference", "decoding.acceptance.tv_audit_every=0"), "tv_audit_every=0"),
+        (("decoding=lantern_pp", "semantics=reference", "k=1023"), "k+1=1024"),
         (
-            ("decoding=lantern", "decoding.acceptance.semantics=paper"),
-            "semantics='paper': expected one of bounded, reference",
-        ),
-        (("decoding=lantern", "decoding.acceptance.tv_audit_every=0"), "tv_audit_every=0"),
-        (("decoding=lantern_pp", "decoding.acceptance.semantics=reference", "k=1023"), "k+1=1024"),
-        (
-            (
-                "decoding=lantern",
-                "decoding.acceptance.semantics=reference",
-                "draft=dynamic_tree",
-                "draft.candidates=sampled",
-            ),
+            ("decoding=lantern", "semantics=reference", "draft=dynamic_tree", "draft.candidates=sampled"),
             "use draft=static_tree or draft=chain",
         ),
     ],
@@ -283,7 +252,7 @@ def test_a_neighbour_table_in_the_other_distance_space_is_refused(tmp_path):
         "k=8",
         "model.neighbours.k_max=16",
         f"model.neighbours.path={raw}",
-        "decoding.acceptance.semantics=reference",
+        "semantics=reference",
         name="reference",
     )
     assert proc.returncode == 0, proc.stderr

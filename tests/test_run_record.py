@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from test_run import REPO
+from helpers import REPO
 
 from lantern.decoding.tree.decoder import TreeSettings
 from lantern.results.record import SCHEMA_VERSION, RecordError, build_record, json_schema, read_record, write_record

@@ -5,59 +5,19 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from test_run import REPO
+from helpers import BASE, IMAGES, REPO, finish, start, uninterrupted_run, wait_for
 
 from lantern.run.lock import FolderLock
 from lantern.run.rundir import first_difference
 
-IMAGES = 300  # a signal sent after image 2 must land before the run ends: the tiny model does 20-60 images/s
-BASE = (
-    "model=tiny_random_c2i",
-    f"num_images={IMAGES}",
-    "batch_size=1",
-    "warmup=0",
-    "speedup_baseline=null",
-    "wandb.mode=disabled",
-)
 
-
-def _as_from_a_terminal() -> None:
-    """Ctrl-C's default action in the child, as a shell gives a foreground command: a test suite started as
-    a background job (``pytest &``) ignores SIGINT, and a child would inherit that and never see Ctrl-C."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def start(out: Path, *overrides: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "run.py", *BASE, f"hydra.run.dir={out}", *overrides],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=_as_from_a_terminal,
-    )
-
-
-def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert proc.poll() is None, f"the run ended before {path.name} appeared: {proc.stderr.read()}"
-        assert time.monotonic() < deadline, f"{path.name} did not appear"
-        time.sleep(0.02)
-
-
-def finish(out: Path, *overrides: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "run.py", *BASE, f"hydra.run.dir={out}", *overrides],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted run of the configuration the tests interrupt."""
+    return uninterrupted_run(tmp_path_factory)
 
 
 def snapshot(folder: Path) -> dict:
@@ -67,15 +27,6 @@ def snapshot(folder: Path) -> dict:
         for p in sorted(folder.rglob("*"))
         if p.is_file() and p.name != ".lock"
     }
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """An uninterrupted run of the configuration the tests interrupt."""
-    out = tmp_path_factory.mktemp("reference") / "run"
-    proc = finish(out)
-    assert proc.returncode == 0, proc.stderr
-    return out
 
 
 def test_ctrl_c_then_kill_9_then_rerun_gives_the_uninterrupted_images_without_redoing_finished_ones(

@@ -9,11 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import CountingBackend, expected, run, run_images, text_condition, tiny
 from scipy.stats import chisquare
-from test_compile import CountingBackend
-from test_mc_sjd import expected, run_images
-from test_run import run
-from test_speculative import text_condition, tiny
 
 from lantern.decoding.ar import ARDecoder
 from lantern.decoding.jacobi.decoder import sjd

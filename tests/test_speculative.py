@@ -3,47 +3,26 @@ LANTERN's degenerate cases, and the cache left behind."""
 
 import pytest
 import torch
+from helpers import VOCAB, chi2_statistic, exact_marginals, neighbours_of, text_condition, tiny
 from scipy.stats import chi2
-from test_ar import FakeEncoder
 
 from lantern.decoding.ar import ARDecoder
 from lantern.decoding.tree.decoder import SpeculativeDecoder
 from lantern.decoding.tree.draft import DynamicTree, chain, prior_tree
 from lantern.errors import ConfigError
-from lantern.models.condition import ClassConditioner, TextConditioner
+from lantern.models.condition import ClassConditioner
 from lantern.models.drafter import Drafter, DrafterConfig
 from lantern.models.kv_cache import KVCache
-from lantern.models.llamagen.gpt import Transformer, gpt_config
-from lantern.models.sampling import SamplingConfig, guided_logits, probabilities
+from lantern.models.llamagen.gpt import gpt_config
+from lantern.models.sampling import SamplingConfig
 from lantern.models.target import prefix_causal_mask
 from lantern.rng import keys_tensor
 from lantern.rules.exact import ExactDeterministic, ExactSampled, ExactTest
-from lantern.rules.factory import lantern, lantern_pp
-
-VOCAB = 8
-
-
-def tiny(model_type="t2i", vocab=VOCAB, seed=0):
-    """A GPT-nano target over a small vocabulary (4x4 tokens) and a random drafter for it."""
-    torch.manual_seed(seed)
-    cfg = gpt_config(
-        "GPT-nano",
-        model_type,
-        64,
-        vocab_size=vocab,
-        num_classes=10,
-        caption_dim=8,
-        cls_token_num=4 if model_type == "t2i" else 1,
-    )
-    return Transformer(cfg).eval(), Drafter(DrafterConfig(cfg)).eval()
+from lantern.rules.factory import lantern, lantern_pp, lantern_pp_reference, lantern_reference
 
 
 def structures(candidates="deterministic"):
     return [chain(4, candidates), prior_tree(4, 4, 12, candidates=candidates), DynamicTree(4, 3, 10, candidates)]
-
-
-def text_condition(prompts=("a red shirt", "b", "two words here now", "x y")):
-    return TextConditioner(FakeEncoder()).encode(list(prompts))
 
 
 @pytest.mark.parametrize("cfg_scale", [1.0, 3.0])
@@ -71,17 +50,12 @@ def test_greedy_lantern_with_zero_delta_reproduces_greedy_ar(semantics):
     sampling = SamplingConfig(temperature=0, cfg_scale=2.0)
     expected = ARDecoder(sampling).generate(model, cond, keys).codes
     table = torch.stack([torch.roll(torch.arange(VOCAB), -s) for s in range(1, VOCAB)], dim=1)  # (V, V-1)
-    rule = lantern(3, 0.0, table, semantics=semantics)
+    rule = (lantern if semantics == "bounded" else lantern_reference)(3, 0.0, table)
     for structure in structures():
         result = SpeculativeDecoder(sampling, drafter=drafter, draft=structure, acceptance=rule).generate(
             model, cond, keys
         )
         assert torch.equal(result.codes, expected)
-
-
-def _neighbours(vocab):
-    """A valid neighbour table: code i's neighbours are i+1, i+2, ... (mod V)."""
-    return torch.stack([(torch.arange(vocab) + s) % vocab for s in range(1, vocab)], dim=1)
 
 
 @pytest.mark.parametrize("semantics", ["bounded", "reference"])
@@ -91,9 +65,14 @@ def test_zero_relaxation_is_exact_token_for_token(relaxed, semantics, candidates
     model, drafter = tiny()
     cond, keys = text_condition(), keys_tensor(3, range(4))
     sampling = SamplingConfig(temperature=1.0, cfg_scale=2.0)
-    table = _neighbours(VOCAB)
-    build = lantern if relaxed == "lantern" else lantern_pp
-    rule = build(4, 0.0 if relaxed == "lantern" else 1.0, table, semantics=semantics)
+    table = neighbours_of(VOCAB)
+    build = {
+        ("lantern", "bounded"): lantern,
+        ("lantern", "reference"): lantern_reference,
+        ("lantern_pp", "bounded"): lantern_pp,
+        ("lantern_pp", "reference"): lantern_pp_reference,
+    }[relaxed, semantics]
+    rule = build(4, 0.0 if relaxed == "lantern" else 1.0, table)
     # The authors' rule at delta = 0 is exact only while no zero-mass neighbour opens a prefix: after a
     # sibling is rejected its mass is 0, and if it is a later sibling's nearest code the reference zeroes
     # k+1 neighbours (see test_acceptance); with one candidate per level (a chain) that never happens.
@@ -109,35 +88,6 @@ def test_zero_relaxation_is_exact_token_for_token(relaxed, semantics, candidates
         assert float(exact.per_sample["tv_realised_max"].max()) == 0.0
         measured = relaxed_run.per_sample["tv_measured"].sum()
         assert measured > 0 and float(relaxed_run.per_sample["tv_realised_max"].max()) < 1e-5
-
-
-def _exact_marginals(model, condition, sampling):
-    """The AR distribution of image tokens 1 and 2 (V,) each, by enumerating tokens 0 and 1."""
-    vocab = model.config.vocab_size
-    with torch.no_grad():
-        values = torch.cat([condition.values, model.null_condition(1)]) if sampling.uses_cfg else condition.values
-        mask = condition.mask.repeat(values.shape[0], 1)
-        emb = model.embed_condition(values)
-        prefixes = torch.cartesian_prod(torch.arange(vocab), torch.arange(vocab))  # (V*V, 2)
-        tokens = torch.cat([prefixes, torch.zeros(vocab * vocab, 1, dtype=torch.long)], dim=1)  # (V*V, 3)
-        rows = values.shape[0]
-        hidden = model.forward_teacher(
-            emb.repeat_interleave(vocab * vocab, 0), tokens.repeat(rows, 1), mask.repeat_interleave(vocab * vocab, 0)
-        )  # (rows * V*V, 3, D)
-        logits = model.head(hidden)
-        dist = probabilities(guided_logits(logits, sampling, 1), sampling)  # (V*V, 3, V)
-    p0 = dist[0, 0]  # (V,)
-    p1 = dist[::vocab, 1]  # (V, V): p(x1 | x0)
-    p2 = dist[:, 2].view(vocab, vocab, vocab)  # p(x2 | x0, x1)
-    joint01 = p0[:, None] * p1
-    return joint01.sum(0), (joint01[:, :, None] * p2).sum((0, 1))
-
-
-def _chi2(counts, probs, n):
-    expected = probs * n
-    support = expected > 0
-    assert counts[~support].sum() == 0
-    return float(((counts[support] - expected[support]) ** 2 / expected[support]).sum()), int(support.sum()) - 1
 
 
 class _WrongResidual(ExactSampled):
@@ -172,13 +122,13 @@ def _marginal_statistics(rule, structure):
     the exact AR marginals, and the acceptance histogram."""
     model, drafter = tiny(model_type="c2i", seed=1)
     sampling = SamplingConfig(temperature=1.0, cfg_scale=2.0)
-    marginals = _exact_marginals(model, ClassConditioner(10).encode([3]), sampling)
+    marginals = exact_marginals(model, ClassConditioner(10).encode([3]), sampling)
     many = ClassConditioner(10).encode([3] * SAMPLES)
     result = SpeculativeDecoder(sampling, drafter=drafter, draft=structure, acceptance=rule).generate(
         model, many, keys_tensor(9, range(SAMPLES))
     )
     stats = [
-        _chi2(torch.bincount(result.codes[:, position], minlength=VOCAB).double(), marginal.double(), SAMPLES)
+        chi2_statistic(torch.bincount(result.codes[:, position], minlength=VOCAB).double(), marginal.double(), SAMPLES)
         for position, marginal in zip((1, 2), marginals, strict=True)
     ]
     return stats, result.per_sample["histogram"]
@@ -423,9 +373,9 @@ def test_condition_inputs_follow_the_drafter_config():
 @pytest.mark.parametrize("decoding", ["eagle", "lantern", "lantern_pp"])
 @pytest.mark.parametrize("draft", ["chain", "static_tree", "static_paths", "dynamic_tree"])
 def test_every_decoding_and_draft_config_instantiates_and_decodes(decoding, draft):
+    from helpers import REPO
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
-    from test_run import REPO
 
     with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):
         cfg = compose(
@@ -437,8 +387,10 @@ def test_every_decoding_and_draft_config_instantiates_and_decodes(decoding, draf
                 "model.neighbours.cache_dir=outputs/test_neighbours",
             ],
         )
+    from lantern.run.compose import ModelParts, build_decoder
+
     bundle = instantiate(cfg.model.bundle)
-    decoder = instantiate(cfg.decoding)
+    decoder = build_decoder(cfg.decoding, ModelParts(cfg.model, bundle=bundle))
     assert decoder.name == decoding and decoder.settings.record()["draft"] == draft.replace(
         "static_paths", "static_tree"
     )

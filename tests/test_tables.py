@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import pytest
-from test_run import REPO
+from helpers import REPO
 
 from lantern.decoding.api import DecoderSettings, register
 from lantern.decoding.ar import ARSettings
@@ -326,7 +326,12 @@ def test_make_tables_joins_latency_runs(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     table = json.loads((out / "table.json").read_text())
-    assert table["rows"][0]["latency_ms"] == pytest.approx(500.0) and table["latency_runs"] == [str(latency / "ar")]
+    assert table["rows"][0]["latency_ms"] == pytest.approx(500.0) and table["latency_runs"] == ["latency/ar"]
+    # every file names runs relative to their sweep folders, never by this machine's absolute path
+    assert table["runs"] == ["quality/ar"] and table["rows"][0]["run"] == "quality/ar"
+    for written in out.iterdir():
+        if written.suffix != ".png":
+            assert str(tmp_path) not in written.read_text(), written.name
 
 
 def test_runs_of_different_settings_are_told_apart(tmp_path):

@@ -12,11 +12,11 @@ from dataclasses import replace
 
 import pytest
 import torch
+from helpers import REPO, VOCAB, CountingBackend, text_condition
+from helpers import chi2_statistic as _chi2
+from helpers import exact_marginals as _exact_marginals
 from safetensors.torch import load_file, save_file
 from scipy.stats import chi2
-from test_compile import CountingBackend
-from test_run import REPO
-from test_speculative import VOCAB, _chi2, _exact_marginals, text_condition
 
 from lantern.decoding.ar import ARDecoder
 from lantern.decoding.batch import guided_inputs

@@ -9,15 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import T5_DIM, WORDS, tiny_t5_folder
 
 from lantern.errors import CheckpointError, ConfigError
 from lantern.models.text.base import TextEmbedding, TextEncoder, left_pad
 from lantern.models.text.minilm import MiniLMTextEncoder, load_minilm_encoder
 from lantern.models.text.t5 import T5TextEncoder, load_t5_encoder
 
-WORDS = ["a", "red", "cat", "sits", "on", "the", "mat", "blue", "dog", "runs", "in", "park", "big", "small"]
 T5_MAX_LENGTH = 12
-T5_DIM = 16
 PROMPTS = ["a red cat", "the big blue dog runs in the park", "cat", ""]
 LONG_PROMPT = " ".join(WORDS)  # 14 words + </s>, longer than T5_MAX_LENGTH
 
@@ -103,39 +102,9 @@ def test_text_embedding_validates_shapes():
 # ----------------------------------------------------------------------------- tiny T5
 
 
-def _tiny_t5_folder(folder):
-    """Save a random 2-layer T5 encoder and a WordLevel tokenizer appending ``</s>`` to ``folder``."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast, T5Config, T5EncoderModel
-
-    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2}
-    vocab.update({word: index + 3 for index, word in enumerate(WORDS)})
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    backend.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="<pad>", eos_token="</s>", unk_token="<unk>"
-    )
-    torch.manual_seed(0)
-    config = T5Config(
-        vocab_size=len(vocab),
-        d_model=T5_DIM,
-        d_kv=4,
-        d_ff=32,
-        num_layers=2,
-        num_heads=4,
-        pad_token_id=0,
-        eos_token_id=1,
-        decoder_start_token_id=0,
-    )
-    T5EncoderModel(config).eval().save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
 @pytest.fixture(scope="module")
 def t5_folder(tmp_path_factory):
-    return str(_tiny_t5_folder(tmp_path_factory.mktemp("tiny_t5")))
+    return str(tiny_t5_folder(tmp_path_factory.mktemp("tiny_t5")))
 
 
 @pytest.fixture(scope="module")

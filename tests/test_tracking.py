@@ -70,7 +70,7 @@ def test_online_without_a_key_or_a_server_is_one_line_before_any_work(tmp_path):
     import subprocess
     import sys
 
-    from test_run import REPO
+    from helpers import REPO
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB")}
     env["HOME"] = str(tmp_path)  # no ~/.netrc

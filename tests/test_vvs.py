@@ -10,9 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_compile import CountingBackend
-from test_run import run
-from test_speculative import VOCAB, _neighbours, text_condition, tiny
+from helpers import VOCAB, CountingBackend, run, text_condition, tiny
+from helpers import neighbours_of as _neighbours
 
 from lantern.decoding.api import settings_from_record
 from lantern.decoding.batch import guided_inputs
@@ -22,7 +21,7 @@ from lantern.decoding.tree.vvs import random_path, vvs
 from lantern.errors import ConfigError
 from lantern.models.sampling import SamplingConfig, guided_logits_at
 from lantern.rng import keys_tensor
-from lantern.rules.factory import lantern
+from lantern.rules.factory import lantern_reference
 
 GREEDY = SamplingConfig(temperature=0, cfg_scale=3.0)
 SAMPLED = SamplingConfig(temperature=1.0, cfg_scale=3.0)
@@ -30,7 +29,7 @@ DRAFTS = {"chain": lambda: chain(3, candidates="sampled"), "dynamic": lambda: Dy
 
 
 def rule(delta=0.2):
-    return lantern(3, delta, _neighbours(VOCAB), semantics="reference")
+    return lantern_reference(3, delta, _neighbours(VOCAB))
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])

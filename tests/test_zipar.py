@@ -8,9 +8,7 @@ import json
 
 import pytest
 import torch
-from test_compile import CountingBackend
-from test_run import run
-from test_speculative import text_condition, tiny
+from helpers import CountingBackend, run, text_condition, tiny
 
 from lantern.decoding.api import settings_from_record
 from lantern.decoding.ar import ARDecoder

@@ -4,9 +4,9 @@ distributions; plus the randomised probability-integral transform used to test l
 from __future__ import annotations
 
 import torch
+from helpers import REPO
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
-from test_run import REPO
 
 from lantern.decoding.batch import guided_inputs
 from lantern.models.sampling import SamplingConfig, guided_logits_at, probabilities

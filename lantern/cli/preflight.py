@@ -5,9 +5,9 @@
 * A command-line value has the kind of its default: text where the default is a number
   (``top_k=abc``) or a bool is refused with the key, the value and the default. Ranges stay with
   the code that uses each value (e.g. :class:`lantern.models.sampling.SamplingConfig`).
-* LANTERN's top-level knobs ``k``, ``delta`` and ``lambda`` are valid whichever decoder runs
-  (a decoder that ignores them records them as null, but a bad value is still bad input), and so
-  are the job's integers (``num_images``, ``batch_size``, ...).
+* LANTERN's top-level knobs ``k``, ``delta`` and ``lambda`` are valid whichever decoder runs (a sweep
+  across decoders leaves them out of the jobs of a decoder that does not define them, :mod:`lantern.cli.knobs`,
+  but a bad value is still bad input), and so are the job's integers (``num_images``, ``batch_size``, ...).
 * ``+key=value`` for a top-level key nothing reads is refused (Hydra would add it silently).
 
 A multirun checks every job this way before the first job starts (:func:`check_sweep_jobs`), and also
@@ -28,7 +28,7 @@ from lantern.run import tracking
 from lantern.run.assets.check import check_assets
 from lantern.run.dry_build import dry_build
 
-# The knobs whose default is null (so their kind cannot come from the default): name -> check.
+# LANTERN's knobs, checked where a decoder lacks them too (no default there to take a kind from): name -> check.
 NULLABLE_KNOBS = {
     "k": lambda v: checks.optional(checks.integer, "k", v, 1, note="LANTERN's neighbours"),
     "delta": lambda v: checks.optional(checks.probability, "delta", v, note="LANTERN's TV budget"),
@@ -186,5 +186,5 @@ def check_sweep_jobs(config: DictConfig) -> None:
             message = hydra_message(exc) or user_message(exc)
             if message is None:
                 raise
-            shown = " ".join(o for o in job if o.split("=", 1)[0] in swept) or " ".join(job)
+            shown = " ".join(o.removeprefix("++") for o in job if o.split("=", 1)[0] in swept) or " ".join(job)
             raise ConfigError(f"sweep job {number} ({shown}): {message}") from None

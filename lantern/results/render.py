@@ -91,6 +91,42 @@ def _protocol(name, subset) -> str:
     return name + (" (subset)" if not pd.isna(subset) and bool(subset) else "")
 
 
+def run_name(run: str, sweeps, out: Path | None = None) -> str:
+    """``run`` (a folder) named relative to the sweep folder in ``sweeps`` that holds it: its path under the
+    sweep, after the sweep folder's own name unless the sweep is ``out`` (where the table is written), so
+    no table names the absolute path of the machine that made it. A run under no sweep keeps its last name."""
+    path = Path(run).resolve()
+    for sweep in map(Path, sweeps):
+        root = sweep.resolve()
+        if path.is_relative_to(root):
+            under = path.relative_to(root).as_posix()
+            if out is not None and root == Path(out).resolve():
+                return under
+            return root.name if under == "." else f"{root.name}/{under}"
+    return path.name
+
+
+def with_run_names(table: Table, failed: list[dict], sweeps, out: Path) -> tuple[Table, list[dict]]:
+    """``table`` and ``failed`` with every run folder (the rows' ``run`` and ``latency_run``, wherever a cell or
+    note names one, the failed jobs) named by :func:`run_name`."""
+    runs = [row.get(key) for row in table.rows for key in ("run", "latency_run")] + [job["run"] for job in failed]
+    named = {run: run_name(run, sweeps, out) for run in runs if isinstance(run, str) and run}
+    longest_first = sorted(named, key=len, reverse=True)  # a longer path first: it may contain a shorter one
+
+    def rename(value):
+        if not isinstance(value, str):
+            return value
+        if value in named:
+            return named[value]
+        for run in longest_first:
+            value = value.replace(run, named[run])
+        return value
+
+    rows = [{key: rename(value) for key, value in row.items()} for row in table.rows]
+    failed = [{**job, "run": rename(job["run"])} for job in failed]
+    return Table(rows=rows, notes=[rename(note) for note in table.notes]), failed
+
+
 def shown(table: Table, root: Path | None = None, times: str = "x") -> pd.DataFrame:
     """The table formatted for reading: one text column per shown quantity, ``-`` where a value is missing."""
     data = frame(table)
@@ -200,8 +236,11 @@ def to_csv(table: Table) -> str:
     return data.to_csv(index=False)
 
 
-def to_json(table: Table, records: list[RunRecord], latency: list[RunRecord] | None, failed: list[dict]) -> str:
-    """``{"rows": [...], "notes": [...], "runs": [...], "latency_runs": [...], "failed": [...]}`` from the frame."""
+def to_json(
+    table: Table, records: list[RunRecord], latency: list[RunRecord] | None, failed: list[dict], names=None
+) -> str:
+    """``{"rows": [...], "notes": [...], "runs": [...], "latency_runs": [...], "failed": [...]}`` from the frame
+    (``runs`` and ``latency_runs``: the folders as the rows name them, :func:`with_run_names`)."""
     data = frame(table).astype(object).where(frame(table).notna(), None)
     payload = {
         "rows": data.to_dict("records"),
@@ -210,6 +249,9 @@ def to_json(table: Table, records: list[RunRecord], latency: list[RunRecord] | N
         "latency_runs": [r.run_dir for r in latency or []],
         "failed": failed,
     }
+    if names is not None:
+        payload["runs"] = [names(run) for run in payload["runs"]]
+        payload["latency_runs"] = [names(run) for run in payload["latency_runs"]]
     return json.dumps(payload, indent=2, default=str) + "\n"
 
 
@@ -279,25 +321,29 @@ def write_tables(
     latency: list[RunRecord] | None = None,
     notes: list[str] | None = None,
     throughput: bool = True,
+    sweeps=(),
 ) -> dict[str, Path]:
     """Write ``stem.md``, ``stem.csv``, ``stem.tex``, ``stem.json`` and ``stem_pareto.png`` into ``out_dir``.
 
     ``failed``: sweep jobs without a record (:func:`~lantern.results.tables.failed_jobs`), named under the
     table. ``latency``: runs that lend the rows their latency and speed-up. ``notes``: more lines for the
-    table's notes. Every file is written into a
+    table's notes. ``sweeps``: the folders the runs were found in (default: ``out_dir``); every file names a
+    run relative to its sweep (:func:`run_name`). Every file is written into a
     temporary folder in ``out_dir`` first and renamed into place only when all are written.
     """
     out, failed = Path(out_dir), failed or []
     table = build_table(records, latency, throughput)  # a refused join writes nothing
     table.notes.extend(notes or [])
+    sweeps = list(sweeps) or [out]
+    table, failed = with_run_names(table, failed, sweeps, out)
     out.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{stem}.", suffix=".tmp", dir=out))
     try:
         texts = {
-            "md": to_markdown(table, failed, out),
+            "md": to_markdown(table, failed),
             "csv": to_csv(table),
-            "tex": to_latex(table, failed, out),
-            "json": to_json(table, records, latency, failed),
+            "tex": to_latex(table, failed),
+            "json": to_json(table, records, latency, failed, lambda run: run_name(run, sweeps, out)),
         }
         names = {suffix: f"{stem}.{suffix}" for suffix in texts} | {"png": f"{stem}_pareto.png"}
         for suffix, text in texts.items():
@@ -338,6 +384,13 @@ def make_tables(
     notes = [f"{path}: given more than once, shown once" for path in repeated]
     table.notes.extend(notes)
     paths = write_tables(
-        records, folder, stem, failed=failed_jobs(runs), latency=timed, notes=notes, throughput=throughput
+        records,
+        folder,
+        stem,
+        failed=failed_jobs(runs),
+        latency=timed,
+        notes=notes,
+        throughput=throughput,
+        sweeps=[*runs, *(latency or [])],
     )
     return table, paths

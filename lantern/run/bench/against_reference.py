@@ -21,7 +21,7 @@ The embedded world is converted to their HF layout (:mod:`lantern.models.llamage
 Settings matched on both sides: their ``EaModel.from_pretrained`` defaults (``total_token=59, depth=4,
 top_k=10``: a root plus 58 drafted nodes over five levels) are our ``draft=dynamic_tree`` (depth 5 levels,
 top_k 10, 58 nodes, deterministic top-k children); their ``lantern=True, lantern_k=1000, lantern_delta``
-is our ``decoding=lantern decoding.acceptance.semantics=reference k=1000 delta=...`` (their rule, as
+is our ``decoding=lantern semantics=reference k=1000 delta=...`` (their rule, as
 released), on the same raw-row neighbour table.
 
 What differs by construction, and is stated in the output: their ``generate()`` has 120 condition slots
@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import platform
 import statistics
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -51,15 +50,15 @@ from lantern.models.llamagen import reference_layout as convert
 from lantern.models.world.load import DEFAULT_WORLD
 from lantern.results.provenance import environment
 from lantern.rng import keys_tensor, sample_key
-from lantern.run.bench import check_writable, compose_config
-from lantern.run.timing import ratio_of_totals, synchronize
+from lantern.run.bench.common import check_writable, ran_with, repo_relative
+from lantern.run.bench.reference_report import MODEL, K, greedy_counts, markdown
+from lantern.run.compose import ModelParts, build_decoder, compose_config
+from lantern.run.timing import ratio_of_totals, timed
 
 LOGITS_TOLERANCE = 1e-4  # fp32; measured differences are float rounding (~1e-6)
-MODEL = "fashion_t2i"
-K = 1000  # LANTERN's neighbourhood size (the paper's and both codes' default)
 DELTAS = (0.1, 0.4)
 TREE = ["draft=dynamic_tree", "draft.candidates=deterministic"]
-REFERENCE_SEMANTICS = ["decoding=lantern", "decoding.acceptance.semantics=reference", f"k={K}"]
+REFERENCE_SEMANTICS = ["decoding=lantern", "semantics=reference", f"k={K}"]
 
 
 def modes(deltas: tuple[float, ...]) -> list[dict]:
@@ -137,21 +136,14 @@ def _overrides(mode: list[str], greedy: bool = False) -> list[str]:
     ]
 
 
-def _seconds(fn) -> tuple[float, object]:
-    synchronize(torch.device("cpu"))
-    start = time.perf_counter()
-    result = fn()
-    synchronize(torch.device("cpu"))
-    return time.perf_counter() - start, result
-
-
 class Sides:
     """Our decoders and their models, built once; ``ours(mode)`` / ``theirs(mode)`` decode image ``i``."""
 
     def __init__(self, plan: Plan, modules: theirs.Modules):
         cfg = compose_config(_overrides([]))
         self.cfg = cfg
-        self.bundle = instantiate(cfg.model.bundle)
+        self.parts = ModelParts(cfg.model)  # the bundle, drafter and neighbours every decoder of ours shares
+        self.bundle = self.parts.bundle
         wanted = max(plan.images, plan.check_images)
         # As many distinct prompts as are used (the world's default set has 20; greedy repeats would add nothing).
         prompts = instantiate(cfg.prompts, **({"count": wanted} if "count" in cfg.prompts else {}))
@@ -160,10 +152,10 @@ class Sides:
         self.captions = [convert.caption_inputs(c.values, c.mask) for c in self.conditions]
         self.seed = plan.seed
         eagle_cfg = compose_config(_overrides(plan.rows[1]["ours"]))
-        self.drafter = instantiate(eagle_cfg.model.drafter)
+        self.drafter = self.parts.drafter
         tree = instantiate(eagle_cfg.draft)
         self.tree = {"depth": tree.depth, "top_k": tree.top_k, "nodes": tree.nodes}
-        neighbours = instantiate(eagle_cfg.model.neighbours)
+        neighbours = self.parts.neighbours
         codebook = neighbours.codebook()
         from lantern.rules.neighbours import neighbour_table
 
@@ -184,7 +176,7 @@ class Sides:
     def our_decoder(self, row: dict, greedy: bool):
         key = (row["mode"], greedy)
         if key not in self._ours:
-            self._ours[key] = instantiate(compose_config(_overrides(row["ours"], greedy)).decoding)
+            self._ours[key] = build_decoder(compose_config(_overrides(row["ours"], greedy)).decoding, self.parts)
         return self._ours[key]
 
     def with_their_rule(self, row: dict):
@@ -192,7 +184,7 @@ class Sides:
         function, our drafts and target rows): what their rule makes of our trees."""
         key = (row["mode"], "their rule")
         if key not in self._ours:
-            decoder = instantiate(compose_config(_overrides(row["ours"], greedy=True)).decoding)
+            decoder = build_decoder(compose_config(_overrides(row["ours"], greedy=True)).decoding, self.parts)
             spec = row["theirs"]
             decoder.rule.walk = theirs.their_greedy_walk(self.modules, self.full_table, spec["k"], spec["delta"])
             self._ours[key] = decoder
@@ -268,14 +260,6 @@ def greedy_check(sides: Sides, plan: Plan) -> list[dict]:
     return rows
 
 
-def greedy_counts(greedy: list[dict]) -> dict[str, int]:
-    """How many prompts are equal, per mode: ``ar``, ``eagle2``, ``lantern d=...``."""
-    counts = {"ar": sum(r["ar_equal"] for r in greedy), "eagle2": sum(r["eagle2_equal"] for r in greedy)}
-    for delta in greedy[0]["lantern"] if greedy else ():
-        counts[f"lantern d={delta}"] = sum(r["lantern"][delta]["equal"] for r in greedy)
-    return counts
-
-
 def sides_row(plan: Plan, mode: str) -> dict:
     return next(row for row in plan.rows if row["mode"] == mode)
 
@@ -292,7 +276,7 @@ def time_modes(sides: Sides, plan: Plan) -> list[dict]:
             for row in plan.rows:
                 for side in ("ours", "theirs"):
                     call = sides.ours(row, index) if side == "ours" else sides.theirs(row, index)
-                    seconds, result = _seconds(call)
+                    seconds, result = timed(call, sides.bundle.device)
                     times[(row["mode"], side)][index].append(seconds)
                     if side == "ours":
                         taus[(row["mode"], side)][index] = _our_tau(result) if row["theirs"] else 1.0
@@ -306,7 +290,7 @@ def time_modes(sides: Sides, plan: Plan) -> list[dict]:
         ratio, per_run = ratio_of_totals(ours_t, theirs_t)
         record = {
             "mode": row["mode"],
-            "ours_overrides": _overrides(row["ours"]),
+            "ours_overrides": [repo_relative(o) for o in _overrides(row["ours"])],
             "theirs_generate": row["theirs"] or {"generate": "LlamaForCausalLM.generate"},
             "ours_s_per_image": ours_latency,
             "theirs_s_per_image": theirs_latency,
@@ -315,8 +299,8 @@ def time_modes(sides: Sides, plan: Plan) -> list[dict]:
             "tau_ours": statistics.mean(taus[(row["mode"], "ours")]),
             "tau_theirs": statistics.mean(taus[(row["mode"], "theirs")]),
             "times_s": {"ours": ours_t, "theirs": theirs_t},  # (image, run)
-            "compile": "none (eager) on both sides",
-            "dtype": "float32",
+            **ran_with(sides.our_decoder(row, greedy=False), sides.bundle.target),  # ours, read from our decoder
+            "theirs_compile": "none (their code is never compiled)",
             "threads": plan.threads,
         }
         tokens = sides.bundle.target.config.num_image_tokens
@@ -359,7 +343,7 @@ def run(plan: Plan) -> dict | None:
     report = {
         "args": {k: v for k, v in asdict(plan).items() if k != "rows"},
         "reference": {
-            "folder": str(folder),
+            "folder": repo_relative(str(folder)),
             "commit": _snapshot_commit(folder),
             "transformers": theirs.check_transformers(),
         },
@@ -389,74 +373,3 @@ def write_results(plan: Plan, report: dict) -> Path:
     write_json_atomic(out.with_suffix(".json"), report)
     write_text_atomic(out.with_suffix(".md"), markdown(report))
     return out.with_suffix(".md")
-
-
-def markdown(report: dict) -> str:
-    env, args, s = report["environment"], report["args"], report["sampling"]
-    greedy = report["greedy"]
-    counts = greedy_counts(greedy)
-    relaxed = "".join(
-        f", LANTERN (reference semantics, k={K}, delta {key.split('=')[1]}) equal to the same decoder walking "
-        f"with their `evaluate_posterior` on {value}/{len(greedy)}"
-        for key, value in counts.items()
-        if key.startswith("lantern")
-    )
-    ref = report["reference"]
-    timed = bool(report["records"])
-    lines = [
-        "# Our decoders against the authors' LANTERN code, identical weights",
-        "",
-        f"`python scripts/bench_against_reference.py {' '.join(args['argv'])}` (under the side environment of "
-        f"docs/against_reference.md) at commit {env['commit'][:7]}{' (dirty)' if env['dirty'] else ''} on "
-        f"{env['device_name']}, {args['threads']} threads, torch {env['versions']['torch']}, their code from "
-        f"{ref['folder']}{' at ' + ref['commit'][:7] if ref['commit'] else ''} under transformers {ref['transformers']}.",
-        "",
-        f"World `{MODEL}`, batch 1, fp32, eager on both sides (no torch.compile), sampling CFG {s['cfg']:g}, "
-        f"temperature {s['temperature']:g}, top-k {s['top_k']} (off), top-p {s['top_p']:g}. "
-        + (
-            f"{args['images']} prompts, median of {args['runs']} interleaved runs per image after one untimed "
-            "warm-up per mode and side; ours/theirs is our total time over theirs, every image and run, the range "
-            "the same ratio run by run."
-            if timed
-            else "No timing (`--runs 0`): the conversion and greedy checks only."
-        ),
-        "",
-        f"Conversion check (same teacher-forced inputs, fp32): target logits differ by at most "
-        f"{report['conversion_check']['target_logits_max_abs_diff']:.1e}, drafter logits by "
-        f"{report['conversion_check']['drafter_logits_max_abs_diff']:.1e}.",
-        "",
-        f"Greedy equality (temperature 0, {len(greedy)} prompts, codes token for token): AR equal on "
-        f"{counts['ar']}/{len(greedy)}, EAGLE-2 equal on {counts['eagle2']}/{len(greedy)}{relaxed}.",
-        "",
-    ]
-    if timed:
-        lines += [
-            "| mode | ours (our overrides) | compile, dtype, threads | ours s/image | theirs s/image | ours/theirs | "
-            "runs' range | tau ours / theirs | ms per target step ours / theirs |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ]
-    for r in report["records"]:
-        ours = " ".join(o for o in r["ours_overrides"] if not o.startswith(("model=", "compile=", "dtype=", "device=")))
-        lines.append(
-            f"| {r['mode']} | `{ours or 'decoding=ar'}` | eager, {r['dtype']}, {r['threads']} | "
-            f"{r['ours_s_per_image']:.3f} | {r['theirs_s_per_image']:.3f} | {r['ratio']:.3f} | "
-            f"{min(r['ratio_runs']):.3f}-{max(r['ratio_runs']):.3f} | {r['tau_ours']:.2f} / {r['tau_theirs']:.2f} | "
-            f"{r['ours_ms_per_step']:.1f} / {r['theirs_ms_per_step']:.1f} |"
-        )
-    tree = report["tree"]
-    lines += [
-        "",
-        f"Tree on both sides: EAGLE-2 dynamic tree, top-k {tree['top_k']}, {tree['nodes']} drafted nodes + root, "
-        f"{tree['depth']} levels (theirs: `total_token={tree['nodes'] + 1}, depth={tree['depth'] - 1}, "
-        f"top_k={tree['top_k']}`, the `EaModel.from_pretrained` defaults; ours: `draft=dynamic_tree "
-        "draft.candidates=deterministic`). LANTERN rows: their `lantern=True, lantern_k, lantern_delta` against our "
-        "`decoding=lantern decoding.acceptance.semantics=reference`, the same raw-row neighbour table.",
-        "",
-        "Differences by construction: their `generate()` has 120 condition slots (the world 16: 104 masked slots "
-        "lead, logits unchanged, more attention work on their side); their drafter reads code 0 at 119 unmasked "
-        "condition entries, ours the condition embeddings at 15 masked ones, so drafts and tau may differ; tau "
-        "theirs is the mean accepted length their `generate()` returns (its last steps overshoot the image), "
-        "ours tokens per target step. 'ms per target step' is s/image x tau / N: the cost of one step with its "
-        "drafting, verification and acceptance, which does not depend on how well the drafter guesses.",
-    ]
-    return "\n".join(lines) + "\n"

@@ -16,7 +16,9 @@ chains; for the 7B presets eager AR, compiled AR and LANTERN delta 0.1 on a chai
 seconds); compiled alike, batch 1, interleaved image by image after warm-up (compilation happens there),
 median latency per mode (``latency_ms`` and ``s_per_image``). Timed steps run under ``torch.cuda.set_sync_debug_mode("error")``, so any
 host synchronisation inside a step fails the check. Greedy tokens of compiled and eager AR are
-compared too. ``--tiny`` swaps GPT-XL for GPT-nano sizes and the 7B presets for ``tiny_random_chameleon`` /
+compared too. Every decoder is composed from conf/ as ``run.py`` composes it (``decoding=... draft=chain
+draft.depth=3 delta=... compile=...``), and every row names the compile mode, dtype and attention its decoder
+ran with, read from the decoder and the target (:func:`lantern.run.bench.common.ran_with`). ``--tiny`` swaps GPT-XL for GPT-nano sizes and the 7B presets for ``tiny_random_chameleon`` /
 ``tiny_random_janus`` (their ``timing`` nodes: the same code path; the CPU form, which the tests run).
 """
 
@@ -24,26 +26,24 @@ from __future__ import annotations
 
 import contextlib
 import statistics
-import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from hydra.utils import instantiate
 
-from lantern import REPO_ROOT, checks
-from lantern.decoding.ar import ARDecoder
-from lantern.decoding.tree.decoder import SpeculativeDecoder
-from lantern.decoding.tree.draft import chain
+from lantern import checks
 from lantern.errors import ConfigError
 from lantern.files import write_json_atomic, write_text_atomic
 from lantern.models.condition import Condition
 from lantern.models.drafter import Drafter, DrafterConfig
 from lantern.models.llamagen.bundle import random_gpt
-from lantern.models.sampling import SamplingConfig
 from lantern.results.provenance import environment
 from lantern.rng import keys_tensor
-from lantern.rules.exact import ExactSampled
-from lantern.rules.factory import lantern
 from lantern.rules.neighbours import CodebookNeighbours
+from lantern.run.bench.common import ran_with
+from lantern.run.compose import ModelParts, build_decoder, compose_config
+from lantern.run.timing import timed
 
 
 @contextlib.contextmanager
@@ -59,19 +59,17 @@ def no_host_sync(device: torch.device):
         torch.cuda.set_sync_debug_mode(0)
 
 
-def world_target(device, dtype):
+def world_target(device, dtype, tiny: bool):
     """The embedded world: its GPT, drafter, codebook neighbours and a few of its prompts."""
-    from hydra import compose, initialize_config_dir
-    from hydra.utils import instantiate
-
-    with initialize_config_dir(version_base="1.3", config_dir=str(REPO_ROOT / "conf")):
-        cfg = compose("config", overrides=[f"device={device.type}", f"dtype={str(dtype).removeprefix('torch.')}"])
-    bundle = instantiate(cfg.model.bundle)
-    drafter = instantiate(cfg.model.drafter)
-    neighbours = instantiate(cfg.model.neighbours)
+    overrides = [f"device={device.type}", f"dtype={str(dtype).removeprefix('torch.')}"]
+    cfg = compose_config(overrides)
+    parts = ModelParts(cfg.model)
     prompts = instantiate(cfg.prompts).items
-    conditions = [bundle.conditioner.encode([prompts[i % len(prompts)]]) for i in range(64)]
-    return bundle.target, drafter, neighbours, conditions, dict(cfg.model.recommended)
+    conditions = [parts.bundle.conditioner.encode([prompts[i % len(prompts)]]) for i in range(64)]
+    return Target("embedded world (GPT, 8x8 tokens)", parts.bundle.target, parts, conditions, overrides)
+
+
+LLAMAGEN_SAMPLING = ["cfg_scale=7.5", "temperature=1.0", "top_k=1000", "top_p=1.0"]  # LlamaGen t2i's recommended
 
 
 def random_llamagen(device, dtype, tiny: bool):
@@ -91,7 +89,10 @@ def random_llamagen(device, dtype, tiny: bool):
         mask = torch.zeros(1, config.cls_token_num, dtype=torch.bool)
         mask[:, -(8 + i % (config.cls_token_num - 7)) :] = True  # left-padded captions of varied length
         conditions.append(Condition(states.to(device=device, dtype=dtype), mask.to(device)))
-    return model, drafter, neighbours, conditions, {"cfg_scale": 7.5, "temperature": 1.0, "top_k": 1000, "top_p": 1.0}
+    name = "random GPT-nano t2i (tiny form)" if tiny else "random-weight LlamaGen GPT-XL t2i 256 px"
+    overrides = [f"device={device.type}", *LLAMAGEN_SAMPLING]  # the decoders' configs; the model is this one
+    parts = ModelParts(None, drafter=drafter, neighbours=neighbours)
+    return Target(name, model, parts, conditions, overrides)
 
 
 FAMILY_PRESETS = {  # a family preset -> its tiny preset, what --tiny times instead (the same code path)
@@ -105,89 +106,105 @@ TARGETS = ("world", "llamagen", *FAMILY_PRESETS)
 def family_target(preset: str, device, dtype, tiny: bool):
     """A family preset's ``timing`` node (random weights of its architecture on ``device`` in ``dtype``), a
     random codebook's neighbours and its recommended sampling; with ``tiny`` the tiny preset of that family."""
-    from hydra import compose, initialize_config_dir
-    from hydra.utils import instantiate
-
     name = FAMILY_PRESETS[preset] if tiny else preset
     overrides = [f"model={name}", f"device={device.type}", f"dtype={str(dtype).removeprefix('torch.')}"]
-    with initialize_config_dir(version_base="1.3", config_dir=str(REPO_ROOT / "conf")):
-        cfg = compose("config", overrides=overrides)
-    parts = instantiate(cfg.model.timing)
-    codebook = torch.randn(parts.num_codes, 8, generator=torch.Generator().manual_seed(0))
+    cfg = compose_config(overrides)
+    timing = instantiate(cfg.model.timing)
+    codebook = torch.randn(timing.num_codes, 8, generator=torch.Generator().manual_seed(0))
     neighbours = CodebookNeighbours(codebook=codebook, k_max=64 if tiny else 1024)
-    return parts.target, parts.drafter, neighbours, parts.conditions, dict(cfg.model.recommended)
+    label = f"random {name} (tiny form of {preset})" if tiny else f"random-weight {preset}"
+    parts = ModelParts(cfg.model, drafter=timing.drafter, neighbours=neighbours)
+    return Target(label, timing.target, parts, timing.conditions, overrides)
 
 
-def decoders(drafter, neighbours, sampling, mode, guard, k, full: bool = True):
-    """The compared modes (label -> decoder); AR eager and AR compiled are always there, exact chain and
-    LANTERN delta 0.4 only when ``full``."""
-    modes = {"ar eager": ARDecoder(sampling), f"ar {mode}": ARDecoder(sampling, compile=mode, guard=guard)}
+@dataclass
+class Target:
+    """What one target's check times: its model, the parts its decoders are handed (drafter, neighbours),
+    conditions, and the overrides its decoders' configs are composed with."""
+
+    name: str
+    model: object
+    parts: ModelParts
+    conditions: list
+    overrides: list[str]
+
+
+CHAIN3 = ["draft=chain", "draft.depth=3", "draft.candidates=sampled"]
+
+
+def mode_overrides(mode: str, k: int, full: bool = True) -> dict[str, list[str]]:
+    """The compared modes (label -> Hydra overrides); AR eager and AR compiled are always there, exact chain
+    and LANTERN delta 0.4 only when ``full``."""
+    modes = {"ar eager": ["decoding=ar", "compile=none"], f"ar {mode}": ["decoding=ar", f"compile={mode}"]}
     if full:
-        modes["exact chain3 sampled"] = SpeculativeDecoder(
-            sampling, drafter, chain(3, "sampled"), ExactSampled(), "eagle", mode, guard=guard
-        )
+        modes["exact chain3 sampled"] = ["decoding=eagle", *CHAIN3, f"compile={mode}"]
     for delta in (0.1, 0.4) if full else (0.1,):
-        modes[f"lantern d={delta} chain3 sampled"] = SpeculativeDecoder(
-            sampling, drafter, chain(3, "sampled"), lantern(k, delta, neighbours), "lantern", mode, guard=guard
-        )
+        modes[f"lantern d={delta} chain3 sampled"] = [
+            "decoding=lantern",
+            *CHAIN3,
+            f"k={k}",
+            f"delta={delta}",
+            f"compile={mode}",
+        ]
     return modes
 
 
-def timed(decoder, model, condition, keys, device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    result = decoder.generate(model, condition, keys)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - start, result
+def decoders(target: Target, modes: dict[str, list[str]], guard) -> dict:
+    """Each mode's decoder (label -> decoder), composed from conf/ with the target's parts handed in."""
+    built = {}
+    for label, given in modes.items():
+        node = compose_config([*target.overrides, *given]).decoding
+        checked = {"guard": guard} if node.compile != "none" else {}  # host syncs are refused in compiled steps
+        built[label] = build_decoder(node, target.parts, **checked)
+    return built
 
 
-def check(name, model, drafter, neighbours, conditions, recommended, args, device, full: bool = True) -> dict:
-    sampling = SamplingConfig(**{key: recommended[key] for key in ("cfg_scale", "temperature", "top_k", "top_p")})
+def check(target: Target, args, device, full: bool = True) -> dict:
+    model, conditions = target.model, target.conditions
     guard = lambda: no_host_sync(device)  # noqa: E731
-    k = min(1000, neighbours.k_max - 1)  # the bounded rule needs k <= k_max
-    modes = decoders(drafter, neighbours, sampling, args.compile, guard, k, full)
+    k = min(1000, target.parts.neighbours.k_max - 1)  # the bounded rule needs k <= k_max
+    modes = decoders(target, mode_overrides(args.compile, k, full), guard)
     keys = [keys_tensor(0, [i], device) for i in range(args.images)]
+
+    def decode(decoder, i):
+        return timed(lambda: decoder.generate(model, conditions[i], keys[i]), device)
+
     compile_s = {}
     for label, decoder in modes.items():  # warm-up: compilation, CUDA graph capture, tables
-        start = time.perf_counter()
-        for _ in range(2):
-            timed(decoder, model, conditions[0], keys[0], device)
-        compile_s[label] = time.perf_counter() - start
+        compile_s[label] = sum(decode(decoder, 0)[0] for _ in range(2))
     times = {label: [] for label in modes}
     taus = {label: [] for label in modes}
     for i in range(args.images):
         for label, decoder in modes.items():
-            seconds, result = timed(decoder, model, conditions[i], keys[i], device)
+            seconds, result = decode(decoder, i)
             times[label].append(seconds)
             taus[label].append(int(result.per_sample["tokens"].sum()) / max(1, int(result.per_sample["steps"].sum())))
-    greedy = SamplingConfig(temperature=0, cfg_scale=sampling.cfg_scale)
-    eager_codes = ARDecoder(greedy).generate(model, conditions[1], keys[1]).codes
-    compiled_codes = ARDecoder(greedy, compile=args.compile, guard=guard).generate(model, conditions[1], keys[1]).codes
-    ar_label = f"ar {args.compile}"
+    greedy = {"eager": "none", "compiled": args.compile}
+    greedy = decoders(target, {k: ["decoding=ar", "temperature=0", f"compile={m}"] for k, m in greedy.items()}, guard)
+    eager_codes, compiled_codes = (d.generate(model, conditions[1], keys[1]).codes for d in greedy.values())
+    ar = statistics.median(times[f"ar {args.compile}"])
     rows = []
-    for label in modes:
+    for label, decoder in modes.items():
         latency = statistics.median(times[label])
-        spread = (min(times[label]), max(times[label]))
         rows.append(
             {
                 "mode": label,
+                **ran_with(decoder, model),
                 "latency_ms": latency * 1000,
                 "s_per_image": latency,
-                "min_ms": spread[0] * 1000,
-                "max_ms": spread[1] * 1000,
+                "min_ms": min(times[label]) * 1000,
+                "max_ms": max(times[label]) * 1000,
                 "tau": statistics.mean(taus[label]),
-                "speedup_vs_compiled_ar": statistics.median(times[ar_label]) / latency,
+                "speedup_vs_compiled_ar": ar / latency,
                 "warmup_s": compile_s[label],
             }
         )
     return {
-        "target": name,
+        "target": target.name,
         "tokens": model.config.num_image_tokens,
         "rows": rows,
         "greedy_tokens_equal_compiled_vs_eager": float((eager_codes == compiled_codes).float().mean()),
-        "compiled_ar_over_eager_ar": statistics.median(times["ar eager"]) / statistics.median(times[ar_label]),
+        "compiled_ar_over_eager_ar": statistics.median(times["ar eager"]) / ar,
     }
 
 
@@ -197,7 +214,7 @@ def markdown(results: list[dict], env: dict, args) -> str:
         "",
         f"`python scripts/gpu_check.py {' '.join(args.argv)}` at commit {env['commit'][:7]} on {env['device_name']}, "
         f"torch {env['versions']['torch']}, dtype {args.dtype}, compile={args.compile}, batch 1, {args.images} images per mode "
-        "(interleaved, after two warm-up images), median latency with min-max. Every timed step ran under "
+        "(interleaved, after two warm-up images), median latency with min-max. Every compiled step ran under "
         "`torch.cuda.set_sync_debug_mode('error')`: no host sync inside a step.",
         "",
     ]
@@ -208,13 +225,14 @@ def markdown(results: list[dict], env: dict, args) -> str:
             f"compiled AR / eager AR speed: {result['compiled_ar_over_eager_ar']:.2f}x; greedy tokens equal "
             f"(compiled vs eager AR): {result['greedy_tokens_equal_compiled_vs_eager']:.1%}",
             "",
-            "| mode | tau | latency ms/image (min-max) | speed-up vs compiled AR | warm-up s |",
-            "|---|---|---|---|---|",
+            "| mode | tau | latency ms/image (min-max) | speed-up vs compiled AR | warm-up s | "
+            "ran with (compile, dtype, attention) |",
+            "|---|---|---|---|---|---|",
         ]
         for r in result["rows"]:
             lines.append(
                 f"| {r['mode']} | {r['tau']:.2f} | {r['latency_ms']:.1f} ({r['min_ms']:.1f}-{r['max_ms']:.1f}) | "
-                f"{r['speedup_vs_compiled_ar']:.2f}x | {r['warmup_s']:.1f} |"
+                f"{r['speedup_vs_compiled_ar']:.2f}x | {r['warmup_s']:.1f} | {r['compile']}, {r['dtype']}, {r['attention']} |"
             )
         lines.append("")
     return "\n".join(lines)
@@ -236,21 +254,14 @@ def run_gpu_check(args) -> list[dict]:
     out.parent.mkdir(parents=True, exist_ok=True)
     dtype = getattr(torch, args.dtype)
     results = []
-    for target in targets:
-        if target == "world":
-            results.append(check("embedded world (GPT, 8x8 tokens)", *world_target(device, dtype), args, device))
-        elif target in FAMILY_PRESETS:
-            name = (
-                f"random {FAMILY_PRESETS[target]} (tiny form of {target})" if args.tiny else f"random-weight {target}"
-            )
-            parts = family_target(target, device, dtype, args.tiny)
-            results.append(check(name, *parts, args, device, full=False))
-            del parts  # a 7B target's memory goes before the next is built
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-        else:
-            name = "random GPT-nano t2i (tiny form)" if args.tiny else "random-weight LlamaGen GPT-XL t2i 256 px"
-            results.append(check(name, *random_llamagen(device, dtype, args.tiny), args, device))
+    for name in targets:
+        full = name not in FAMILY_PRESETS  # a 1024-token 7B image takes seconds: AR and LANTERN d=0.1 only
+        build = world_target if name == "world" else random_llamagen if name == "llamagen" else family_target
+        target = build(device, dtype, args.tiny) if full else build(name, device, dtype, args.tiny)
+        results.append(check(target, args, device, full))
+        del target  # a 7B target's memory goes before the next is built
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     env = environment(device)
     write_json_atomic(
         out.with_suffix(".json"),

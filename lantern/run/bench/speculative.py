@@ -17,27 +17,23 @@ bad value or an unwritable ``out`` costs nothing.
 from __future__ import annotations
 
 import statistics
-import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from lantern import REPO_ROOT, checks
-from lantern.decoding.ar import ARDecoder
 from lantern.decoding.compile import check_compile
 from lantern.files import write_json_atomic, write_text_atomic
-from lantern.models.condition import ClassConditioner
 from lantern.models.devices import resolve_device
-from lantern.models.llamagen.bundle import random_gpt
 from lantern.models.sampling import SamplingConfig
 from lantern.results.baselines import JOIN_KEYS
 from lantern.results.provenance import environment
 from lantern.rng import keys_tensor
-from lantern.run.timing import ratio_of_totals, synchronize
+from lantern.run.bench.common import check_writable, ran_with
+from lantern.run.compose import ModelParts, build_decoder, compose_config, resolved_config
+from lantern.run.timing import ratio_of_totals, timed
 
 EXACT_STRUCTURES = ("chain", "static_tree", "dynamic_tree")
 DELTAS = (0.05, 0.1, 0.2, 0.4)
@@ -87,19 +83,6 @@ def modes(
     return rows
 
 
-def compose_config(overrides: list[str]):
-    with initialize_config_dir(version_base="1.3", config_dir=str(REPO_ROOT / "conf")):
-        return compose("config", overrides=overrides)
-
-
-def timed(decoder, bundle, condition, keys) -> tuple[float, object]:
-    synchronize(bundle.device)
-    start = time.perf_counter()
-    result = decoder.generate(bundle.target, condition, keys)
-    synchronize(bundle.device)
-    return time.perf_counter() - start, result
-
-
 def target_forward_ms(bundle, sampling: SamplingConfig, count: int, compile_mode: str, repeats: int = 30) -> float:
     """Median ms of one target forward over ``count`` tokens per row at a speculative step's shapes (the CFG
     rows, a cache and mask over the step's capacity), run as ``compile_mode`` runs steps. A compiled step is
@@ -127,101 +110,112 @@ def target_forward_ms(bundle, sampling: SamplingConfig, count: int, compile_mode
     with torch.inference_mode():
         for _ in range(3):  # compiles once; warms the allocator
             step(None, inputs)
-        times = []
-        for _ in range(repeats):
-            synchronize(bundle.device)
-            start = time.perf_counter()
-            step(None, inputs)
-            synchronize(bundle.device)
-            times.append(time.perf_counter() - start)
+        times = [timed(lambda: step(None, inputs), bundle.device)[0] for _ in range(repeats)]
     return 1000 * statistics.median(times)
+
+
+def setting_decoders(base: list[str], rows) -> tuple[object, list]:
+    """The setting's run config (AR's) and its (label, decoder) pairs, AR first, every decoder composed from
+    conf/ with the model's drafter and neighbours built once and handed to each."""
+    cfg = compose_config(base + AR)
+    parts = ModelParts(cfg.model)
+    decoders = [("ar", build_decoder(cfg.decoding, parts))]
+    for label, overrides in rows:
+        if "temperature=0" in base and "draft.candidates=sampled" in overrides:
+            continue  # greedy decoding drafts top-ranked candidates only
+        decoders.append((label, build_decoder(compose_config(base + overrides).decoding, parts)))
+    return cfg, parts, decoders
 
 
 def bench_setting(name: str, base: list[str], rows, args) -> list[dict]:
     """All modes for one sampling setting; returns one record per mode (AR first)."""
-    cfg = compose_config(base + AR)
-    bundle = instantiate(cfg.model.bundle)
+    cfg, parts, decoders = setting_decoders(base, rows)
+    bundle = parts.bundle
     prompts = instantiate(cfg.prompts)
     items = [prompts.items[i % len(prompts.items)] for i in range(args.images)]
-    decoders = [("ar", instantiate(cfg.decoding))]
-    for label, overrides in rows:
-        if "temperature=0" in base and "draft.candidates=sampled" in overrides:
-            continue  # greedy decoding drafts top-ranked candidates only
-        decoders.append((label, instantiate(compose_config(base + overrides).decoding)))
     conditions = [bundle.conditioner.encode([item]) for item in items]
     keys = [keys_tensor(args.seed, [i], bundle.device) for i in range(args.images)]
+
+    def decode(decoder, i):
+        return timed(lambda: decoder.generate(bundle.target, conditions[i], keys[i]), bundle.device)
+
     for _, decoder in decoders:  # warm-up: caches, neighbour tables, allocator
-        timed(decoder, bundle, conditions[0], keys[0])
+        decode(decoder, 0)
     times = {label: [[] for _ in items] for label, _ in decoders}
     results = {label: [None] * len(items) for label, _ in decoders}
     for _ in range(args.runs):
         for i in range(len(items)):
             for label, decoder in decoders:
-                seconds, result = timed(decoder, bundle, conditions[i], keys[i])
+                seconds, results[label][i] = decode(decoder, i)
                 times[label][i].append(seconds)
-                results[label][i] = result
-    records = []
     ar_latency = statistics.mean(statistics.median(t) for t in times["ar"])
     ar_token_ms = 1000 * ar_latency / int(results["ar"][0].codes.shape[1])  # one AR step (prefill included)
     forward_cache = {}  # nodes + 1 -> ms of a target forward alone (compiled rows)
+    records = []
     for label, decoder in decoders:
-        latency = statistics.mean(statistics.median(t) for t in times[label])
-        steps = sum(int(r.per_sample["steps"].sum()) for r in results[label])
-        tokens = sum(int(r.per_sample["tokens"].sum()) for r in results[label])
-        tau = tokens / steps
-        speedup, speedup_runs = ratio_of_totals(times["ar"], times[label])
-        record = {
-            "setting": name,
-            "mode": label,
-            "latency_s": latency,
-            "speedup": speedup,
-            "tau": tau,
-            "speedup_per_tau": speedup / tau,
-            "speedup_runs": speedup_runs,
-            "times_s": times[label],  # (image, run)
-            "describe": decoder.settings.record(),
-            "compile": decoder.settings.compile,
-            "dtype": str(cfg.dtype),
-            "threads": args.threads,
-            "ar_step_ms": ar_token_ms,
-        }
+        record = mode_record(name, label, decoder, times, results, ar_token_ms, args)
+        record |= ran_with(decoder, bundle.target)
         if "tv_measured" in results[label][0].per_sample:  # speculative modes (AR rows, compiled or not, have none)
-            stats = {k: sum(r.stats[k] for r in results[label]) for k in results[label][0].stats}
-            phases = {k.removesuffix("_time_s"): v for k, v in stats.items() if k.endswith("_time_s")}
-            if phases:  # eager runs time each phase (compiled steps are timed as a whole)
-                if "drafter" in phases:  # tree decoders; VVS times its step kinds instead
-                    record["drafter_share"] = phases["drafter"] / max(1e-12, sum(phases.values()))
-                record["phase_ms_per_step"] = {k: 1000 * v / steps for k, v in phases.items() if k != "prefill"}
-                outside = sum(v for k, v in record["phase_ms_per_step"].items() if k != "target")
-                record["outside_target_ar_steps"] = outside / ar_token_ms  # drafter + walk + advance per step
-            elif hasattr(decoder, "draft"):  # a compiled tree step: its target forward timed alone, at its shape
-                nodes = decoder.draft.nodes + 1
-                forward_ms = forward_cache.get(nodes)
-                if forward_ms is None:
-                    forward_ms = forward_cache[nodes] = target_forward_ms(
-                        bundle, decoder.sampling, nodes, decoder.settings.compile
-                    )
-                step_ms = 1000 * latency / (steps / len(items))  # prefill included, as in ar_step_ms
-                record["target_forward_ms"] = forward_ms
-                record["step_ms"] = step_ms
-                record["outside_target_ar_steps"] = (step_ms - forward_ms) / ar_token_ms
-            measured = sum(int(r.per_sample["tv_measured"].sum()) for r in results[label])
-            record["tv_measured_tokens"] = measured
-            if measured:
-                record["tv_realised_mean"] = (
-                    sum(float(r.per_sample["tv_realised_sum"].sum()) for r in results[label]) / measured
-                )
-                record["tv_realised_max"] = max(float(r.per_sample["tv_realised_max"].max()) for r in results[label])
-            record["same_tokens_as_ar"] = all(
-                torch.equal(a.codes, b.codes) for a, b in zip(results[label], results["ar"], strict=True)
-            )
+            record |= speculative_figures(record, decoder, results, results[label], bundle, ar_token_ms, forward_cache)
         records.append(record)
         print(
-            f"{name:9s} {label:32s} latency {latency * 1000:7.1f} ms  tau {tau:5.2f}  speed-up {record['speedup']:5.2f}x "
-            f"({_spread(record)})  speed-up/tau {record['speedup_per_tau']:4.2f}",
+            f"{name:9s} {label:32s} latency {record['latency_s'] * 1000:7.1f} ms  tau {record['tau']:5.2f}  "
+            f"speed-up {record['speedup']:5.2f}x ({_spread(record)})  speed-up/tau {record['speedup_per_tau']:4.2f}",
             flush=True,
         )
     return records
+
+
+def mode_record(name, label, decoder, times, results, ar_token_ms, args) -> dict:
+    """One mode's latency, tau and speed-up against AR (every run's times kept)."""
+    latency = statistics.mean(statistics.median(t) for t in times[label])
+    steps = sum(int(r.per_sample["steps"].sum()) for r in results[label])
+    tokens = sum(int(r.per_sample["tokens"].sum()) for r in results[label])
+    tau = tokens / steps
+    speedup, speedup_runs = ratio_of_totals(times["ar"], times[label])
+    return {
+        "setting": name,
+        "mode": label,
+        "latency_s": latency,
+        "speedup": speedup,
+        "tau": tau,
+        "speedup_per_tau": speedup / tau,
+        "speedup_runs": speedup_runs,
+        "times_s": times[label],  # (image, run)
+        "describe": decoder.settings.record(),
+        "threads": args.threads,
+        "ar_step_ms": ar_token_ms,
+        "steps": steps,
+    }
+
+
+def speculative_figures(record, decoder, results, mine, bundle, ar_token_ms, forward_cache) -> dict:
+    """A speculative mode's phase shares (eager), time outside the target forward, realised TV and whether
+    its tokens are AR's."""
+    figures, steps = {}, record["steps"]
+    stats = {k: sum(r.stats[k] for r in mine) for k in mine[0].stats}
+    phases = {k.removesuffix("_time_s"): v for k, v in stats.items() if k.endswith("_time_s")}
+    if phases:  # eager runs time each phase (compiled steps are timed as a whole)
+        if "drafter" in phases:  # tree decoders; VVS times its step kinds instead
+            figures["drafter_share"] = phases["drafter"] / max(1e-12, sum(phases.values()))
+        figures["phase_ms_per_step"] = {k: 1000 * v / steps for k, v in phases.items() if k != "prefill"}
+        outside = sum(v for k, v in figures["phase_ms_per_step"].items() if k != "target")
+        figures["outside_target_ar_steps"] = outside / ar_token_ms  # drafter + walk + advance per step
+    elif hasattr(decoder, "draft"):  # a compiled tree step: its target forward timed alone, at its shape
+        nodes = decoder.draft.nodes + 1
+        if nodes not in forward_cache:
+            forward_cache[nodes] = target_forward_ms(bundle, decoder.sampling, nodes, decoder.settings.compile)
+        step_ms = 1000 * record["latency_s"] / (steps / len(mine))  # prefill included, as in ar_step_ms
+        figures["target_forward_ms"] = forward_cache[nodes]
+        figures["step_ms"] = step_ms
+        figures["outside_target_ar_steps"] = (step_ms - forward_cache[nodes]) / ar_token_ms
+    measured = sum(int(r.per_sample["tv_measured"].sum()) for r in mine)
+    figures["tv_measured_tokens"] = measured
+    if measured:
+        figures["tv_realised_mean"] = sum(float(r.per_sample["tv_realised_sum"].sum()) for r in mine) / measured
+        figures["tv_realised_max"] = max(float(r.per_sample["tv_realised_max"].max()) for r in mine)
+    figures["same_tokens_as_ar"] = all(torch.equal(a.codes, b.codes) for a, b in zip(mine, results["ar"], strict=True))
+    return figures
 
 
 def _spread(record: dict) -> str:
@@ -370,26 +364,6 @@ def plan_from(
     return plan
 
 
-def resolved_config(overrides: list[str]) -> dict:
-    """The run config ``run.py`` would compose from ``overrides``, resolved (a bad value: one ConfigError)."""
-    from omegaconf import OmegaConf
-
-    from lantern.errors import ConfigError
-
-    try:
-        return OmegaConf.to_container(compose_config(overrides), resolve=True, throw_on_missing=True)
-    except ConfigError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - an override Hydra cannot compose is bad input
-        raise ConfigError(f"cannot compose {' '.join(overrides)!r}: {str(exc).splitlines()[0]}") from exc
-
-
-def check_writable(path: Path) -> None:
-    """Create ``path``'s folder and prove a file can be written there, before hours of timing."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path, {"status": "benchmark running; this file is replaced by its results"})
-
-
 def run_bench(plan: BenchPlan) -> list[dict]:
     """Time every mode of ``plan`` (see the module docstring); write ``out``.md/.json when given, as each
     setting finishes (so a long run's timings are never lost at the end)."""
@@ -410,115 +384,3 @@ def write_results(plan: BenchPlan, records: list[dict]) -> Path:
     write_json_atomic(out.with_suffix(".json"), {"args": args, "environment": env, "records": records})
     write_text_atomic(out.with_suffix(".md"), markdown(records, env, plan))
     return out.with_suffix(".md")
-
-
-# ----- plain AR, and LlamaGen's own generate() beside it ---------------------------------------------
-
-
-def timed_calls(fns: dict, runs: int, warmup: int, device: torch.device) -> dict[str, float]:
-    """Median seconds of each callable; runs are interleaved so background load hits all alike."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    times = {name: [] for name in fns}
-    for _ in range(runs):
-        for name, fn in fns.items():
-            synchronize(device)
-            start = time.perf_counter()
-            fn()
-            synchronize(device)
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
-
-
-def reference_model(repo: str, model):
-    """LlamaGen's own Transformer with our weights (imported from a local checkout)."""
-    sys.path.insert(0, repo)
-    from autoregressive.models.gpt import ModelArgs
-    from autoregressive.models.gpt import Transformer as RefTransformer
-
-    cfg = model.config
-    args = ModelArgs(
-        dim=cfg.dim,
-        n_layer=cfg.n_layer,
-        n_head=cfg.n_head,
-        vocab_size=cfg.vocab_size,
-        num_classes=cfg.num_classes,
-        cls_token_num=cfg.cls_token_num,
-        model_type=cfg.model_type,
-        block_size=cfg.num_image_tokens,
-        token_dropout_p=0.0,
-        resid_dropout_p=0.0,
-        ffn_dropout_p=0.0,
-    )
-    ref = RefTransformer(args)
-    ref.load_state_dict(model.state_dict(), strict=True)
-    return ref.to(model.output.weight.device).eval()
-
-
-def run_ar_bench(args) -> list[dict]:
-    """Tokens/s of the AR decoder on a random target (``scripts/bench_ar.py``), and of LlamaGen's own
-    ``generate()`` on the same weights when ``args.llamagen_repo`` is a local checkout of it."""
-    from lantern.models.devices import resolve_device
-
-    checks.integer("--runs", args.runs, 1)
-    checks.integer("--warmup", args.warmup, 0)
-    checks.integer("--grid", args.grid, 1)
-    checks.integer("--vocab", args.vocab, 2)
-    checks.integer("--threads", args.threads, 0)
-    for batch in args.batch_sizes:
-        checks.integer("--batch-sizes", batch, 1)
-    device = resolve_device(args.device)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    model = random_gpt(args.preset, "c2i", args.grid * 16, vocab_size=args.vocab).to(device).eval()
-    cfg = model.config
-    ref = reference_model(args.llamagen_repo, model) if args.llamagen_repo else None
-    sampling = SamplingConfig(temperature=1.0, top_k=args.top_k, cfg_scale=args.cfg_scale)
-    decoder = ARDecoder(sampling)
-    conditioner = ClassConditioner(cfg.num_classes, device)
-    rows = []
-    print(
-        f"{args.preset} c2i, {cfg.num_image_tokens} tokens/image, cfg {args.cfg_scale}, "
-        f"{torch.get_num_threads()} threads on {device}"
-    )
-    for batch in args.batch_sizes:
-        condition = conditioner.encode([i % cfg.num_classes for i in range(batch)])
-        keys = keys_tensor(0, range(batch), device)
-        fns = {"lantern": lambda condition=condition, keys=keys: decoder.generate(model, condition, keys)}
-        if ref is not None:
-            from autoregressive.models.generate import generate as ref_generate
-
-            def run_ref(sample_logits=True, condition=condition):
-                with torch.no_grad():
-                    return ref_generate(
-                        ref,
-                        condition.values,
-                        cfg.num_image_tokens,
-                        cfg_scale=args.cfg_scale,
-                        temperature=1.0,
-                        top_k=args.top_k,
-                        top_p=1.0,
-                        sample_logits=sample_logits,
-                    )
-
-            fns["llamagen"] = run_ref
-        medians = timed_calls(fns, args.runs, args.warmup, device)
-        row = {"batch": batch}
-        for name, seconds in medians.items():
-            row[f"{name}_s"] = seconds
-            row[f"{name}_tokens_per_s"] = batch * cfg.num_image_tokens / seconds
-        if ref is not None:
-            greedy_ours = (
-                ARDecoder(SamplingConfig(temperature=0, cfg_scale=args.cfg_scale))
-                .generate(model, condition, keys)
-                .codes
-            )
-            greedy_ref = run_ref(sample_logits=False).long()
-            row["speedup_vs_llamagen"] = medians["llamagen"] / medians["lantern"]
-            row["greedy_tokens_equal"] = bool(torch.equal(greedy_ours, greedy_ref))
-        rows.append(row)
-        print("  " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
-    if args.json:
-        write_json_atomic(args.json, {"args": vars(args), "results": rows, "environment": environment(device)})
-    return rows
