@@ -166,11 +166,11 @@ FAMILY_FREE = ("decoding", "rules", "metrics", "results", "run", "cli")
 # reached it through models/bundle.py and models/reference.py before; benchmarks composed from conf/ drop them).
 # Any other import of a family from these wings fails.
 RUN_TOOLS_ON_LLAMAGEN = {
-    ("lantern.run.against_reference", "lantern.models.llamagen.reference_code"),
-    ("lantern.run.against_reference", "lantern.models.llamagen.reference_layout"),
-    ("lantern.run.bench", "lantern.models.llamagen.bundle"),
+    # the authors' LANTERN code is LlamaGen's: the comparison with it is a LlamaGen tool by definition
+    ("lantern.run.bench.against_reference", "lantern.models.llamagen.reference_code"),
+    ("lantern.run.bench.against_reference", "lantern.models.llamagen.reference_layout"),
     ("lantern.run.evaluate", "lantern.models.llamagen.bundle"),
-    ("lantern.run.gpu_check", "lantern.models.llamagen.bundle"),
+    ("lantern.run.bench.gpu_check", "lantern.models.llamagen.bundle"),  # its random GPT-XL at real sizes
 }
 # Folders under models/ that are families or family-like (world/: the embedded LlamaGen world, its data and
 # loaders). text/ is not one: its encoders are a shared service (condition.py reads captions through them).
