@@ -29,8 +29,8 @@ SAMPLED = SamplingConfig(temperature=1.0, cfg_scale=3.0)
 DRAFTS = {"chain": lambda: chain(3, candidates="sampled"), "dynamic": lambda: DynamicTree(3, 3, 8)}
 
 
-def rule(delta=0.2):
-    return lantern(3, delta, _neighbours(VOCAB), semantics="reference")
+def rule(delta=0.2, semantics="reference"):
+    return lantern(3, delta, _neighbours(VOCAB), semantics=semantics)
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
@@ -225,3 +225,17 @@ def test_bad_interval_is_one_line_and_writes_nothing(tmp_path):
     model, drafter = tiny()
     with pytest.raises(ConfigError, match="skip_interval"):
         vvs(SAMPLED, drafter=drafter, draft=chain(3), acceptance=rule(), interval=0.5)
+
+
+def test_bounded_semantics_with_skips_is_one_line_and_writes_nothing(tmp_path):
+    # Skipped tokens are committed unverified (~0.9 TV each on the world): delta bounds nothing there.
+    proc, out = run(tmp_path, "num_images=2", "decoding=vvs", "decoding.acceptance.semantics=bounded")
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "semantics=bounded" in lines[0], proc.stderr
+    assert "skip_interval=5" in lines[0] and not out.exists()
+    model, drafter = tiny()
+    with pytest.raises(ConfigError, match="semantics=bounded"):
+        vvs(SAMPLED, drafter=drafter, draft=chain(3), acceptance=rule(semantics="bounded"), interval=3)
+    without = vvs(SAMPLED, drafter=drafter, draft=chain(3), acceptance=rule(semantics="bounded"), interval=None)
+    assert without.settings.interval is None and without.settings.rule["semantics"] == "bounded"

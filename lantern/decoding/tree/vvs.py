@@ -50,6 +50,7 @@ from lantern.decoding.tree.step import (
     verify_phase,
     walk_phase,
 )
+from lantern.errors import ConfigError
 from lantern.models.sampling import guided_logits_at, verification_probabilities
 
 MIN_TOKENS = 5  # the released guard: no skip while a row has <= 5 tokens after token 0 ("enough cached features")
@@ -299,6 +300,14 @@ class VVSDecoder(SpeculativeDecoder):
         self.interval = checks.optional(
             checks.integer, "skip_interval", interval, 2, note="loop steps between verification skips"
         )
+        if self.interval is not None and getattr(self.spec, "semantics", None) == "bounded":
+            # A skipped token's law is the drafter's path law, not a relaxation of the target's: nothing bounds
+            # its TV (the world: ~0.85 per skipped token), so the rule's promise would not hold on skip steps.
+            raise ConfigError(
+                f"decoding.acceptance.semantics=bounded with skip_interval={self.interval}: skipped tokens are "
+                "committed unverified and their TV is not bounded by delta; use semantics=reference or "
+                "skip_interval=null"
+            )
         self.schedule = Schedule.of(STEPS, self.compile, self.backend, kind=self.kind)
         self._vvs_contexts: dict[int, VVSContext] = {}
         self.last_skipped: torch.Tensor | None = None
