@@ -100,6 +100,8 @@ def test_zipar_on_the_world_draws_more_than_one_token_per_forward(tmp_path):
     assert metrics["decoding"] == "zipar" and metrics["window"] == 4 and metrics["draft"] == "next_set"
     assert metrics["mean_accepted_length"] == pytest.approx(63 / schedule_steps(8, 8, 4))
     assert metrics["mean_accepted_length"] > 1.0 and metrics.get("k") is None
+    assert metrics["lossless"] is False and metrics["tv_realised_note"] == "lossy, TV not measured"
+    assert metrics["tv_realised_mean"] is None
     from lantern.results.tables import load_records
 
     assert settings_from_record(load_records([out])[0]).method() == "ZipAR-4"

@@ -284,6 +284,9 @@ class VVSSettings(TreeSettings):
         skip = f"skip every {self.interval}" if self.interval else "no skip"
         return f"{super().method()} {skip}"
 
+    def lossless(self) -> bool:
+        return super().lossless() and self.interval is None  # skipped tokens are never tested
+
     def record(self) -> dict:
         flat = {"skip_interval": self.interval, "skip_policy": self.policy, "select_token": self.select}
         return {**super().record(), **flat, "reuse_feature": self.reuse_feature}
