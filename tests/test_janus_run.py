@@ -101,8 +101,15 @@ def test_bad_janus_input_is_one_error_line_exit_2_and_writes_nothing(tmp_path, j
         (broken / path.name).write_bytes(path.read_bytes())
     shard = sorted(set(json.loads((broken / "model.safetensors.index.json").read_text())["weight_map"].values()))[-1]
     (broken / shard).unlink()
+    mislabelled = tmp_path / "mislabelled"  # a Janus folder whose config.json says it is a Chameleon
+    mislabelled.mkdir()
+    for path in janus_folder.iterdir():
+        (mislabelled / path.name).write_bytes(path.read_bytes())
+    config = json.loads((mislabelled / "config.json").read_text())
+    (mislabelled / "config.json").write_text(json.dumps({**config, "model_type": "chameleon"}))
     cases = [
         (janus(llama), "not a JanusForConditionalGeneration"),
+        (janus(mislabelled), "(model_type 'chameleon'), not a JanusForConditionalGeneration"),
         (janus(broken), f"shard {shard!r}"),
         (janus(janus_folder, "model.cls_token_num=12", "prompts=captions_demo"), "longer than the model's 12"),
         (janus(janus_folder, "model.bundle.target.image_size=32"), "image_size=32: expected 16"),
