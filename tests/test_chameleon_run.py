@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from family_helpers import pngs, run, tau
+from family_helpers import pngs, relabelled, run, tau
 from test_chameleon import CODES, VQ, hf_model, save_folder
 
 from lantern.models.chameleon.vqgan import ChameleonVQGAN, VQGANConfig
@@ -105,12 +105,7 @@ def test_bad_chameleon_input_is_one_error_line_exit_2_and_writes_nothing(tmp_pat
     state = torch.load(vq_ckpt, weights_only=True)["state_dict"]
     state["quant_conv.weight"] = state["quant_conv.weight"] + 0.01
     torch.save({"state_dict": state}, foreign)
-    mislabelled = tmp_path / "mislabelled"  # a Chameleon folder whose config.json says it is a Janus
-    mislabelled.mkdir()
-    for path in folder.iterdir():
-        (mislabelled / path.name).write_bytes(path.read_bytes())
-    config = json.loads((mislabelled / "config.json").read_text())
-    (mislabelled / "config.json").write_text(json.dumps({**config, "model_type": "janus"}))
+    mislabelled = relabelled(folder, tmp_path / "mislabelled", model_type="janus")  # a Chameleon saying Janus
     cases = [
         (anole(llama, vq_ckpt), "not a ChameleonForConditionalGeneration"),
         (anole(mislabelled, vq_ckpt), "(model_type 'janus'), not a ChameleonForConditionalGeneration"),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from family_helpers import pngs, run, tau
+from family_helpers import pngs, relabelled, run, tau
 from test_janus import hf_model, save_folder
 
 pytest.importorskip("transformers")
@@ -101,12 +101,7 @@ def test_bad_janus_input_is_one_error_line_exit_2_and_writes_nothing(tmp_path, j
         (broken / path.name).write_bytes(path.read_bytes())
     shard = sorted(set(json.loads((broken / "model.safetensors.index.json").read_text())["weight_map"].values()))[-1]
     (broken / shard).unlink()
-    mislabelled = tmp_path / "mislabelled"  # a Janus folder whose config.json says it is a Chameleon
-    mislabelled.mkdir()
-    for path in janus_folder.iterdir():
-        (mislabelled / path.name).write_bytes(path.read_bytes())
-    config = json.loads((mislabelled / "config.json").read_text())
-    (mislabelled / "config.json").write_text(json.dumps({**config, "model_type": "chameleon"}))
+    mislabelled = relabelled(janus_folder, tmp_path / "mislabelled", model_type="chameleon")  # a Janus saying Chameleon
     cases = [
         (janus(llama), "not a JanusForConditionalGeneration"),
         (janus(mislabelled), "(model_type 'chameleon'), not a JanusForConditionalGeneration"),

@@ -113,16 +113,9 @@ CLAIMS = {  # what each shipped decoder config claims with its defaults; a new c
 
 def configured(cache_dir, decoding: str, *overrides: str):
     """The decoder ``conf/decoding/<decoding>.yaml`` builds on the world."""
+    world = ["model=fashion_t2i", f"model.neighbours.cache_dir={cache_dir}"]
     with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):
-        cfg = compose(
-            "config",
-            overrides=[
-                "model=fashion_t2i",
-                f"model.neighbours.cache_dir={cache_dir}",
-                f"decoding={decoding}",
-                *overrides,
-            ],
-        )
+        cfg = compose("config", overrides=[*world, f"decoding={decoding}", *overrides])
     return instantiate(cfg.decoding)
 
 
