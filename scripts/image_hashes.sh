@@ -33,7 +33,7 @@ settings=(
   "sjd_gumbel|decoding=sjd coupling=gumbel"
   "sjd_pp|decoding=sjd_pp"
   "vvs|decoding=vvs"
-  "vvs_bounded|decoding=vvs semantics=bounded"
+  "vvs_bounded|decoding=vvs semantics=bounded skip_interval=null"
   "zipar|decoding=zipar window=4"
   "eagle_static_paths|decoding=eagle draft=static_paths"
 )

@@ -69,3 +69,13 @@ def check_greedy_chain_equals_ar_in_one_graph(target, condition, cfg_scale: floa
     )
     assert torch.equal(spec.generate(target, condition, keys).codes, expected)
     assert backend.graphs == 1
+
+
+def relabelled(folder: Path, copy: Path, **config) -> Path:
+    """A copy of the HF folder ``folder`` at ``copy`` whose ``config.json`` has ``config``'s entries changed."""
+    copy.mkdir()
+    for path in folder.iterdir():
+        (copy / path.name).write_bytes(path.read_bytes())
+    stated = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**stated, **config}))
+    return copy

@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from family_helpers import pngs, run, tau
+from family_helpers import pngs, relabelled, run, tau
 from test_chameleon import CODES, VQ, hf_model, save_folder
 
 from lantern.models.chameleon.vqgan import ChameleonVQGAN, VQGANConfig
@@ -101,8 +101,15 @@ def test_bad_chameleon_input_is_one_error_line_exit_2_and_writes_nothing(tmp_pat
         (broken / path.name).write_bytes(path.read_bytes())
     shard = sorted(set(json.loads((broken / "model.safetensors.index.json").read_text())["weight_map"].values()))[-1]
     (broken / shard).unlink()
+    foreign = tmp_path / "foreign.ckpt"  # the right shape, one encoder-side tensor of another model
+    state = torch.load(vq_ckpt, weights_only=True)["state_dict"]
+    state["quant_conv.weight"] = state["quant_conv.weight"] + 0.01
+    torch.save({"state_dict": state}, foreign)
+    mislabelled = relabelled(folder, tmp_path / "mislabelled", model_type="janus")  # a Chameleon saying Janus
     cases = [
         (anole(llama, vq_ckpt), "not a ChameleonForConditionalGeneration"),
+        (anole(mislabelled, vq_ckpt), "(model_type 'janus'), not a ChameleonForConditionalGeneration"),
+        (anole(folder, foreign), "model.vqmodel.quant_conv.weight of"),
         (anole(broken, vq_ckpt), f"shard {shard!r}"),
         (anole(folder, vq_ckpt, "prompts=captions_demo"), "longer than the model's 12 condition slots"),
     ]
@@ -113,6 +120,16 @@ def test_bad_chameleon_input_is_one_error_line_exit_2_and_writes_nothing(tmp_pat
         assert proc.returncode == 2 and len(lines) == 1, proc.stderr
         assert lines[0].startswith("error: ") and message in lines[0], lines[0]
         assert not out.exists()
+
+
+def test_the_vq_shape_is_the_folders_vq_config_with_the_preset_as_default(anole_files):
+    from lantern.models.chameleon.bundle import load_bundle
+
+    folder, vq_ckpt = anole_files
+    meta = dict(num_embeddings=8192, embed_dim=256, z_channels=256, resolution=512, base_channels=128)  # anole_7b's
+    bundle = load_bundle("anole", str(folder), str(vq_ckpt), {"image_size": 16, "cls_token_num": 12}, meta)
+    assert bundle.vq.config == VQGANConfig(**VQ, channel_multiplier=(1, 1, 2), num_res_blocks=1)
+    assert bundle.target.config.grid_size == 4
 
 
 def test_a_wrong_image_size_or_a_missing_drafter_is_refused_before_any_read(anole_files):

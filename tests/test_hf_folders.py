@@ -529,3 +529,24 @@ def test_the_world_run_on_exported_folders_writes_the_same_pngs_at_default_sampl
     for index in range(4):
         name = f"{index:06d}.png"
         assert (tmp_path / "shipped" / name).read_bytes() == (tmp_path / "hf" / name).read_bytes()
+
+
+def test_a_config_is_one_family_by_both_its_names():
+    from lantern.errors import CheckpointError
+    from lantern.models.checkpoint import check_family
+
+    arch = "ChameleonForConditionalGeneration"
+    check_family({"model_type": "chameleon", "architectures": [arch]}, "chameleon", arch, "f")
+    check_family({"model_type": "chameleon"}, "chameleon", arch, "f")
+    check_family({"architectures": [arch]}, "chameleon", arch, "f")
+    check_family(
+        {"model_type": "chameleon", "architectures": ["ChameleonXLLMXForConditionalGeneration"]}, "chameleon", arch, "f"
+    )
+    for bad in (
+        {"model_type": "janus", "architectures": [arch]},  # names that disagree: another model's folder
+        {"model_type": "chameleon", "architectures": ["JanusForConditionalGeneration"]},
+        {"architectures": ["LlamaForCausalLM"]},
+        {},
+    ):
+        with pytest.raises(CheckpointError, match=f"not a {arch} \\(model_type 'chameleon'\\)"):
+            check_family(bad, "chameleon", arch, "f")

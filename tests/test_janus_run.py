@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from family_helpers import pngs, run, tau
+from family_helpers import pngs, relabelled, run, tau
 from test_janus import hf_model, save_folder
 
 pytest.importorskip("transformers")
@@ -101,8 +101,10 @@ def test_bad_janus_input_is_one_error_line_exit_2_and_writes_nothing(tmp_path, j
         (broken / path.name).write_bytes(path.read_bytes())
     shard = sorted(set(json.loads((broken / "model.safetensors.index.json").read_text())["weight_map"].values()))[-1]
     (broken / shard).unlink()
+    mislabelled = relabelled(janus_folder, tmp_path / "mislabelled", model_type="chameleon")  # a Janus saying Chameleon
     cases = [
         (janus(llama), "not a JanusForConditionalGeneration"),
+        (janus(mislabelled), "(model_type 'chameleon'), not a JanusForConditionalGeneration"),
         (janus(broken), f"shard {shard!r}"),
         (janus(janus_folder, "model.cls_token_num=12", "prompts=captions_demo"), "longer than the model's 12"),
         (janus(janus_folder, "model.bundle.target.image_size=32"), "image_size=32: expected 16"),

@@ -1,6 +1,7 @@
 """Losslessness on the real world model: the randomised PIT of every generated token under the
 teacher-forced target is iid uniform exactly when a decoder samples the target's joint law
-(Rosenblatt). Pooled over image positions 1..63 and tested with Kolmogorov-Smirnov.
+(Rosenblatt). Pooled over image positions 1..63 and tested with Kolmogorov-Smirnov. Every shipped decoder
+config states whether it is lossless (the record's ``lossless``); each that claims it passes the test.
 
 Power: the negative controls (a tree that tests a value-selected subset of its sampled draws, the
 bug exact decoding on sampled dynamic trees had; LANTERN at delta 0.4) must be rejected by the same
@@ -13,12 +14,16 @@ import dataclasses
 
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
 from scipy.stats import kstest
+from test_run import REPO
 from world_fixture import WORLD_SAMPLING, World, randomised_pit
 
 from lantern.decoding.ar import ARDecoder
 from lantern.decoding.tree.decoder import SpeculativeDecoder
 from lantern.decoding.tree.draft import DynamicTree, chain, prior_tree
+from lantern.decoding.tree.vvs import vvs
 from lantern.rules.exact import ExactDeterministic, ExactSampled
 from lantern.rules.factory import lantern, lantern_pp, lantern_reference
 
@@ -89,3 +94,51 @@ def test_ar_and_the_reference_at_delta_zero_on_a_chain_are_lossless(world):
     for kind in ("deterministic", "sampled"):
         rule = lantern_reference(1000, 0.0, world.neighbours)
         assert ks_pvalue(world, speculative(world, chain(3, kind), rule), 120) > PASS
+
+
+# ----- every decoder's claim (the record's ``lossless``) ---------------------------------------------------
+
+CLAIMS = {  # what each shipped decoder config claims with its defaults; a new config must be added here
+    "ar": True,
+    "eagle": True,
+    "sjd": True,
+    "lantern": False,
+    "lantern_pp": False,
+    "gsd": False,
+    "sjd_pp": False,
+    "vvs": False,
+    "zipar": False,
+}
+
+
+def configured(cache_dir, decoding: str, *overrides: str):
+    """The decoder ``conf/decoding/<decoding>.yaml`` builds on the world."""
+    world = ["model=fashion_t2i", f"model.neighbours.cache_dir={cache_dir}"]
+    with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):
+        cfg = compose("config", overrides=[*world, f"decoding={decoding}", *overrides])
+    return instantiate(cfg.decoding)
+
+
+def test_every_decoder_config_states_its_claim():
+    shipped = sorted(path.stem for path in (REPO / "conf" / "decoding").glob("*.yaml"))
+    assert shipped == sorted(CLAIMS), "a decoder config without a stated lossless claim"
+
+
+@pytest.mark.parametrize("decoding", sorted(CLAIMS))
+def test_every_decoder_that_claims_lossless_passes_the_pit_test(world, tmp_path, decoding):
+    decoder = configured(tmp_path, decoding, "temperature=1.0", "cfg_scale=3.0")
+    assert decoder.sampling == WORLD_SAMPLING
+    assert decoder.settings.lossless() is CLAIMS[decoding]
+    if CLAIMS[decoding]:
+        p = ks_pvalue(world, decoder, 40)
+        assert p > PASS, f"decoding={decoding} claims lossless: KS p = {p:.2e}"
+
+
+def test_vvs_claims_lossless_only_without_skips_under_an_exact_rule(world):
+    def claim(interval, rule):
+        decoder = vvs(WORLD_SAMPLING, drafter=world.drafter, draft=chain(3), acceptance=rule, interval=interval)
+        return decoder.settings.lossless()
+
+    assert claim(None, ExactSampled()) is True
+    assert claim(5, ExactSampled()) is False  # skipped tokens are never tested
+    assert claim(None, lantern(1000, 0.0, world.neighbours)) is False  # a relaxed rule, whatever its delta

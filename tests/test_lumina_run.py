@@ -9,7 +9,7 @@ import torch
 from family_helpers import pngs, run, tau
 from test_chameleon import hf_model as anole_model
 from test_chameleon import save_folder
-from test_lumina import VQ, hf_model
+from test_lumina import VQ, VQ_HF, hf_model
 
 from lantern.models.chameleon.vqgan import ChameleonVQGAN, VQGANConfig
 
@@ -69,7 +69,7 @@ def lumina_files(tmp_path_factory):
     prefix = "model.vqmodel."
     vq.update({k[len(prefix) :]: v for k, v in reference.state_dict().items() if k.startswith(prefix)})
     torch.save({"state_dict": vq}, root / "vqgan.ckpt")
-    anole = save_folder(anole_model(seed=1), root / "anole")
+    anole = save_folder(anole_model(seed=1, vq_config=VQ_HF), root / "anole")  # the same VQ shape as the preset
     return folder, root / "vqgan.ckpt", anole
 
 

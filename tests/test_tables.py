@@ -686,3 +686,27 @@ def test_runs_of_two_protocols_are_never_joined(tmp_path):
     lantern = next(r for r in table.rows if r["method"].startswith("LANTERN"))
     assert lantern["speedup"] is None and "[protocol=None" in lantern["method"]
     assert any("differs in protocol (this run None, the other 'world')" in note for note in table.notes)
+
+
+def test_a_lossy_row_without_a_measured_tv_says_so_and_lossless_rows_keep_a_dash(tmp_path):
+    from lantern.decoding.zipar.decoder import ZipARSettings
+
+    record(tmp_path, "a", AR, latency_s_per_image=0.1)
+    record(tmp_path, "b", ZipARSettings(name="zipar", label="ZipAR", window=4), latency_s_per_image=0.05)
+    record(tmp_path, "c", EAGLE, latency_s_per_image=0.08)  # an older record: no TV, no ``lossless``
+    record(
+        tmp_path, "d", ZipARSettings(name="zipar", label="ZipAR", window=2), latency_s_per_image=0.07, lossless=False
+    )
+    rows = {r["method"]: r for r in build_table(load_records([tmp_path])).rows}
+    assert [rows[m]["lossless"] for m in ("AR", "ZipAR-4", "EAGLE exact (chain)", "ZipAR-2")] == [
+        True,
+        False,
+        True,
+        False,
+    ]
+    lines = {
+        line.split(" |")[0].removeprefix("| "): line for line in md(build_table(load_records([tmp_path]))).splitlines()
+    }
+    assert "| lossy, TV not measured |" in lines["ZipAR-4"] and "| lossy, TV not measured |" in lines["ZipAR-2"]
+    assert "TV not measured" not in lines["EAGLE exact (chain)"] and "| 0.000 / 0.000 |" in lines["AR"]
+    assert "lossy, TV not measured" in to_latex(build_table(load_records([tmp_path])))

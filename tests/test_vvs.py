@@ -21,15 +21,16 @@ from lantern.decoding.tree.vvs import random_path, vvs
 from lantern.errors import ConfigError
 from lantern.models.sampling import SamplingConfig, guided_logits_at
 from lantern.rng import keys_tensor
-from lantern.rules.factory import lantern_reference
+from lantern.rules.factory import lantern, lantern_reference
 
 GREEDY = SamplingConfig(temperature=0, cfg_scale=3.0)
 SAMPLED = SamplingConfig(temperature=1.0, cfg_scale=3.0)
 DRAFTS = {"chain": lambda: chain(3, candidates="sampled"), "dynamic": lambda: DynamicTree(3, 3, 8)}
 
 
-def rule(delta=0.2):
-    return lantern_reference(3, delta, _neighbours(VOCAB))
+def rule(delta=0.2, semantics="reference"):
+    build = lantern_reference if semantics == "reference" else lantern
+    return build(3, delta, _neighbours(VOCAB))
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
@@ -209,7 +210,7 @@ def test_vvs_runs_on_the_world_and_records_what_it_skipped(tmp_path):
     assert metrics["semantics"] == "reference" and metrics["k"] == 1000
     assert stats["target_forwards_saved"] > 0 and stats["target_forwards"] > 0
     assert metrics["mean_accepted_length"] > 1.0 and 0 < metrics["tv_realised_coverage"] <= 1.0
-    assert metrics["tv_realised_max"] > 0.0
+    assert metrics["tv_realised_max"] > 0.0 and metrics["lossless"] is False and metrics["tv_realised_note"] is None
     from lantern.results.tables import load_records
 
     assert settings_from_record(load_records([out])[0]).method().endswith("skip every 5")
@@ -224,3 +225,17 @@ def test_bad_interval_is_one_line_and_writes_nothing(tmp_path):
     model, drafter = tiny()
     with pytest.raises(ConfigError, match="skip_interval"):
         vvs(SAMPLED, drafter=drafter, draft=chain(3), acceptance=rule(), interval=0.5)
+
+
+def test_bounded_semantics_with_skips_is_one_line_and_writes_nothing(tmp_path):
+    # Skipped tokens are committed unverified (~0.9 TV each on the world): delta bounds nothing there.
+    proc, out = run(tmp_path, "num_images=2", "decoding=vvs", "semantics=bounded")
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "semantics=bounded" in lines[0], proc.stderr
+    assert "skip_interval=5" in lines[0] and not out.exists()
+    model, drafter = tiny()
+    with pytest.raises(ConfigError, match="semantics=bounded"):
+        vvs(SAMPLED, drafter=drafter, draft=chain(3), acceptance=rule(semantics="bounded"), interval=3)
+    without = vvs(SAMPLED, drafter=drafter, draft=chain(3), acceptance=rule(semantics="bounded"), interval=None)
+    assert without.settings.interval is None and without.settings.rule["semantics"] == "bounded"

@@ -12,7 +12,7 @@ from helpers import CountingBackend, run, text_condition, tiny
 
 from lantern.decoding.api import settings_from_record
 from lantern.decoding.ar import ARDecoder
-from lantern.decoding.zipar.decoder import zipar
+from lantern.decoding.zipar.decoder import default_window, zipar
 from lantern.errors import ConfigError
 from lantern.models.sampling import SamplingConfig
 from lantern.rng import keys_tensor
@@ -90,13 +90,16 @@ def test_zipar_step_captures_as_one_graph_and_matches_eager(sampling):
 
 
 def test_zipar_on_the_world_draws_more_than_one_token_per_forward(tmp_path):
-    proc, out = run(tmp_path, "model=fashion_t2i", "decoding=zipar", "window=4", "num_images=4", "batch_size=2")
+    # No window given: the model's default, half the world's 8-token rows (window=4, the image-hash setting).
+    proc, out = run(tmp_path, "model=fashion_t2i", "decoding=zipar", "num_images=4", "batch_size=2")
     assert proc.returncode == 0, proc.stderr
     metrics = json.loads((out / "metrics.json").read_text())
     metrics = {**metrics, **settings_from_record(metrics).record()}  # the decoder's knobs, flat
     assert metrics["decoding"] == "zipar" and metrics["window"] == 4 and metrics["draft"] == "next_set"
     assert metrics["mean_accepted_length"] == pytest.approx(63 / schedule_steps(8, 8, 4))
     assert metrics["mean_accepted_length"] > 1.0 and metrics.get("k") is None
+    assert metrics["lossless"] is False and metrics["tv_realised_note"] == "lossy, TV not measured"
+    assert metrics["tv_realised_mean"] is None
     from lantern.results.tables import load_records
 
     assert settings_from_record(load_records([out])[0]).method() == "ZipAR-4"
@@ -105,7 +108,7 @@ def test_zipar_on_the_world_draws_more_than_one_token_per_forward(tmp_path):
 @pytest.mark.parametrize(
     "overrides,message",
     [
-        (("model=fashion_t2i", "decoding=zipar"), "window=16: expected an integer in [1, 8]"),
+        (("model=fashion_t2i", "decoding=zipar", "window=9"), "window=9: expected an integer in [1, 8]"),
         (("decoding=zipar", "window=0"), "window=0: expected an integer >= 1"),
     ],
 )
@@ -117,3 +120,18 @@ def test_bad_zipar_input_is_one_line_and_writes_nothing(tmp_path, overrides, mes
     assert not out.exists()
     with pytest.raises(ConfigError, match="window=2.5"):
         zipar(SAMPLED, window=2.5)
+
+
+def test_the_default_window_comes_from_the_grid_and_is_recorded():
+    # The paper's 16 on grids wider than 16 tokens (LlamaGen-L: 24), else half a row: never raster AR.
+    assert [default_window(w) for w in (1, 2, 8, 16, 17, 24, 32)] == [1, 1, 4, 8, 16, 16, 16]
+    model, _ = tiny()
+    cond, keys = text_condition(), keys_tensor(0, range(4))
+    side = model.config.grid_size
+    decoder = zipar(SAMPLED)
+    assert decoder.settings.window is None and decoder.settings.method() == "ZipAR"
+    result = decoder.generate(model, cond, keys)
+    explicit = zipar(SAMPLED, window=default_window(side)).generate(model, cond, keys)
+    assert torch.equal(result.codes, explicit.codes)
+    assert decoder.settings.window == default_window(side) < side
+    assert decoder.settings.method() == f"ZipAR-{default_window(side)}"

@@ -51,6 +51,7 @@ class Decoder(Protocol):
 
 
 SETTINGS: dict[str, type[DecoderSettings]] = {}
+LOSSLESS_ACCEPTANCE = ("exact", "greedy")  # the rules that test drafts against the target's law exactly
 
 
 def register(cls: type[DecoderSettings]) -> type[DecoderSettings]:
@@ -78,6 +79,13 @@ class DecoderSettings:
     def order(self) -> tuple:
         """Where the row sits in a table (baselines first, then families as their classes say)."""
         return (0 if self.baseline else 9, self.method())
+
+    def lossless(self) -> bool:
+        """Whether every token is drawn from the target's own law (the record's ``lossless``): plain AR, or a
+        rule that is an exact test (``acceptance`` exact or greedy in :meth:`record`). Relaxed rules (LANTERN,
+        LANTERN++, GSD, SJD++) and decoders without a rule (ZipAR) are lossy; a subclass that commits tokens
+        no rule tested (VVS's skips) says so. Tests hold every ``True`` to the PIT test (tests/test_lossless.py)."""
+        return self.baseline or self.record().get("acceptance") in LOSSLESS_ACCEPTANCE
 
     def columns(self) -> dict:
         """Values of the table's own columns this decoder fills (``delta``: LANTERN's promise)."""

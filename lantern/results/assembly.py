@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from lantern.decoding.api import DecoderSettings
 from lantern.decoding.stats import DecodeStats, acceptance_summary
-from lantern.results.record import RunRecord, build_record
+from lantern.results.record import LOSSY_UNMEASURED, RunRecord, build_record
 from lantern.results.spread import quartiles
 
 
@@ -90,17 +90,23 @@ def timing_fields(run: RunParts) -> dict:
 
 
 def assemble_record(run: RunParts, metrics: Mapping | None = None) -> RunRecord:
-    """The run record: decoder, setting, timing, speed-up, acceptance, then the ``metrics``' entries; one build."""
+    """The run record: decoder, setting, timing, speed-up, acceptance, then the ``metrics``' entries; one build.
+    A lossy decoder that measures no TV (ZipAR) says so in ``tv_realised_note``."""
+    acceptance = acceptance_summary(DecodeStats.stack(list(run.images)))
+    lossless = run.settings.lossless()
+    unmeasured = not lossless and acceptance.get("tv_realised_mean") is None
     return build_record(
         {
             "decoding": run.settings.name,
             "compile": run.settings.compile,
             "settings": run.settings.to_json(),
+            "lossless": lossless,
+            "tv_realised_note": LOSSY_UNMEASURED if unmeasured else None,
             **run.setting,
             "tokens_per_image": run.tokens_per_image,
             **timing_fields(run),
             **run.speedup,
-            **acceptance_summary(DecodeStats.stack(list(run.images))),
+            **acceptance,
             **run.details,
             **(metrics or {}),
         }

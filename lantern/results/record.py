@@ -38,6 +38,7 @@ from lantern.files import write_json_atomic
 SCHEMA_VERSION = 4
 KNOWN_VERSIONS = (0, 1, 2, 3, 4)
 SETTINGS_REQUIRED = 4  # the first version whose records must carry the decoder's typed settings
+LOSSY_UNMEASURED = "lossy, TV not measured"  # the record's and tables' words for a lossy run without a TV
 RECORD_NAME = "metrics.json"
 CI_SUFFIX = "_ci"  # a figure's interval entry (lantern.metrics.intervals writes them; wings do not import each other)
 
@@ -90,6 +91,10 @@ class RunRecord(BaseModel):
     speedup_iqr: list[float] | None = None  # [q1, q3] of the per-batch speed-up
     # Acceptance and quality.
     mean_accepted_length: float = 1.0
+    # Whether the decoder's rule draws every token from the target's law (DecoderSettings.lossless); None:
+    # a record written before the field existed.
+    lossless: bool | None = None
+    tv_realised_note: str | None = None  # "lossy, TV not measured" where a lossy decoder measures no TV
     tv_realised_mean: float | None = None
     tv_realised_max: float | None = None
     fid: float | None = None

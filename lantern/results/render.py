@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from lantern.errors import ConfigError
-from lantern.results.record import RunRecord
+from lantern.results.record import LOSSY_UNMEASURED, RunRecord
 from lantern.results.tables import COLUMNS, Table, build_table
 
 # Quality columns shown only when some row has the figure: name -> (title, digits).
@@ -40,6 +40,14 @@ NOTE_LATENCY = (
     "[interquartile range of per-batch ratios]; AR ms/image is the AR time it was measured against (interleaved "
     "in the same run, or the named AR run of the same setting)."
 )
+
+
+def _tv_cell(row: dict) -> str:
+    """Realised TV as ``mean / max``; a lossy decoder without a measured TV (ZipAR) says so, never a blank
+    beside lossless rows."""
+    if _number(row["tv_realised"], 3) != "-":
+        return f"{row['tv_realised']:.3f} / {_number(row['tv_realised_max'], 3)}"
+    return LOSSY_UNMEASURED if row["lossless"] is False else "-"
 
 
 def frame(table: Table) -> pd.DataFrame:
@@ -139,11 +147,7 @@ def shown(table: Table, root: Path | None = None, times: str = "x") -> pd.DataFr
         speedup = (
             "-" if _number(row["speedup"], 2) == "-" else f"{row['speedup']:.2f}{times}" + _range(row["speedup_iqr"], 2)
         )
-        tv = (
-            "-"
-            if _number(row["tv_realised"], 3) == "-"
-            else (f"{row['tv_realised']:.3f} / {_number(row['tv_realised_max'], 3)}")
-        )
+        tv = _tv_cell(row)
         out = {
             "method": row["method"],
             "tau": _number(row["tau"], 2),

@@ -50,7 +50,9 @@ from lantern.decoding.tree.step import (
     verify_phase,
     walk_phase,
 )
+from lantern.errors import ConfigError
 from lantern.models.sampling import guided_logits_at, verification_probabilities
+from lantern.rules.factory import BoundedSpec
 
 MIN_TOKENS = 5  # the released guard: no skip while a row has <= 5 tokens after token 0 ("enough cached features")
 
@@ -283,6 +285,9 @@ class VVSSettings(TreeSettings):
         skip = f"skip every {self.interval}" if self.interval else "no skip"
         return f"{super().method()} {skip}"
 
+    def lossless(self) -> bool:
+        return super().lossless() and self.interval is None  # skipped tokens are never tested
+
     def record(self) -> dict:
         flat = {"skip_interval": self.interval, "skip_policy": self.policy, "select_token": self.select}
         return {**super().record(), **flat, "reuse_feature": self.reuse_feature}
@@ -299,6 +304,14 @@ class VVSDecoder(SpeculativeDecoder):
         self.interval = checks.optional(
             checks.integer, "skip_interval", interval, 2, note="loop steps between verification skips"
         )
+        if self.interval is not None and isinstance(self.spec, BoundedSpec):
+            # A skipped token's law is the drafter's path law, not a relaxation of the target's: nothing bounds
+            # its TV (the world: ~0.85 per skipped token), so the rule's promise would not hold on skip steps.
+            raise ConfigError(
+                f"semantics=bounded with skip_interval={self.interval}: skipped tokens are "
+                "committed unverified and their TV is not bounded by delta; use semantics=reference or "
+                "skip_interval=null"
+            )
         self.schedule = Schedule.of(STEPS, self.compile, self.backend, kind=self.kind)
         self._vvs_contexts: dict[int, VVSContext] = {}
         self.last_skipped: torch.Tensor | None = None

@@ -36,28 +36,39 @@ class ZipARSettings(DecoderSettings):
     """Next-set decoding: a grid row starts once the row above has decoded ``window`` tokens."""
 
     kind: ClassVar[str] = "zipar"
-    window: int = 16
+    window: int | None = None  # None: the model's default, not yet resolved (no model seen)
 
     def method(self) -> str:
-        return f"{self.label}-{self.window}"
+        return self.label if self.window is None else f"{self.label}-{self.window}"
 
     def order(self) -> tuple:
-        return (3, self.name, self.window)
+        return (3, self.name, self.window or 0)
 
     def record(self) -> dict:
         return {**super().record(), "acceptance": None, "draft": "next_set", "window": self.window}
 
 
+PAPER_WINDOW = 16  # the paper's headline ZipAR-16 (LlamaGen-L, rows 24 tokens wide)
+
+
+def default_window(width: int) -> int:
+    """The window ``window: null`` means on a grid ``width`` tokens wide: the paper's 16 where rows are
+    wider than 16 tokens, else half the row (at least 1), so the default always decodes rows in parallel
+    (a window of the full width is raster AR). LlamaGen-L (24): 16; the world (8): 4; 16 wide: 8."""
+    return PAPER_WINDOW if width > PAPER_WINDOW else max(1, width // 2)
+
+
 class ZipARDecoder:
     """ZipAR with ``window`` (the paper's ZipAR-n: n tokens of the row above before a row starts; the
     released LlamaGen script's default is 8, the paper's headline LlamaGen-L figure is ZipAR-16).
-    ``window`` at least the grid's width is raster AR (every row waits for the row above)."""
+    ``window`` at least the grid's width is raster AR (every row waits for the row above); ``None`` takes
+    :func:`default_window` of the model's grid width."""
 
     def __init__(
         self,
         sampling: SamplingConfig,
         *,
-        window: int = 16,
+        window: int | None = None,
         name: str = "zipar",
         label: str | None = None,
         compile: str = "none",
@@ -66,7 +77,12 @@ class ZipARDecoder:
         guard=None,
     ):
         self.sampling = sampling
-        self.window = checks.integer("window", window, 1, note="tokens of the row above decoded before a row starts")
+        self.window = (
+            None
+            if window is None
+            else checks.integer("window", window, 1, note="tokens of the row above decoded before a row starts")
+        )
+        self._resolved: int | None = self.window  # the window of the last model seen (recorded)
         self.name, self.label = name, label or "ZipAR"
         self.compile = check_compile(compile)
         self.backend = backend
@@ -79,28 +95,31 @@ class ZipARDecoder:
         """ConfigError unless this decoder's compile mode runs on ``device`` (checked before any work)."""
         check_compile(self.compile, device, self.backend)
 
-    def check_model(self, config) -> None:
-        """ConfigError when the window is wider than the image's rows or the grid is not square rows."""
+    def check_model(self, config) -> int:
+        """The window used on ``config``'s grid; ConfigError when a given window is wider than the image's
+        rows or the grid is not whole rows."""
         side = config.grid_size
-        if self.window > side:
+        window = default_window(side) if self.window is None else self.window
+        if window > side:
             raise checks.refuse(
-                "window", self.window, f"an integer in [1, {side}]", f"tokens per grid row of this model: {side}"
+                "window", window, f"an integer in [1, {side}]", f"tokens per grid row of this model: {side}"
             )
         if config.num_image_tokens % side:
             raise checks.refuse("model", config.num_image_tokens, f"a multiple of the grid width {side}")
+        return window
 
     @property
     def settings(self) -> ZipARSettings:
-        return ZipARSettings(name=self.name, label=self.label, compile=self.compile, window=self.window)
+        return ZipARSettings(name=self.name, label=self.label, compile=self.compile, window=self._resolved)
 
-    def _context(self, model: Target, rows: int, batch: int, capacity: int, device) -> ZipARContext:
-        shape = (model.config, rows, batch, capacity, model.input_embeddings().dtype, device)
+    def _context(self, model: Target, rows: int, batch: int, capacity: int, device, window: int) -> ZipARContext:
+        shape = (model.config, rows, batch, capacity, model.input_embeddings().dtype, device, window)
         if shape not in self._contexts:
             cache = model.new_cache(rows, capacity)
             if self.compile != "none":
                 mark_static(*cache.tensors())
             self._contexts[shape] = ZipARContext(
-                model=model, cache=cache, sampling=self.sampling, window=self.window, groups=rows // batch
+                model=model, cache=cache, sampling=self.sampling, window=window, groups=rows // batch
             )
         return self._contexts[shape]
 
@@ -108,14 +127,14 @@ class ZipARDecoder:
     def generate(self, model: Target, condition: Condition, keys: torch.Tensor) -> DecodeResult:
         """Decode all image tokens for ``condition`` (B prompts) with per-sample RNG ``keys`` (B,)."""
         cfg, sampling = model.config, self.sampling
-        self.check_model(cfg)
+        self._resolved = window = self.check_model(cfg)
         cond_len, num_tokens, side = cfg.cls_token_num, cfg.num_image_tokens, cfg.grid_size
         grid_rows = num_tokens // side
         inputs = ModelInputs.of(model, condition, sampling)
         batch, device = inputs.batch, inputs.device
         self.check_device(device)
         capacity = cond_len + num_tokens + grid_rows  # one scratch slot per grid row after the image
-        ctx = self._context(model, inputs.rows, batch, capacity, device)
+        ctx = self._context(model, inputs.rows, batch, capacity, device, window)
 
         codes = prefill(model, inputs, ctx.cache, keys, sampling, width=num_tokens + 1, capacity=capacity).codes
         done = torch.zeros(batch, grid_rows, dtype=torch.long, device=device)
@@ -149,6 +168,6 @@ class ZipARDecoder:
         return DecodeResult(state.codes[:, :num_tokens], stats, per_sample)
 
 
-def zipar(sampling: SamplingConfig, *, window: int = 16, **kwargs) -> ZipARDecoder:
-    """ZipAR next-set decoding with ``window`` (ZipAR-``window``)."""
+def zipar(sampling: SamplingConfig, *, window: int | None = None, **kwargs) -> ZipARDecoder:
+    """ZipAR next-set decoding with ``window`` (ZipAR-``window``; None: :func:`default_window`)."""
     return ZipARDecoder(sampling, window=window, **kwargs)

@@ -135,11 +135,12 @@ def load_bundle(
     conditioner_class=ChameleonConditioner,
 ) -> ChameleonBundle:
     """A Chameleon target from an HF folder (``model.gpt_ckpt``) with Meta's VQGAN (``model.vq_ckpt``,
-    ``vqgan.ckpt``) and the folder's tokenizer. ``convert``, ``target_class`` and ``conditioner_class``: a
+    ``vqgan.ckpt``, its shape from the folder's ``vq_config``, ``vq`` the defaults; its encoder side must equal
+    the folder's ``model.vqmodel.*``) and the folder's tokenizer. ``convert``, ``target_class`` and ``conditioner_class``: a
     family variant's (Lumina-mGPT's, :mod:`lantern.models.chameleon.lumina_bundle`)."""
     require_folder(gpt_ckpt, hf.ARCHITECTURE)
     device, dtype = resolve_device(device), resolve_dtype(dtype)
-    vq_cfg = vq_config(vq)
+    vq_cfg = vq_config(hf.folder_vq(gpt_ckpt, vq))  # the folder's vq_config, the preset's values as default
     cls_token_num = checks.integer("model.cls_token_num", target["cls_token_num"], 2)
     grid = _grid(target, vq_cfg)
     # Before any large read: another architecture, a missing shard, codes the VQGAN does not have.
@@ -152,7 +153,8 @@ def load_bundle(
     if vq_ckpt is None or not os.path.isfile(os.fspath(vq_ckpt)):
         raise CheckpointError(f"model.vq_ckpt={vq_ckpt!r}: expected Chameleon's vqgan.ckpt")
     vq_model = load_vqgan(vq_ckpt, vq_cfg)
-    model, _ = hf.load_target(gpt_ckpt, grid, cls_token_num, convert, target_class)
+    model, stated = hf.load_target(gpt_ckpt, grid, cls_token_num, convert, target_class)
+    hf.check_vq_encoder(vq_model, stated, os.fspath(vq_ckpt), os.fspath(gpt_ckpt))
     conditioner = conditioner_class.for_model(tokenizer, model.config, template, device)
     return finish_family_bundle(ChameleonBundle, name, model, vq_model, conditioner, device, dtype)
 

@@ -19,7 +19,7 @@ from lantern import checks
 from lantern.errors import CheckpointError
 from lantern.models.chameleon.model import ARCHITECTURE, ChameleonConfig, ChameleonTarget
 from lantern.models.chameleon.vocab import read_layout
-from lantern.models.checkpoint import check_shards, folder_source, load_folder_target, read_folder_config
+from lantern.models.checkpoint import check_family, check_shards, folder_source, load_folder_target, read_folder_config
 from lantern.models.llama_parts import rope_theta_of
 
 VQ_PREFIX = "model.vqmodel."
@@ -28,10 +28,7 @@ VQ_PREFIX = "model.vqmodel."
 def config_from_hf(config: Mapping, grid_size: int, cls_token_num: int, source: str) -> ChameleonConfig:
     """The :class:`ChameleonConfig` a folder's ``config.json`` describes; ``grid_size`` (image side in tokens)
     and ``cls_token_num`` (condition slots) come from the preset, as nothing in a folder says them."""
-    architectures = config.get("architectures") or []
-    if config.get("model_type") != "chameleon" and ARCHITECTURE not in architectures:
-        found = ", ".join(map(str, architectures)) or "no architecture"
-        raise CheckpointError(f"{source} holds {found} (model_type {config.get('model_type')!r}), not a {ARCHITECTURE}")
+    check_family(config, "chameleon", ARCHITECTURE, source)
     for key, want in (("hidden_act", "silu"), ("attention_bias", False), ("mlp_bias", False)):
         if config.get(key, want) != want:
             raise CheckpointError(f"{source}: config.json has {key}={checks.shown(config[key])}, expected {want!r}")
@@ -62,6 +59,47 @@ def config_from_hf(config: Mapping, grid_size: int, cls_token_num: int, source: 
         cls_token_num=cls_token_num,
         **vars(layout),
     )
+
+
+# transformers' ChameleonVQVAEConfig keys -> VQGANConfig fields (the VQ shape a folder's config.json states).
+VQ_KEYS = {
+    "embed_dim": "embed_dim",
+    "num_embeddings": "num_embeddings",
+    "latent_channels": "z_channels",
+    "resolution": "resolution",
+    "in_channels": "in_channels",
+    "base_channels": "base_channels",
+    "channel_multiplier": "channel_multiplier",
+    "num_res_blocks": "num_res_blocks",
+    "attn_resolutions": "attn_resolutions",
+    "dropout": "dropout",
+}
+
+
+def folder_vq(folder: str | os.PathLike, preset: Mapping) -> dict:
+    """The VQGAN's shape for ``folder``: its ``config.json`` ``vq_config`` (transformers' names), the preset's
+    ``model.vq`` values only where the folder states none (a folder without ``vq_config``: the preset's)."""
+    config, folder = read_folder_config(folder)
+    stated = config.get("vq_config") or {}
+    if not isinstance(stated, Mapping):
+        raise CheckpointError(f"{folder_source(folder)}: config.json vq_config is not a mapping")
+    return {**preset, **{ours: stated[key] for key, ours in VQ_KEYS.items() if stated.get(key) is not None}}
+
+
+def check_vq_encoder(vqgan: torch.nn.Module, stated: Mapping[str, torch.Tensor], vq_source: str, source: str) -> None:
+    """CheckpointError naming the first tensor (in name order) where the VQGAN of ``vq_source`` differs from the
+    folder's own VQ encoder side (``model.vqmodel.*``, ``stated`` without the prefix): a ``vqgan.ckpt`` of the
+    right shape from another model would give LANTERN's neighbours and the pixels another codebook."""
+    ours = vqgan.state_dict()
+    for name in sorted(stated):
+        given = stated[name]
+        mine = ours.get(name)
+        if mine is None or mine.shape != given.shape or not torch.equal(mine.to(given.dtype), given):
+            why = "is not in it" if mine is None else "differs"
+            raise CheckpointError(
+                f"{vq_source} is not this folder's VQGAN: {VQ_PREFIX}{name} of {source} {why} "
+                f"(model.vq_ckpt must be the vqgan.ckpt released with model.gpt_ckpt)"
+            )
 
 
 def check_folder(folder: str | os.PathLike, grid_size: int, cls_token_num: int, convert=None) -> ChameleonConfig:

@@ -20,7 +20,7 @@ import torch
 
 from lantern import checks
 from lantern.errors import CheckpointError
-from lantern.models.checkpoint import check_shards, folder_source, load_folder_target, read_folder_config
+from lantern.models.checkpoint import check_family, check_shards, folder_source, load_folder_target, read_folder_config
 from lantern.models.janus.model import ARCHITECTURE, JanusConfig, JanusTarget
 from lantern.models.llama_parts import rope_theta_of
 
@@ -39,10 +39,7 @@ def _sizes(config: Mapping, keys: tuple[str, ...], source: str, where: str) -> d
 
 def architecture_check(config: Mapping, source: str) -> tuple[Mapping, Mapping]:
     """The folder's ``text_config`` and ``vq_config``; CheckpointError unless it is a Janus."""
-    architectures = config.get("architectures") or []
-    if config.get("model_type") != "janus" and ARCHITECTURE not in architectures:
-        found = ", ".join(map(str, architectures)) or "no architecture"
-        raise CheckpointError(f"{source} holds {found} (model_type {config.get('model_type')!r}), not a {ARCHITECTURE}")
+    check_family(config, "janus", ARCHITECTURE, source)
     text, vq = config.get("text_config"), config.get("vq_config")
     if not isinstance(text, Mapping) or not isinstance(vq, Mapping):
         raise CheckpointError(

@@ -49,7 +49,7 @@ PEERS = {
     "gsd_audit_off": ["decoding=gsd", "decoding.tv_audit_every=1000000"],
     "mc_sjd": ["decoding=sjd", "coupling=mc"],
     "mc_sjd_gumbel": ["decoding=sjd", "coupling=gumbel"],
-    "zipar_4": ["decoding=zipar", "window=4"],  # window 4: the world's rows are 8 tokens (the yaml's 16 is LlamaGen's)
+    "zipar_4": ["decoding=zipar", "window=4"],  # window 4: the world's default (half its 8-token rows), stated
     "sjd_pp": ["decoding=sjd_pp"],
     "sjd_pac": ["decoding=sjd_pac"],
     "vvs": ["decoding=vvs"],
