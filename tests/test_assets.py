@@ -158,7 +158,7 @@ def test_an_altered_shipped_statistics_file_is_refused(tmp_path, monkeypatch):
     import shutil
 
     from lantern.errors import CheckpointError
-    from lantern.metrics import fid
+    from lantern.metrics import fid, fid_stats
     from lantern.metrics.classifier import fashion_test_images
 
     world = tmp_path / "worlds/fashion_mnist"
@@ -168,7 +168,7 @@ def test_an_altered_shipped_statistics_file_is_refused(tmp_path, monkeypatch):
     data = bytearray(shipped.read_bytes())
     data[len(data) // 2] ^= 0xFF  # one byte of sigma flipped
     (world / shipped.name).write_bytes(bytes(data))
-    monkeypatch.setattr(fid, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(fid_stats, "REPO_ROOT", tmp_path)
     metric = fid.FID("fashion_mnist_test_32", lambda: fashion_test_images(None), extractor=NoExtraction())
     with pytest.raises(CheckpointError, match="was altered"):
         metric.reference_stats()

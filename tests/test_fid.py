@@ -12,21 +12,21 @@ from PIL import Image
 
 from lantern.errors import ConfigError
 from lantern.metrics import fid as fid_module
+from lantern.metrics import fid_cleanfid
 from lantern.metrics.classifier import pad_to_world
 from lantern.metrics.fid import (
     FEATURE_DIM,
     FEATURE_NET_ID,
     FIDStats,
     InceptionFeatures,
-    StatsKey,
     clean_resize,
     fid_from_features,
     fid_from_stats,
-    fid_with_cleanfid,
     frechet_distance,
     inception_path,
-    reference_stats,
 )
+from lantern.metrics.fid_cleanfid import fid_with_cleanfid
+from lantern.metrics.fid_stats import StatsKey, reference_stats
 from lantern.models.world.fashion_mnist import load_split
 
 COUNT = 24  # images per set: Inception costs ~0.1-0.3 s per image on one busy CPU core
@@ -154,7 +154,7 @@ def test_distance_methods_agree_with_cleanfid(count):
     b = FIDStats.from_features(rng.normal(0.3, 1.5, size=(count, 64)) @ rng.normal(size=(64, 64)) / 8)
     eigh = frechet_distance(a.mu, a.sigma, b.mu, b.sigma, method="eigh")
     sqrtm = frechet_distance(a.mu, a.sigma, b.mu, b.sigma, method="sqrtm")
-    with fid_module._cleanfid_scipy_compat(cleanfid_fid):
+    with fid_cleanfid._cleanfid_scipy_compat(cleanfid_fid):
         reference = float(cleanfid_fid.frechet_distance(a.mu, a.sigma, b.mu, b.sigma))
     assert eigh == pytest.approx(reference, rel=1e-6)
     assert sqrtm == pytest.approx(reference, rel=1e-9)
@@ -166,9 +166,9 @@ def test_scipy_shim_restores_cleanfid(monkeypatch):
     from cleanfid import fid as cleanfid_fid
 
     original = cleanfid_fid.linalg
-    monkeypatch.setattr(fid_module, "_sqrtm_accepts_disp", lambda: False)
+    monkeypatch.setattr(fid_cleanfid, "_sqrtm_accepts_disp", lambda: False)
     matrix = np.array([[4.0, 1.0], [1.0, 3.0]])
-    with fid_module._cleanfid_scipy_compat(cleanfid_fid):
+    with fid_cleanfid._cleanfid_scipy_compat(cleanfid_fid):
         root, errest = cleanfid_fid.linalg.sqrtm(matrix, disp=False)
         np.testing.assert_allclose(root @ root, matrix, atol=1e-10)
         assert errest < 1e-10

@@ -19,7 +19,8 @@ from lantern import checks
 from lantern.errors import ConfigError
 from lantern.files import image_name, write_json_atomic
 from lantern.metrics.classifier import load_classifier, pad_to_world, predict
-from lantern.metrics.fid import FIDStats, InceptionFeatures, fid_from_stats, reference_stats
+from lantern.metrics.fid import InceptionFeatures, fid_from_stats
+from lantern.metrics.fid_stats import FIDStats, reference_stats
 from lantern.models.bundle import to_uint8
 from lantern.models.llamagen.bundle import load_vq
 from lantern.models.world.fashion_mnist import load_split

@@ -18,9 +18,8 @@ from __future__ import annotations
 import json
 import math
 import os
-import random
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,23 +31,20 @@ from tqdm.auto import tqdm
 from lantern import checks
 from lantern.errors import CheckpointError, ConfigError
 from lantern.files import inputs_read, save_torch_atomic, write_atomic, write_text_atomic
-
-CHECKPOINT_NAME = "checkpoint.pt"
-CONFIG_NAME = "config.yaml"
-LOG_NAME = "log.jsonl"
-CHECKPOINT_FORMAT = "lantern-train-checkpoint/1"
-# Config keys that may change between a run and its resumption (dotted paths, top level or nested).
-DEFAULT_RESUME_IGNORE = (
-    "steps",
-    "max_steps",
-    "ckpt_every",
-    "log_every",
-    "progress",
-    "num_threads",
-    "device",
-    "out_dir",
+from lantern.training.checkpoint import (
+    CHECKPOINT_FORMAT,
+    CHECKPOINT_NAME,
+    DEFAULT_RESUME_IGNORE,
+    check_inputs,
+    check_resume_config,
+    read_checkpoint,
+    rng_state,
+    set_rng_state,
+    truncate_log,
 )
 
+CONFIG_NAME = "config.yaml"
+LOG_NAME = "log.jsonl"
 StepFn = Callable[[Any], tuple[torch.Tensor, Mapping[str, Any]]]
 BatchFactory = Callable[[int, int], Iterable[Any]]
 
@@ -149,60 +145,6 @@ def training_summary(summary: Mapping[str, Any], **extra: Any) -> dict[str, Any]
         **extra,
         "last_logs": summary["logs"],
     }
-
-
-def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat = {}
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            flat.update(_flatten(value, f"{name}."))
-        else:
-            flat[name] = value
-    return flat
-
-
-def check_resume_config(
-    path: Path, saved: Mapping[str, Any] | None, config: Mapping[str, Any] | None, ignore: Sequence[str]
-) -> None:
-    """Refuse to resume the checkpoint ``path`` written under ``saved`` with ``config`` when they differ in a
-    key outside ``ignore`` (the first four differences named); a job calls it before it locks its folder."""
-    if config is None or saved is None:
-        return
-    old, new = _flatten(saved), _flatten(config)
-
-    def ignored(key: str) -> bool:
-        return any(key == k or key.endswith(f".{k}") for k in ignore)
-
-    diff = sorted(k for k in set(old) | set(new) if not ignored(k) and old.get(k) != new.get(k))
-    if diff:
-        shown = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:4])
-        raise ConfigError(
-            f"{str(path)!r} was written with a different config ({shown}"
-            f"{', ...' if len(diff) > 4 else ''}); use the same settings to resume or a fresh out_dir"
-        )
-
-
-def _rng_state() -> dict[str, Any]:
-    np_state = np.random.get_state()
-    state = {
-        "python": random.getstate(),
-        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: Mapping[str, Any]) -> None:
-    python = state["python"]
-    random.setstate((python[0], tuple(python[1]), python[2]))
-    kind, keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 class Trainer:
@@ -319,7 +261,7 @@ class Trainer:
             "batch_in_epoch": self.batch_in_epoch,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "rng": _rng_state(),
+            "rng": rng_state(),
             "config": self.config,
             "inputs": self.inputs,
             "train_wall_s": self._total_wall_s(),
@@ -335,14 +277,9 @@ class Trainer:
         path = self.checkpoint_path
         if not path.is_file():
             return False
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:  # noqa: BLE001 - any parse failure means an unusable checkpoint
-            raise CheckpointError(f"{str(path)!r} is not a readable training checkpoint ({exc})") from exc
-        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-            raise CheckpointError(f"{str(path)!r} is not a {CHECKPOINT_FORMAT} checkpoint")
-        self._check_config(state.get("config"))
-        self._check_inputs(state.get("inputs") or {})
+        state = read_checkpoint(path)
+        check_resume_config(path, state.get("config"), self.config, self.resume_ignore)
+        check_inputs(path, state.get("inputs") or {}, self.inputs)
         if state["step"] > self.max_steps:
             raise ConfigError(
                 f"the checkpoint in {str(self.out_dir)!r} is at step {state['step']}, beyond max_steps="
@@ -355,48 +292,19 @@ class Trainer:
             raise CheckpointError(f"{str(path)!r} does not match this model/optimizer ({exc})") from exc
         if self._stateful_step_fn():
             self.step_fn.load_state_dict(state["step_fn"])
-        _set_rng_state(state["rng"])
+        set_rng_state(state["rng"])
         self.step = int(state["step"])
         self.epoch = int(state["epoch"])
         self.batch_in_epoch = int(state["batch_in_epoch"])
         self.train_wall_s = float(state.get("train_wall_s", 0.0))
         self.resumed_from = self.step
-        self._truncate_log(self.step)
+        if self.is_main:
+            truncate_log(self.out_dir / LOG_NAME, self.step)
         return True
-
-    def _truncate_log(self, step: int) -> None:
-        """Drop the log lines of steps after ``step``: the killed run logged them, this run logs them again."""
-        log = self.out_dir / LOG_NAME
-        if not self.is_main or not log.is_file():
-            return
-        kept = []
-        for line in log.read_text(encoding="utf-8").splitlines():
-            try:
-                entry = json.loads(line)
-            except ValueError:  # a line cut by the kill
-                continue
-            if isinstance(entry, dict) and isinstance(entry.get("step"), int) and entry["step"] <= step:
-                kept.append(line)
-        write_text_atomic(log, "".join(f"{line}\n" for line in kept))
 
     def _total_wall_s(self) -> float:
         running = 0.0 if self._loop_started is None else time.perf_counter() - self._loop_started
         return self.train_wall_s + running
-
-    def _check_config(self, saved: Mapping[str, Any] | None) -> None:
-        check_resume_config(self.checkpoint_path, saved, self.config, self.resume_ignore)
-
-    def _check_inputs(self, saved: Mapping[str, Any]) -> None:
-        """Refuse to resume when a file the checkpoint was trained from (data, tokenizer, teacher) now has
-        other contents: continuing would train on two inputs. Contents, not paths, are compared."""
-        for path, entry in saved.items():
-            now = self.inputs.get(path)
-            if now is not None and isinstance(entry, Mapping) and now.get("sha256") != entry.get("sha256"):
-                raise ConfigError(
-                    f"{str(self.checkpoint_path)!r} was trained from {path!r} with sha256 "
-                    f"{str(entry.get('sha256'))[:12]}..., which now has {str(now.get('sha256'))[:12]}...; "
-                    "restore that file to resume, or use a fresh out_dir"
-                )
 
     def _write_config(self) -> None:
         if self.config is None or not self.is_main:

@@ -6,6 +6,7 @@ import functools
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
@@ -41,6 +42,29 @@ def _check(cfg: DictConfig) -> None:
     checks.real("weight_decay", cfg.weight_decay, 0)
     checks.probability("label_smoothing", cfg.label_smoothing, one=False)
     checks.probability("min_lr_ratio", cfg.min_lr_ratio)
+
+
+def _evaluate_shipped(
+    weights: Path, cfg: DictConfig, device: torch.device, test_images: np.ndarray, test_labels: np.ndarray
+) -> tuple[FashionClassifier, dict]:
+    """Evaluate exactly what ships: the fp16 file loaded strictly into a fresh fp32 model, fed uint8 images.
+
+    Returns the loaded model and the report's ``test`` block (accuracy overall and per class)."""
+    started = time.perf_counter()
+    shipped = load_classifier(weights, cfg.width, device)
+    preds = predict(shipped, pad_to_world(test_images), cfg.eval_batch_size)  # (N,)
+    eval_s = time.perf_counter() - started
+    correct = preds == test_labels
+    per_class = {
+        CLASS_NAMES[c]: float(correct[test_labels == c].mean()) for c in range(NUM_CLASSES) if (test_labels == c).any()
+    }
+    test = {
+        "images": int(len(test_labels)),
+        "accuracy": float(correct.mean()),
+        "per_class_accuracy": per_class,
+        "eval_s": eval_s,
+    }
+    return shipped, test
 
 
 def train(cfg: DictConfig) -> dict:
@@ -94,15 +118,7 @@ def train(cfg: DictConfig) -> dict:
     )
     summary = trainer.fit()
 
-    # Evaluate exactly what ships: the fp16 file loaded strictly into a fresh fp32 model, fed uint8 images.
-    started = time.perf_counter()
-    shipped = load_classifier(out_dir / WEIGHTS_NAME, cfg.width, device)
-    preds = predict(shipped, pad_to_world(test_images), cfg.eval_batch_size)  # (N,)
-    eval_s = time.perf_counter() - started
-    correct = preds == test_labels
-    per_class = {
-        CLASS_NAMES[c]: float(correct[test_labels == c].mean()) for c in range(NUM_CLASSES) if (test_labels == c).any()
-    }
+    shipped, test = _evaluate_shipped(out_dir / WEIGHTS_NAME, cfg, device, test_images, test_labels)
     weights = out_dir / WEIGHTS_NAME
     report = {
         "weights": str(weights),
@@ -112,12 +128,7 @@ def train(cfg: DictConfig) -> dict:
         "width": cfg.width,
         "input": "uint8 (N, 32, 32, 3); gray = channel mean, scaled x / 127.5 - 1",
         "test_split": str(Path(cfg.test_root)) if cfg.test_root else "shipped (data/fashion_mnist)",
-        "test": {
-            "images": int(len(test_labels)),
-            "accuracy": float(correct.mean()),
-            "per_class_accuracy": per_class,
-            "eval_s": eval_s,
-        },
+        "test": test,
         "training": training_summary(
             summary, train_images=int(len(train_images)), epochs=summary["steps"] / steps_per_epoch
         ),

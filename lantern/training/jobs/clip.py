@@ -104,6 +104,18 @@ def evaluate(weights: Path, config_path: Path, images: np.ndarray, labels: np.nd
     }
 
 
+def _splits(cfg: DictConfig) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """The train and test splits, each (images (N, 28, 28) uint8, labels (N,) int64), cut to ``train_limit``
+    and ``eval_limit`` when set."""
+    train_images, train_labels = load_split(cfg.data_root, "train")  # (N, 28, 28) uint8, (N,) int64
+    test_images, test_labels = load_split(cfg.test_root, "test")
+    if cfg.train_limit:
+        train_images, train_labels = train_images[: cfg.train_limit], train_labels[: cfg.train_limit]
+    if cfg.eval_limit:
+        test_images, test_labels = test_images[: cfg.eval_limit], test_labels[: cfg.eval_limit]
+    return (train_images, train_labels), (test_images, test_labels)
+
+
 def train(cfg: DictConfig) -> dict:
     """Train (or resume) the CLIP, export it, evaluate the exported file and write the report."""
     check_trainer_knobs(cfg)
@@ -112,12 +124,7 @@ def train(cfg: DictConfig) -> dict:
     torch.set_num_threads(cfg.num_threads)
     architecture = clip_config(**{name: getattr(cfg, name) for name in ARCHITECTURE})
     tokens = tokenize_captions(caption_table(), cfg.context_length)  # (140, context_length)
-    train_images, train_labels = load_split(cfg.data_root, "train")  # (N, 28, 28) uint8, (N,) int64
-    test_images, test_labels = load_split(cfg.test_root, "test")
-    if cfg.train_limit:
-        train_images, train_labels = train_images[: cfg.train_limit], train_labels[: cfg.train_limit]
-    if cfg.eval_limit:
-        test_images, test_labels = test_images[: cfg.eval_limit], test_labels[: cfg.eval_limit]
+    (train_images, train_labels), (test_images, test_labels) = _splits(cfg)
     steps_per_epoch = len(train_images) // cfg.batch_size
     if steps_per_epoch < 1:
         raise ConfigError(f"batch_size={cfg.batch_size} is larger than the train set ({len(train_images)} images)")

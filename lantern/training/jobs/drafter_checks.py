@@ -12,8 +12,9 @@ from omegaconf import DictConfig
 
 from lantern import checks
 from lantern.errors import ConfigError
+from lantern.training.checkpoint import CHECKPOINT_NAME, DEFAULT_RESUME_IGNORE, check_resume_config
 from lantern.training.drafter_features import FEATURE_DTYPES
-from lantern.training.loop import CHECKPOINT_NAME, DEFAULT_RESUME_IGNORE, check_resume_config, check_trainer_knobs
+from lantern.training.loop import check_trainer_knobs
 from lantern.training.shards import ShardStore
 
 STAGES = ("data", "features", "train", "export", "all")
