@@ -1,10 +1,24 @@
 """The sweep's report: per-token step indices of every decoder, the page beside the table, and how it looks."""
 
+import base64
+import html
+import io
+import json
+import subprocess
+import sys
+from html.parser import HTMLParser
+
 import pytest
 import torch
+from PIL import Image
 from test_run import REPO
 
 from lantern.decoding.stats import run_lengths
+from lantern.errors import ConfigError
+from lantern.results import report_plots
+from lantern.results.report import REPORT_NAME, parse_prompts, write_report
+from lantern.results.tables import load_records
+from lantern.run.tracking import WandbLogger
 
 DECODERS = {
     "ar": ["decoding=ar"],
@@ -60,3 +74,89 @@ def test_every_token_names_the_step_that_emitted_it(name):
             runs = torch.bincount(torch.bincount(row[1:])[1:], minlength=histogram.numel() + 1)[1:]
             # the same steps; only the last may have emitted fewer (its tokens past the image are cut)
             assert runs.sum() == histogram.sum() and (runs - histogram).abs().sum() <= 2
+
+
+# ----- the page beside a sweep's table ----------------------------------------------------------------------
+
+
+class Page(HTMLParser):
+    """The page's images (src and attributes) and the grid's cells."""
+
+    def __init__(self):
+        super().__init__()
+        self.images, self.cells, self.scripts = [], 0, []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "img":
+            self.images.append(attrs)
+        if tag == "td" and attrs.get("class") == "cell":
+            self.cells += 1
+        if tag in ("script", "link") and (attrs.get("src") or attrs.get("href")):
+            self.scripts.append(attrs)
+
+
+@pytest.fixture(scope="module")
+def world_sweep(tmp_path_factory):
+    sweep = tmp_path_factory.mktemp("report") / "sweep"
+    proc = subprocess.run(
+        [
+            sys.executable, "run.py", "-m", "decoding=ar,eagle,lantern", "num_images=2", "warmup=0",
+            "speedup_baseline=null", "wandb.mode=disabled", f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return sweep
+
+
+def test_a_sweep_writes_a_report_whose_images_exist_and_whose_maps_cover_every_token(world_sweep):
+    page = (world_sweep / REPORT_NAME).read_text()
+    parsed = Page()
+    parsed.feed(page)
+    assert not parsed.scripts and "http://" not in page and "https://" not in page  # nothing from elsewhere
+    linked = [img["src"] for img in parsed.images if not img["src"].startswith("data:")]
+    assert linked and all((world_sweep / src).is_file() for src in linked)
+    assert parsed.cells == 2 * 3  # prompts x methods
+    table = json.loads((world_sweep / "table.json").read_text())
+    for row in table["rows"]:
+        assert html.escape(row["method"]) in page
+    maps = [img for img in parsed.images if img.get("class") == "map"]
+    assert len(maps) == 6
+    for img in maps:
+        tokens = int(img["data-tokens"])
+        counts = dict(pair.split(":") for pair in img["data-counts"].split(","))
+        assert tokens == 64 and sum(int(v) for v in counts.values()) == tokens  # the world: 8 x 8 tokens
+        picture = Image.open(io.BytesIO(base64.b64decode(img["src"].split(",", 1)[1])))
+        assert picture.size == (8 * report_plots.CELL, 8 * report_plots.CELL)
+    # AR emits one token per step: every token of its maps is on a run of length 1
+    assert all(set(img["data-counts"].split(",")) == {"0:1", "1:63"} for img in maps[0::3])
+    assert "commit" in page and "python run.py -m" in page and "decoding=ar,eagle,lantern" in page
+
+
+def test_the_report_s_grid_and_histograms_are_logged_to_w_and_b(world_sweep, monkeypatch):
+    import wandb
+
+    seen = {}
+
+    class FakeRun:
+        def log(self, values):
+            seen.update(values)
+
+        def finish(self):
+            pass
+
+    monkeypatch.setattr(wandb, "init", lambda **kwargs: FakeRun())
+    records = load_records([world_sweep])
+    _, data = write_report(records, world_sweep / "again", prompts=[1])
+    WandbLogger(mode="offline").log_table(world_sweep, [{"method": m} for m in data.methods], None, data)
+    assert seen["images"].columns == ["prompt", *data.methods] and len(seen["images"].data) == 1
+    assert all(isinstance(cell, wandb.Image) for cell in seen["images"].data[0][1:])
+    assert len(seen["acceptance_maps"].data[0]) == 4 and "accepted_length" in seen
+
+
+def test_report_prompts_must_be_a_count_or_indices():
+    assert parse_prompts(8) == 8 and parse_prompts("3,5") == [3, 5] and parse_prompts([0, 2]) == [0, 2]
+    for bad in ("many", -1, [1, -2], 2.5):
+        with pytest.raises(ConfigError, match="report.prompts"):
+            parse_prompts(bad)
