@@ -4,10 +4,13 @@ import base64
 import html
 import io
 import json
+import shutil
 import subprocess
 import sys
 from html.parser import HTMLParser
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -160,3 +163,35 @@ def test_report_prompts_must_be_a_count_or_indices():
     for bad in ("many", -1, [1, -2], 2.5):
         with pytest.raises(ConfigError, match="report.prompts"):
             parse_prompts(bad)
+
+
+def chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def screenshot(page: Path, png: Path, size: str = "1300,2600") -> subprocess.CompletedProcess:
+    """Open ``page`` in headless Chromium and save a screenshot; its console messages go to stderr."""
+    return subprocess.run(
+        [
+            chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--enable-logging=stderr",
+            "--v=0", f"--window-size={size}", f"--screenshot={png}", page.resolve().as_uri(),
+        ],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+@pytest.mark.slow  # a browser start, ~5 s
+@pytest.mark.skipif(chromium() is None, reason="needs Debian's chromium (apt-get install -y chromium)")
+def test_the_report_opens_in_a_browser_with_no_console_error(world_sweep, tmp_path):
+    shot = tmp_path / "report.png"
+    proc = screenshot(world_sweep / REPORT_NAME, shot)
+    assert proc.returncode == 0 and shot.is_file(), proc.stderr[-2000:]
+    console = [line for line in proc.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
+    assert not console, console
+    pixels = np.asarray(Image.open(shot).convert("L"), dtype=np.float64)
+    assert pixels.std() > 20 and (pixels < 100).mean() > 0.02  # not blank: text, plots and images drawn
+    # the sorting script runs: a page with a deliberate error in it is caught the same way
+    broken = tmp_path / "broken.html"
+    broken.write_text((world_sweep / REPORT_NAME).read_text().replace("</script>", "undefinedFunction();</script>"))
+    proc = screenshot(broken, tmp_path / "broken.png")
+    assert any("undefinedFunction" in line for line in proc.stderr.splitlines())

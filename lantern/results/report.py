@@ -52,6 +52,7 @@ th, td { border: 1px solid #ccc; padding: 3px 6px; text-align: left; vertical-al
 table.sortable th { cursor: pointer; background: #eef; }
 td.cell { text-align: center; font-size: 11px; }
 img.sample { width: 128px; image-rendering: pixelated; display: block; margin: auto; }
+img.plot { max-width: 720px; display: block; }
 img.map { width: 128px; image-rendering: pixelated; display: block; margin: 2px auto; }
 .notes { font-size: 12px; color: #555; }
 """
@@ -235,7 +236,9 @@ def render_report(
         ("tau and speed-up against realised TV", report_plots.tv_png(table)),
         ("Accepted-length histograms", report_plots.histogram_png(data.histograms)),
     ]
-    figures = "".join(f'<h3>{title}</h3><img src="{_data_uri(png)}" alt="{title}">' for title, png in plots)
+    figures = "".join(
+        f'<h3>{title}</h3><img class="plot" src="{_data_uri(png)}" alt="{title}">' for title, png in plots
+    )
     legend = f'<img src="{_data_uri(report_plots.legend_png(data.longest))}" alt="map colour scale">'
     return (
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>lantern sweep report</title>"
