@@ -68,7 +68,8 @@ class SweepTable(Callback):
             )
         elif (run_dir / FAILED_NAME).is_file():
             (run_dir / FAILED_NAME).unlink()
-        self._write(Path(config.hydra.sweep.dir), config)
+        # The report once at the end, or now when a job failed (Hydra stops the multirun there).
+        self._write(Path(config.hydra.sweep.dir), config, report=job_return.status == JobStatus.FAILED)
 
     def on_multirun_end(self, config, **kwargs) -> None:
         from hydra.utils import instantiate
@@ -85,17 +86,18 @@ class SweepTable(Callback):
             self._lock.release()
 
     @staticmethod
-    def _write(sweep: Path, config):
-        """The table, then ``report.html`` beside it (a report that fails is named on stderr; the table stands)."""
+    def _write(sweep: Path, config, report: bool = True):
+        """The table, then (``report``) ``report.html`` beside it (a report that fails is named on stderr; the
+        table stands)."""
         if not any(sweep.rglob(RECORD_NAME)):
             return None
         records, failed = load_records([sweep]), failed_jobs([sweep])
         paths = write_tables(records, sweep, failed=failed)
-        prompts = report_prompts(config)
+        if not report:
+            return records, paths, None
         command = "python run.py -m " + " ".join(config.hydra.overrides.task)
         try:
-            report = write_report(records, sweep, prompts, command=command, failed=failed)
+            return records, paths, write_report(records, sweep, report_prompts(config), command=command, failed=failed)
         except Exception as exc:  # the report is a view of the table; never the reason a sweep fails
             print(f"report.html not written: {type(exc).__name__}: {exc}", file=sys.stderr)
-            report = None
-        return records, paths, report
+            return records, paths, None
