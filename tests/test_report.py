@@ -195,3 +195,24 @@ def test_the_report_opens_in_a_browser_with_no_console_error(world_sweep, tmp_pa
     broken.write_text((world_sweep / REPORT_NAME).read_text().replace("</script>", "undefinedFunction();</script>"))
     proc = screenshot(broken, tmp_path / "broken.png")
     assert any("undefinedFunction" in line for line in proc.stderr.splitlines())
+
+
+def test_make_tables_writes_the_report_elsewhere_with_links_that_resolve_and_refuses_bad_prompts(world_sweep, tmp_path):
+    out = tmp_path / "tables"
+    script = [sys.executable, "scripts/make_tables.py", str(world_sweep), "--out", str(out), "--report"]
+    proc = subprocess.run([*script, "--report-prompts", "1"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    parsed = Page()
+    parsed.feed((out / REPORT_NAME).read_text())
+    linked = [img["src"] for img in parsed.images if not img["src"].startswith("data:")]
+    assert len(linked) == 3 and all((out / src).resolve().is_file() for src in linked)
+    assert parsed.cells == 3  # one prompt x three methods
+    bad = tmp_path / "bad"
+    proc = subprocess.run(
+        [*script[:4], str(bad), "--report", "--report-prompts", "x"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2 and proc.stderr.strip().startswith("error: --report-prompts='x'") and not bad.exists()
