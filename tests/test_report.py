@@ -68,6 +68,8 @@ def test_every_token_names_the_step_that_emitted_it(name):
     # the target-forward steps plus the skip steps that committed this image's tokens.
     expected = stats.steps + (stats.skip_steps if name == "vvs" else 0)
     assert distinct.tolist() == expected.tolist()
+    if name == "vvs":  # the tokens skip steps committed unverified, each image's count
+        assert stats.token_skipped.sum(1).tolist() == stats.skipped_tokens.tolist() and stats.skipped_tokens.sum() > 0
     lengths = run_lengths(steps)
     assert (lengths[:, 1:] >= 1).all() and (lengths[:, 1:] <= steps.shape[1] - 1).all()
     if name == "ar":

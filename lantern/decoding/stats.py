@@ -31,7 +31,8 @@ class DecodeStats:
 
     ``token_steps`` (B, N): the step that emitted each token in raster order, 0 for the prefill's token 0 and
     1, 2, ... for the steps after it (:func:`raster_steps`, :func:`summarise`, :func:`zipar_token_steps`);
-    computed after decoding from what the steps logged, never inside a step. VVS numbers its skip steps too.
+    computed after decoding from what the steps logged, never inside a step. VVS numbers its skip steps too,
+    and ``token_skipped`` (B, N) marks the tokens a skip step committed without a target forward.
     """
 
     steps: torch.Tensor
@@ -49,6 +50,7 @@ class DecodeStats:
     skip_steps: torch.Tensor | None = None
     tokens_per_step_max: torch.Tensor | None = None
     token_steps: torch.Tensor | None = None
+    token_skipped: torch.Tensor | None = None
 
     def keys(self) -> list[str]:
         """The names of the fields that are set."""

@@ -68,6 +68,7 @@ class Cell:
     tau: float | None
     latency_s: float | None
     lengths: torch.Tensor | None  # (N,) run length of the step that emitted each token; None: not recorded
+    skipped: torch.Tensor | None = None  # (N,) committed without a target forward (VVS)
 
     def caption(self) -> str:
         tau = "-" if self.tau is None else f"{self.tau:.2f}"
@@ -115,11 +116,12 @@ def chosen_prompts(prompts: int | Sequence[int], available: int) -> list[int]:
 def _cell(record: RunRecord, method: str, index: int) -> Cell:
     folder = Path(record.run_dir)
     row = next((r for r in record.per_image if r.get("index") == index), {})
-    lengths = None
+    lengths = skipped = None
     store = ImageStore(folder)
     if store.tokens_path(index).is_file():
-        steps = store.load(index)["per_sample"].get("token_steps")
-        lengths = None if steps is None else run_lengths(steps)
+        stored = store.load(index)["per_sample"]
+        lengths = None if stored.get("token_steps") is None else run_lengths(stored["token_steps"])
+        skipped = stored.get("token_skipped")
     image = folder / image_name(index)
     return Cell(
         method=method,
@@ -128,6 +130,7 @@ def _cell(record: RunRecord, method: str, index: int) -> Cell:
         tau=row.get("mean_accepted_length"),
         latency_s=row.get("latency_s"),
         lengths=lengths,
+        skipped=skipped,
     )
 
 
@@ -188,7 +191,7 @@ def _grid_html(data: ReportData, root: Path) -> str:
                 parts.append(f'<img class="sample" src="{html.escape(link)}" alt="image {cell.index}">')
             parts.append(f"<div>{html.escape(cell.caption())}</div>")
             if cell.lengths is not None:
-                png = report_plots.png_bytes_of(report_plots.map_image(cell.lengths, data.longest))
+                png = report_plots.png_bytes_of(report_plots.map_image(cell.lengths, data.longest, cell.skipped))
                 counts = ",".join(f"{k}:{v}" for k, v in map_counts(cell.lengths).items())
                 parts.append(
                     f'<img class="map" src="{_data_uri(png)}" data-tokens="{cell.lengths.numel()}" '

@@ -89,9 +89,10 @@ def grid_width(tokens: int) -> int:
     return math.isqrt(tokens - 1) + 1 if tokens > 1 else 1
 
 
-def map_image(lengths: torch.Tensor, longest: int) -> Image.Image:
+def map_image(lengths: torch.Tensor, longest: int, skipped: torch.Tensor | None = None) -> Image.Image:
     """An acceptance map: ``lengths`` (N,) the run length of the step that emitted each token, coloured on one
-    scale up to ``longest`` (viridis: dark short runs, yellow long ones); token 0 (the prefill's) in red."""
+    scale up to ``longest`` (viridis: dark short runs, yellow long ones); token 0 (the prefill's) in red;
+    ``skipped`` (N,) tokens committed without a target forward (VVS) with a white dot."""
     from matplotlib import colormaps
 
     width = grid_width(lengths.numel())
@@ -101,20 +102,26 @@ def map_image(lengths: torch.Tensor, longest: int) -> Image.Image:
     cells = np.full((width * width, 3), 255, dtype=np.uint8)
     cells[: len(colours)] = colours
     grid = cells.reshape(width, width, 3).repeat(CELL, 0).repeat(CELL, 1)
+    if skipped is not None:
+        for token in torch.nonzero(skipped).flatten().tolist():
+            row, column = (CELL * i + CELL // 2 - 1 for i in divmod(token, width))  # the cell's middle 2 x 2
+            grid[row : row + 2, column : column + 2] = 255
     return Image.fromarray(grid)
 
 
 def legend_png(longest: int) -> bytes:
     """The maps' colour scale, run lengths 1 .. ``longest``, and the prefill's colour."""
     plt = _pyplot()
-    figure, axis = plt.subplots(figsize=(4.5, 0.8))
+    figure, axis = plt.subplots(figsize=(6.5, 0.9))
     lengths = np.arange(1, longest + 1)
     axis.imshow(
         lengths[None, :], cmap="viridis", aspect="auto", extent=(0.5, longest + 0.5, 0, 1), vmin=1, vmax=max(2, longest)
     )
     axis.set_yticks([])
     axis.set_xticks(lengths if longest <= 12 else np.linspace(1, longest, 6).round())
-    axis.set_xlabel("run length of the step that emitted the token (red: the prefill's token 0)", fontsize=7)
+    axis.set_xlabel(
+        "tokens its step emitted (red: the prefill's token 0; white dot: a skip step's, no target forward)", fontsize=7
+    )
     return _png(figure)
 
 

@@ -192,7 +192,7 @@ def report_panels(report) -> dict:
         maps.append(
             [caption]
             + [
-                wandb.Image(map_image(c.lengths, report.longest), caption=c.caption())
+                wandb.Image(map_image(c.lengths, report.longest, c.skipped), caption=c.caption())
                 if c.lengths is not None
                 else None
                 for c in cells
