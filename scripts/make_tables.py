@@ -8,14 +8,18 @@ each (k, delta), LANTERN++). Speed-up comes from the record, or from the AR reco
 and setting in those folders (the papers' batch-1 timing, e.g. ``+experiment=paper_table_latency``) and
 keeps the quality run's own speed-up as a throughput column. Each record is validated first
 (lantern.results.record): a malformed one is refused with one line naming the file and the field, and
-nothing is written. ``--out`` is a folder.
+nothing is written. ``--out`` is a folder. ``--report`` also writes ``report.html`` there: the table, plots,
+the images of the first ``--report-prompts`` prompts under every method, with acceptance maps, and provenance.
 """
 
 from __future__ import annotations
 
+import sys
+
 from lantern.cli.main import ArgumentParser, run_or_exit
 from lantern.results.render import make_tables, to_markdown
-from lantern.results.tables import failed_jobs
+from lantern.results.report import parse_prompts, write_report
+from lantern.results.tables import failed_jobs, load_records
 
 
 def main() -> None:
@@ -39,10 +43,31 @@ def main() -> None:
         action="store_true",
         help="with --latency: leave out the quality runs' own speed-ups (runs timed on a shared or loaded machine)",
     )
+    parser.add_argument("--report", action="store_true", help="also write report.html into the --out folder")
+    parser.add_argument(
+        "--report-prompts",
+        default="8",
+        metavar="N|I,J,...",
+        help="the report's grid: the first N images, or the named image indices (default 8)",
+    )
     args = parser.parse()
+    prompts = run_or_exit(lambda: parse_prompts(args.report_prompts, "--report-prompts"))
     table, paths = run_or_exit(
         lambda: make_tables(args.runs, args.out, args.stem, args.latency, throughput=not args.no_throughput)
     )
+    if args.report:
+        records = run_or_exit(lambda: load_records(args.runs))
+        timed = run_or_exit(lambda: load_records(args.latency)) if args.latency else None
+        page, _ = write_report(
+            records,
+            paths["md"].parent,
+            prompts,
+            latency=timed,
+            throughput=not args.no_throughput,
+            command="python " + " ".join(sys.argv),
+            failed=failed_jobs(args.runs),
+        )
+        paths["report"] = page
     print(to_markdown(table, failed_jobs(args.runs), paths["md"].parent))
     print("wrote " + ", ".join(str(p) for p in paths.values()))
 

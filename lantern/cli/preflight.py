@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lantern import checks
 from lantern.errors import ConfigError
+from lantern.results.report import parse_prompts
 from lantern.run import tracking
 from lantern.run.assets.check import check_assets
 from lantern.run.dry_build import dry_build
@@ -34,6 +35,9 @@ NULLABLE_KNOBS = {
     "delta": lambda v: checks.optional(checks.probability, "delta", v, note="LANTERN's TV budget"),
     "lambda": lambda v: checks.optional(checks.real, "lambda", v, 1, note="LANTERN++'s cap"),
 }
+
+# Knobs of more than one kind (so their default's kind does not bind them): name -> check.
+OWN_KIND = {"report.prompts": parse_prompts}  # a count or image indices
 
 # Top-level integers of every run, checked here so the first message about them is about them.
 TOP_LEVEL_INTEGERS = {"num_images": 1, "batch_size": 1, "seed": 0, "warmup": 0, "speedup_every": 1}
@@ -134,7 +138,11 @@ def check_overrides(cfg: DictConfig, overrides: Sequence[str]) -> None:
             default = OmegaConf.select(defaults, key, throw_on_missing=False)
         except Exception:  # noqa: BLE001 - a default that does not resolve on its own has no kind to compare
             continue
-        check_kind(key, OmegaConf.select(cfg, key, throw_on_missing=False), default)
+        value = OmegaConf.select(cfg, key, throw_on_missing=False)
+        if key in OWN_KIND:
+            OWN_KIND[key](OmegaConf.to_object(value) if OmegaConf.is_config(value) else value)
+            continue
+        check_kind(key, value, default)
 
 
 def check_run_config(cfg: DictConfig, overrides: Sequence[str] = ()) -> dict:

@@ -5,11 +5,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from lantern.cli.preflight import check_sweep_jobs
 from lantern.errors import ConfigError
 from lantern.files import write_json_atomic
 from lantern.results.record import RECORD_NAME
 from lantern.results.render import write_tables
+from lantern.results.report import parse_prompts, write_report
 from lantern.results.tables import FAILED_NAME, failed_jobs, load_records, table_rows
 from lantern.run.sweeps import check_launcher, claim_sweep
 
@@ -17,6 +20,12 @@ try:
     from hydra.experimental.callback import Callback
 except ImportError:  # pragma: no cover - hydra is a dependency
     Callback = object
+
+
+def report_prompts(config) -> int | list[int]:
+    """The config's ``report.prompts`` (8 when absent), checked (ConfigError)."""
+    value = config.report.prompts if "report" in config else 8
+    return parse_prompts(OmegaConf.to_object(value) if OmegaConf.is_config(value) else value)
 
 
 class SweepTable(Callback):
@@ -38,6 +47,7 @@ class SweepTable(Callback):
         try:
             check_launcher(config)
             check_sweep_jobs(config)  # every job's config, before any folder is made
+            report_prompts(config)
             self._lock = claim_sweep(config)
         except ConfigError as exc:
             print(f"error: {exc}", file=sys.stderr)
@@ -58,24 +68,36 @@ class SweepTable(Callback):
             )
         elif (run_dir / FAILED_NAME).is_file():
             (run_dir / FAILED_NAME).unlink()
-        self._write(Path(config.hydra.sweep.dir))
+        # The report once at the end, or now when a job failed (Hydra stops the multirun there).
+        self._write(Path(config.hydra.sweep.dir), config, report=job_return.status == JobStatus.FAILED)
 
     def on_multirun_end(self, config, **kwargs) -> None:
         from hydra.utils import instantiate
 
         sweep = Path(config.hydra.sweep.dir)
-        written = self._write(sweep)
+        written = self._write(sweep, config)
         if written is not None:
-            print(f"sweep table: {written[1]['md']}")
+            print(f"sweep table: {written[1]['md']}" + (f", report: {written[2][0]}" if written[2] else ""))
             tracker = config.get("job", {}).get("tracker")
             if tracker is not None:
-                instantiate(tracker).log_table(sweep, table_rows(written[0]), written[1]["png"])
+                report = written[2][1] if written[2] else None
+                instantiate(tracker).log_table(sweep, table_rows(written[0]), written[1]["png"], report)
         if self._lock is not None:
             self._lock.release()
 
     @staticmethod
-    def _write(sweep: Path):
+    def _write(sweep: Path, config, report: bool = True):
+        """The table, then (``report``) ``report.html`` beside it (a report that fails is named on stderr; the
+        table stands)."""
         if not any(sweep.rglob(RECORD_NAME)):
             return None
-        records = load_records([sweep])
-        return records, write_tables(records, sweep, failed=failed_jobs([sweep]))
+        records, failed = load_records([sweep]), failed_jobs([sweep])
+        paths = write_tables(records, sweep, failed=failed)
+        if not report:
+            return records, paths, None
+        command = "python run.py -m " + " ".join(config.hydra.overrides.task)
+        try:
+            return records, paths, write_report(records, sweep, report_prompts(config), command=command, failed=failed)
+        except Exception as exc:  # the report is a view of the table; never the reason a sweep fails
+            print(f"report.html not written: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return records, paths, None

@@ -13,7 +13,7 @@ from lantern.decoding.api import DecodeResult, DecoderSettings, register
 from lantern.decoding.batch import ModelInputs, prefill
 from lantern.decoding.compile import check_compile, compiled, mark_static
 from lantern.decoding.loop import run_steps
-from lantern.decoding.stats import exact_law
+from lantern.decoding.stats import exact_law, raster_steps
 from lantern.models.condition import Condition
 from lantern.models.kv_cache import KVCache
 from lantern.models.sampling import SamplingConfig, guided_logits_at, next_token
@@ -168,4 +168,5 @@ class ARDecoder:
         state = ARState(codes, torch.ones(1, dtype=torch.long, device=inputs.device), keys)
         state, _ = run_steps(ar_step, self._step, ctx, state, num_tokens - 1, guard=self.guard)
         per_sample = exact_law(torch.full((inputs.batch,), num_tokens - 1, dtype=torch.long), num_tokens)
+        per_sample.token_steps = raster_steps(inputs.batch, num_tokens)
         return DecodeResult(state.codes, {"target_forwards": float(num_tokens), "steps": float(num_tokens)}, per_sample)

@@ -28,6 +28,11 @@ class DecodeStats:
     relaxation moved onto ``accepted_drafts`` accepted drafts. VVS: ``skipped_tokens`` committed without a
     target forward, ``skipped_tv_sum`` / ``skipped_tv_measured`` their realised TV, ``skip_steps`` skip steps
     that committed some. ZipAR: ``tokens_per_step_max``.
+
+    ``token_steps`` (B, N): the step that emitted each token in raster order, 0 for the prefill's token 0 and
+    1, 2, ... for the steps after it (:func:`raster_steps`, :func:`summarise`, :func:`zipar_token_steps`);
+    computed after decoding from what the steps logged, never inside a step. VVS numbers its skip steps too,
+    and ``token_skipped`` (B, N) marks the tokens a skip step committed without a target forward.
     """
 
     steps: torch.Tensor
@@ -44,6 +49,8 @@ class DecodeStats:
     skipped_tv_measured: torch.Tensor | None = None
     skip_steps: torch.Tensor | None = None
     tokens_per_step_max: torch.Tensor | None = None
+    token_steps: torch.Tensor | None = None
+    token_skipped: torch.Tensor | None = None
 
     def keys(self) -> list[str]:
         """The names of the fields that are set."""
@@ -96,6 +103,52 @@ def exact_law(steps: torch.Tensor, num_tokens: int) -> DecodeStats:
     )
 
 
+def raster_steps(batch: int, num_tokens: int) -> torch.Tensor:
+    """Token steps (B, N) of one token per step in raster order: token ``t`` at step ``t`` (AR)."""
+    return torch.arange(num_tokens, dtype=torch.int16).expand(batch, -1).clone()
+
+
+def emitted_steps(counts: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """Token steps (B, N) from ``counts`` (B, S) tokens each step emitted in raster order after token 0
+    (0 for a step that emitted none); tokens past the image are cut."""
+    batch, steps = counts.shape
+    numbers = torch.arange(1, steps + 1)
+    out = torch.zeros(batch, num_tokens, dtype=torch.int16)
+    for row in range(batch):  # a host loop over the batch, once per decode
+        emitted = torch.repeat_interleave(numbers, counts[row].cpu().long())[: num_tokens - 1]
+        out[row, 1 : 1 + emitted.numel()] = emitted.to(torch.int16)
+    return out
+
+
+def zipar_token_steps(batch: int, side: int, rows: int, window: int) -> torch.Tensor:
+    """Token steps (B, N) of ZipAR's schedule (:mod:`lantern.decoding.zipar.step`), which is fixed: row 0
+    starts at the prefill; row ``r`` starts once row ``r - 1`` has ``window`` tokens (row 1: once row 0 is
+    complete) and every started row draws one token per step."""
+    done = [1] + [0] * (rows - 1)
+    out = torch.zeros(rows * side, dtype=torch.int16)
+    step = 0
+    while done[-1] < side:
+        step += 1
+        above = [side] + done[:-1]
+        drawing = [
+            (0 < done[r] < side) or (done[r] == 0 and above[r] >= window and (r >= 2 or above[r] == side))
+            for r in range(rows)
+        ]
+        for r in range(rows):
+            if drawing[r]:
+                out[r * side + done[r]] = step
+                done[r] += 1
+    return out.expand(batch, -1).clone()
+
+
+def run_lengths(token_steps: torch.Tensor) -> torch.Tensor:
+    """Per token (..., N): how many tokens the step that emitted it emitted (the accepted run's length)."""
+    flat = token_steps.long().reshape(-1, token_steps.shape[-1])
+    counts = torch.zeros(flat.shape[0], int(flat.max()) + 1, dtype=torch.long)
+    counts.scatter_add_(1, flat, torch.ones_like(flat))
+    return counts.gather(1, flat).reshape(token_steps.shape)
+
+
 def summarise(logs: list, num_tokens: int, depth: int) -> DecodeStats:
     """Per-sample CPU tensors from speculative step logs: steps, the acceptance histogram, realised TV, merged mass.
 
@@ -128,6 +181,7 @@ def summarise(logs: list, num_tokens: int, depth: int) -> DecodeStats:
         merged_sum=moved.sum((1, 2)).cpu(),
         merged_max=moved.amax((1, 2)).cpu(),
         accepted_drafts=levels.sum((1, 2)).cpu(),
+        token_steps=emitted_steps(emitted.sum(2).cpu(), num_tokens),
     )
 
 

@@ -47,7 +47,7 @@ RUN_CONFIG = "run_config.json"
 RUN_INPUTS = "run_inputs.json"  # every file the first images were made from: path -> role, sha256, bytes
 TOKENS_DIR = "tokens"
 # Config entries that change neither images nor records' meaning: where things are written, how runs are logged.
-IGNORED_CONFIG_KEYS = ("wandb", "paths")
+IGNORED_CONFIG_KEYS = ("wandb", "paths", "report")
 
 
 def comparable(config: dict) -> dict:

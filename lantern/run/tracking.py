@@ -145,8 +145,9 @@ class WandbLogger:
         finally:
             run.finish()
 
-    def log_table(self, out_dir: Path, rows: list[dict], plot: Path | None = None) -> None:
-        """Log a sweep's table ``rows`` (and its Pareto ``plot``) as one W&B run under ``out_dir``."""
+    def log_table(self, out_dir: Path, rows: list[dict], plot: Path | None = None, report=None) -> None:
+        """Log a sweep's table ``rows`` (and its Pareto ``plot``) as one W&B run under ``out_dir``; with the
+        ``report``'s grid (:class:`lantern.results.report.ReportData`) its images, acceptance maps and histograms."""
         if self.mode == "disabled" or not rows:
             return
         import wandb
@@ -169,6 +170,46 @@ class WandbLogger:
             }
             if plot is not None and Path(plot).is_file():
                 logged["pareto"] = wandb.Image(str(plot))
+            if report is not None:
+                logged.update(report_panels(report))
             run.log(logged)
         finally:
             run.finish()
+
+
+def report_panels(report) -> dict:
+    """W&B panels of a sweep's report: ``images`` and ``acceptance_maps`` (tables, rows: prompts, columns: the
+    methods in table order, each image captioned with its tau and latency) and ``accepted_length`` (a line per
+    method: the share of steps that emitted each run length)."""
+    import wandb
+
+    from lantern.results.report_plots import map_image
+
+    columns = ["prompt", *report.methods]
+    images, maps = [], []
+    for caption, cells in zip(report.captions, report.cells, strict=True):
+        images.append([caption] + [wandb.Image(str(c.image), caption=c.caption()) if c.image else None for c in cells])
+        maps.append(
+            [caption]
+            + [
+                wandb.Image(map_image(c.lengths, report.longest, c.skipped), caption=c.caption())
+                if c.lengths is not None
+                else None
+                for c in cells
+            ]
+        )
+    panels = {
+        "images": wandb.Table(columns=columns, data=images),
+        "acceptance_maps": wandb.Table(columns=columns, data=maps),
+    }
+    shown = {method: counts for method, counts in report.histograms.items() if counts and sum(counts)}
+    if shown:
+        longest = max(len(counts) for counts in shown.values())
+        panels["accepted_length"] = wandb.plot.line_series(
+            xs=list(range(1, longest + 1)),
+            ys=[[n / sum(counts) for n in counts] + [0.0] * (longest - len(counts)) for counts in shown.values()],
+            keys=list(shown),
+            title="share of steps by accepted run length",
+            xname="run length",
+        )
+    return panels

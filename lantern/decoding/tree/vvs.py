@@ -405,6 +405,7 @@ class VVSDecoder(SpeculativeDecoder):
             skipped_tv_sum=skip_tv[:, 0],
             skipped_tv_measured=skip_tv[:, 2].long(),
             skip_steps=committed.sum(1),  # skip steps that committed this row's tokens
+            token_skipped=state.skipped[:, :num_tokens].cpu(),
         )
 
 

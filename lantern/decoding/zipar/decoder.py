@@ -23,7 +23,7 @@ from lantern.decoding.api import DecodeResult, DecoderSettings, register
 from lantern.decoding.batch import ModelInputs, prefill
 from lantern.decoding.compile import check_compile, compiled, mark_static
 from lantern.decoding.loop import default_sync_every, run_steps
-from lantern.decoding.stats import DecodeStats
+from lantern.decoding.stats import DecodeStats, zipar_token_steps
 from lantern.decoding.zipar.step import ZipARContext, ZipARState, zipar_step
 from lantern.models.condition import Condition
 from lantern.models.sampling import SamplingConfig
@@ -163,6 +163,7 @@ class ZipARDecoder:
             steps=(drawn > 0).sum(1).cpu(),
             tokens=torch.full((batch,), num_tokens - 1, dtype=torch.long),
             tokens_per_step_max=drawn.amax(1).cpu(),
+            token_steps=zipar_token_steps(batch, side, grid_rows, self.window),
         )
         stats = {"target_forwards": float(1 + len(logs)), "steps": float(1 + len(logs))}
         return DecodeResult(state.codes[:, :num_tokens], stats, per_sample)
