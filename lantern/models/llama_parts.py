@@ -266,16 +266,28 @@ class PromptedTarget(RopeTarget, nn.Module):
     """A Llama-style target prompted by left-padded token ids of its whole vocabulary, decoding the slice of
     image codes: code ``c`` is vocabulary id ``config.code_offset + c`` (Chameleon, Lumina-mGPT, Emu3). Its
     cache is a :class:`ValidityCache`, so every call hides the condition slots the prefill's mask hid (CFG's
-    unconditional context has a length of its own). A family gives ``__init__`` (``self.model`` with
-    ``embed_tokens``, ``layers`` and ``norm``; ``self.lm_head`` over the whole vocabulary), ``null_condition``
-    and ``null_condition_mask``."""
+    unconditional context has a length of its own). A family gives ``body_class`` (the HF layout's ``model.*``;
+    ``lm_head`` is over the whole vocabulary), ``null_condition`` and ``null_condition_mask``."""
 
     cache_class = ValidityCache
+    body_class: type[nn.Module]  # ``model.*``: ``embed_tokens`` over the whole vocabulary, ``layers``, ``norm``
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.model = self.body_class(config)
+        self.lm_head = nn.Linear(config.dim, config.text_vocab_size, bias=False)
+        self.init_rope()
 
     # ----- inputs -------------------------------------------------------------------------------
     def embed_condition(self, condition: torch.Tensor) -> torch.Tensor:
         """Prompt token ids (B, T), left-padded with the pad id -> embeddings (B, T, D)."""
         return self.model.embed_tokens(condition)
+
+    def padded_condition(self, batch: int) -> torch.Tensor:
+        """(B, T) of the pad id: a null condition's ids before the family writes its real slots at the end."""
+        cfg = self.config
+        return torch.full((batch, cfg.cls_token_num), cfg.pad_id, dtype=torch.long, device=self.inv_freq.device)
 
     def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         """Image codes (B, S) -> embeddings of their vocabulary ids (B, S, D)."""

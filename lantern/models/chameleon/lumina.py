@@ -88,8 +88,7 @@ class LuminaTarget(RowEndTarget, ChameleonTarget):
 
     def null_condition(self, batch: int) -> torch.Tensor:
         """CFG's unconditional context (B, T): ``[pad ..., BOI, H, W]`` (the reference's stream from BOI on)."""
-        cfg = self.config
-        ids = torch.full((batch, cfg.cls_token_num), cfg.pad_id, dtype=torch.long, device=self.inv_freq.device)
+        cfg, ids = self.config, self.padded_condition(batch)
         ids[:, -3], ids[:, -2:] = cfg.boi_id, cfg.size_id
         return ids
 

@@ -150,17 +150,11 @@ class ChameleonTarget(PromptedTarget):
     (its last slot is the image-start token), image token ``n`` is fed at slot ``T + n``.
     """
 
-    def __init__(self, config: ChameleonConfig):
-        super().__init__()
-        self.config = config
-        self.model = ChameleonBody(config)
-        self.lm_head = nn.Linear(config.dim, config.text_vocab_size, bias=False)
-        self.init_rope()
+    body_class = ChameleonBody
 
     def null_condition(self, batch: int) -> torch.Tensor:
         """The unconditional context of CFG (B, T): ``[pad ..., BOS, BOI]``, as LANTERN's ``ea_model_anole.py``."""
-        cfg = self.config
-        ids = torch.full((batch, cfg.cls_token_num), cfg.pad_id, dtype=torch.long, device=self.inv_freq.device)
+        cfg, ids = self.config, self.padded_condition(batch)
         ids[:, -2], ids[:, -1] = cfg.bos_id, cfg.boi_id
         return ids
 

@@ -78,13 +78,7 @@ def folder_parts(folder: str, target: Mapping, tokenizer) -> tuple[Emu3Config, M
 
 
 def random_bundle(
-    name: str,
-    target: Mapping,
-    vq: Mapping,
-    init_seed: int = 0,
-    device: str = "cpu",
-    dtype: str = "float32",
-    gpt_ckpt: str | None = None,
+    name: str, target: Mapping, vq: Mapping, init_seed=0, device="cpu", dtype="float32", gpt_ckpt: str | None = None
 ) -> ModelBundle:
     """The seeded random tiny Emu3 (no files): target, VQ and a word-level tokenizer over its vocabulary.
     ``gpt_ckpt`` (an HF folder of the same architecture and vocabulary), when given, replaces target and VQ."""

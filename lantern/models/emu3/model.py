@@ -110,17 +110,11 @@ class Emu3Body(nn.Module):
 class Emu3Target(RowEndTarget):
     """An Emu3 decoder over image codes with the EOL tokens hidden (module docstring); no I/O here."""
 
-    def __init__(self, config: Emu3Config):
-        super().__init__()
-        self.config = config
-        self.model = Emu3Body(config)
-        self.lm_head = nn.Linear(config.dim, config.text_vocab_size, bias=False)
-        self.init_rope()
+    body_class = Emu3Body
 
     def null_condition(self, batch: int) -> torch.Tensor:
         """CFG's unconditional context (B, T): the negative prompt's ids, left-padded as a prompt."""
-        cfg = self.config
-        ids = torch.full((batch, cfg.cls_token_num), cfg.pad_id, dtype=torch.long, device=self.inv_freq.device)
+        cfg, ids = self.config, self.padded_condition(batch)
         ids[:, cfg.cls_token_num - len(cfg.null_ids) :] = torch.tensor(cfg.null_ids, device=ids.device)
         return ids
 
