@@ -9,7 +9,7 @@ import torch
 from test_text import T5_DIM, _tiny_t5_folder
 
 from lantern.models.llamagen.gpt import Transformer, gpt_config
-from lantern.models.llamagen.vq import VQModel, vq_config
+from lantern.models.vq_model import VQModel, vq_config
 
 REPO = Path(__file__).resolve().parents[1]
 
