@@ -118,12 +118,17 @@ class ValidityCache(KVCache):
         last = slots == cond_len - 1  # (B, S) the query at the last condition slot, when this call has it
         seen = (mask[:, 0] & last[:, :, None]).any(1)  # (B, L) the columns that query sees
         real = (slots >= cond_len) | seen.gather(1, slots.clamp_max(seen.shape[1] - 1))  # (B, S)
-        if torch.compiler.is_compiling():  # in place at a fixed address (see LayerCache.update)
-            rows = torch.arange(slots.shape[0], device=slots.device)[:, None]
-            self.valid.index_put_((rows, slots), real)
-        else:
-            self.valid.scatter_(1, slots, real)
-        return self.valid
+        return write_flags(self.valid, slots, real)
+
+
+def write_flags(flags: torch.Tensor, slots: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """``flags`` (B, max_len) with ``values`` (B, S) written at ``slots`` (B, S), in place; returns ``flags``."""
+    if torch.compiler.is_compiling():  # in place at a fixed address (see LayerCache.update)
+        rows = torch.arange(slots.shape[0], device=slots.device)[:, None]
+        flags.index_put_((rows, slots), values)
+    else:
+        flags.scatter_(1, slots, values)
+    return flags
 
 
 def row_head_index(batch: int, heads: int, device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from lantern.models.kv_cache import KVCache, ValidityCache
+from lantern.models.kv_cache import KVCache, ValidityCache, write_flags
 from lantern.models.llama_parts import PromptedTarget, rope_angles
 
 
@@ -55,12 +55,7 @@ class RowEndCache(ValidityCache):
     def write_live(self, slots: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
         """Record whether the tokens written at logical ``slots`` (B, S) end a row (``ends`` (B, S)); return
         ``live`` (B, max_len)."""
-        if torch.compiler.is_compiling():  # in place at a fixed address (see LayerCache.update)
-            rows = torch.arange(slots.shape[0], device=slots.device)[:, None]
-            self.live.index_put_((rows, slots), ends)
-        else:
-            self.live.scatter_(1, slots, ends)
-        return self.live
+        return write_flags(self.live, slots, ends)
 
     def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Move logical slots ``src`` to ``dst`` (B, n): both physical slots of each, and its live flag."""
