@@ -10,7 +10,7 @@ from helpers import T5_DIM
 from helpers import tiny_t5_folder as _tiny_t5_folder
 
 from lantern.models.llamagen.gpt import Transformer, gpt_config
-from lantern.models.llamagen.vq import VQModel, vq_config
+from lantern.models.vq_model import VQModel, vq_config
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -14,12 +14,12 @@ from family_helpers import check_greedy_chain_equals_ar_in_one_graph
 from lantern.decoding.ar import ARDecoder
 from lantern.errors import CheckpointError, ConfigError
 from lantern.models.chameleon import hf
-from lantern.models.chameleon.bundle import random_target
 from lantern.models.chameleon.condition import ChameleonConditioner
 from lantern.models.chameleon.model import ChameleonTarget
 from lantern.models.chameleon.vocab import TINY_WORDS, image_token_name, read_layout, tiny_vocabulary, word_tokenizer
 from lantern.models.chameleon.vqgan import ChameleonVQGAN, VQGANConfig
 from lantern.models.checkpoint import TOKENIZER_NAME
+from lantern.models.llama_parts import random_prompted_target
 from lantern.models.sampling import SamplingConfig
 from lantern.models.target import Target, prefix_causal_mask
 from lantern.rng import keys_tensor
@@ -319,7 +319,7 @@ def test_the_random_preset_target_is_seeded():
         },
         VQGANConfig(**VQ, channel_multiplier=(1, 1, 2), num_res_blocks=1),
     )
-    one, two = random_target(config, 0), random_target(config, 0)
+    one, two = random_prompted_target(ChameleonTarget, config, 0), random_prompted_target(ChameleonTarget, config, 0)
     assert all(torch.equal(a, b) for a, b in zip(one.state_dict().values(), two.state_dict().values(), strict=True))
     mask = prefix_causal_mask(torch.ones(1, 8, dtype=torch.bool), 8)
     assert mask.shape == (1, 1, 8, 8)

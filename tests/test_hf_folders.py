@@ -23,8 +23,8 @@ from lantern.models.kv_cache import NoCache
 from lantern.models.llamagen.bundle import load_target, random_bundle, save_target_folder
 from lantern.models.llamagen.drafter import load_drafter
 from lantern.models.llamagen.gpt import Transformer, gpt_config
-from lantern.models.llamagen.vq import vq_config
 from lantern.models.target import prefix_causal_mask
+from lantern.models.vq_model import vq_config
 
 C2I = {
     "preset": "GPT-nano",

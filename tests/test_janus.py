@@ -243,7 +243,7 @@ def test_vq_names_map_onto_janusvqvae_at_full_size():
     with torch.device("meta"):
         their = JanusVQVAE(JanusVQVAEConfig(num_patches=24))
         config = vq_config(their.config.to_dict())
-        from lantern.models.llamagen.vq import VQModel
+        from lantern.models.vq_model import VQModel
 
         mine = VQModel(config)
     their_shapes = {k: tuple(v.shape) for k, v in their.state_dict().items()}

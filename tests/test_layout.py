@@ -160,7 +160,7 @@ def test_the_walk_sees_lazy_imports(tmp_path):
     ]
 
 
-FAMILIES = ("lantern.models.llamagen", "lantern.models.chameleon", "lantern.models.janus")
+FAMILIES = ("lantern.models.llamagen", "lantern.models.chameleon", "lantern.models.janus", "lantern.models.emu3")
 FAMILY_FREE = ("decoding", "rules", "metrics", "results", "run", "cli")
 # The run wing's LlamaGen-only tools that still name the family's loaders and reference code directly (they
 # reached it through models/bundle.py and models/reference.py before; benchmarks composed from conf/ drop them).
@@ -226,6 +226,59 @@ def test_the_family_check_catches_direct_and_lazy_imports(tmp_path):
     assert family_imports_of_generic_modules(edges) == [
         "lantern.models.bundle:3 -> lantern.models.janus.hf",
         "lantern.models.drafter:7 -> lantern.models.world.load",
+    ]
+
+
+# The one import allowed between family folders: world/ is the embedded LlamaGen world (a shipped LlamaGen
+# checkpoint and its manifest), so its loader builds the bundle with LlamaGen's own loader.
+CROSS_FAMILY_ALLOWED = {("lantern.models.world", "lantern.models.llamagen")}
+
+
+def family_folder(module: str) -> str | None:
+    """The family folder ``module`` is in or is, or None."""
+    return next((f for f in FAMILY_FOLDERS if module == f or module.startswith(f + ".")), None)
+
+
+def cross_family_imports(edges: dict[str, list[tuple[str, int]]]) -> list[str]:
+    """``module:line -> target`` for every import (lazy ones too) by a family folder's module of another family
+    folder, but the pairs of CROSS_FAMILY_ALLOWED."""
+    found = []
+    for name, targets in edges.items():
+        mine = family_folder(name)
+        for target, line in targets:
+            theirs = family_folder(target)
+            if mine and theirs and theirs != mine and (mine, theirs) not in CROSS_FAMILY_ALLOWED:
+                found.append(f"{name}:{line} -> {target}")
+    return found
+
+
+def test_no_family_folder_imports_another():
+    """A family is a folder of its own: what two families share lives in a generic models module (row_ends.py,
+    llama_parts.py, kv_cache.py, ...), which both import."""
+    graph_now = graph()
+    assert any(family_folder(name) == "lantern.models.emu3" for name in graph_now)
+    found = cross_family_imports(graph_now)
+    assert not found, "family folders importing another family folder:\n" + "\n".join(found)
+
+
+def test_the_cross_family_check_catches_direct_and_lazy_imports(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text(
+        "from lantern.models import row_ends\ndef f():\n    from lantern.models.chameleon import lumina\n"
+    )
+    known = {"lantern.models.row_ends", "lantern.models.chameleon.lumina", "lantern.models.llamagen.bundle"}
+    edges = {
+        "lantern.models.emu3.model": imports(source, known),
+        "lantern.models.chameleon.bundle": [("lantern.models.chameleon.hf", 1), ("lantern.models.llama_parts", 2)],
+        "lantern.models.janus": [("lantern.models.llamagen.gpt", 4)],
+        "lantern.models.world.load": [("lantern.models.llamagen.bundle", 5)],
+        "lantern.models.llamagen.bundle": [("lantern.models.world.load", 6)],
+        "lantern.models.bundle": [("lantern.models.janus.hf", 7)],
+    }
+    assert cross_family_imports(edges) == [
+        "lantern.models.emu3.model:3 -> lantern.models.chameleon.lumina",
+        "lantern.models.janus:4 -> lantern.models.llamagen.gpt",
+        "lantern.models.llamagen.bundle:6 -> lantern.models.world.load",
     ]
 
 

@@ -14,9 +14,10 @@ from test_chameleon import save_folder
 
 from lantern.decoding.ar import ARDecoder
 from lantern.models.chameleon import hf
-from lantern.models.chameleon.lumina import LuminaCache, LuminaTarget, size_token
+from lantern.models.chameleon.lumina import LuminaTarget, size_token
 from lantern.models.chameleon.lumina_bundle import converter, random_bundle, tiny_words
 from lantern.models.chameleon.vocab import tiny_vocabulary
+from lantern.models.row_ends import RowEndCache
 from lantern.models.sampling import SamplingConfig
 from lantern.models.target import Target
 from lantern.rng import keys_tensor
@@ -231,8 +232,8 @@ def test_the_target_satisfies_the_protocol_and_finds_lumina_ids_by_name(lumina):
     assert loaded.config == cfg
 
 
-def make_cache(batch=2, slots=6) -> LuminaCache:
-    cache = LuminaCache.allocate(2, batch, 1, slots, 2, torch.float32, "cpu")
+def make_cache(batch=2, slots=6) -> RowEndCache:
+    cache = RowEndCache.allocate(2, batch, 1, slots, 2, torch.float32, "cpu")
     for index, tensor in enumerate(cache.keys + cache.values):
         tensor.copy_(torch.arange(tensor.numel(), dtype=torch.float32).view_as(tensor) + 1000 * index)
     cache.live.copy_(torch.tensor([[False, True, False, False, True, False], [True, False, True, False, False, True]]))

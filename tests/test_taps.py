@@ -39,9 +39,9 @@ from lantern.models.llamagen import reference_layout
 from lantern.models.llamagen.bundle import random_bundle
 from lantern.models.llamagen.drafter import load_drafter
 from lantern.models.llamagen.gpt import Transformer, default_taps, gpt_config
-from lantern.models.llamagen.vq import vq_config
 from lantern.models.sampling import SamplingConfig
 from lantern.models.target import prefix_causal_mask
+from lantern.models.vq_model import vq_config
 from lantern.rng import keys_tensor
 from lantern.rules.exact import ExactDeterministic, ExactSampled
 

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from lantern.errors import ConfigError
-from lantern.models.llamagen.vq import VQConfig, VQModel, vq_config
+from lantern.models.vq_model import VQConfig, VQModel, vq_config
 from lantern.training import loop as loop_module
 from lantern.training.loop import CHECKPOINT_NAME, CONFIG_NAME, EpochBatches, Trainer, warmup_cosine
 from lantern.training.vq import VQObjective, evaluate_vq

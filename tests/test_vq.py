@@ -11,7 +11,7 @@ import torch
 from lantern.errors import CheckpointError, ConfigError
 from lantern.models.bundle import to_uint8
 from lantern.models.checkpoint import load_weights
-from lantern.models.llamagen.vq import CODEBOOK_USED_SIZE, VQ_PRESETS, Downsample, VQConfig, VQModel, vq_config
+from lantern.models.vq_model import CODEBOOK_USED_SIZE, VQ_PRESETS, Downsample, VQConfig, VQModel, vq_config
 
 KEYS_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "llamagen_keys"
 

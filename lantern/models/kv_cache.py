@@ -89,6 +89,48 @@ class KVCache:
             cache.index_put_((rows, head, dst[:, None, :]), cache[rows, head, src[:, None, :]])  # (B, H, n, hd)
 
 
+class ValidityCache(KVCache):
+    """A :class:`KVCache` that also keeps which slots hold real keys: ``valid`` (B, max_len) bool, True except
+    where the prefill's mask hid a condition slot. Image tokens and draft nodes are never pads. The cache of
+    the targets prompted by left-padded token ids (:class:`lantern.models.llama_parts.PromptedTarget`): CFG's
+    unconditional context may be shorter or longer than the prompt, so each row's pads are kept here."""
+
+    def __init__(self, keys, values, valid: torch.Tensor):
+        super().__init__(keys, values)
+        self.valid = valid
+
+    @classmethod
+    def allocate(cls, n_layer, batch, n_head, max_len, head_dim, dtype, device) -> ValidityCache:
+        base = KVCache.allocate(n_layer, batch, n_head, max_len, head_dim, dtype, device)
+        return cls(base.keys, base.values, torch.ones(batch, max_len, dtype=torch.bool, device=device))
+
+    def tensors(self) -> list[torch.Tensor]:
+        return self.keys + self.values + [self.valid]
+
+    def write_valid(self, slots: torch.Tensor, mask: torch.Tensor, cond_len: int) -> torch.Tensor:
+        """Record which keys written at ``slots`` (B, S) under ``mask`` (B, 1, S, L) are real; return the
+        validity of every slot (B, max_len).
+
+        Only the prefill writes condition slots (``< cond_len``); there the query at the last one (the
+        image-start token, always real) sees exactly its row's real condition slots, so its mask row is
+        their validity. Every other slot written is an image token or a draft node: real.
+        """
+        last = slots == cond_len - 1  # (B, S) the query at the last condition slot, when this call has it
+        seen = (mask[:, 0] & last[:, :, None]).any(1)  # (B, L) the columns that query sees
+        real = (slots >= cond_len) | seen.gather(1, slots.clamp_max(seen.shape[1] - 1))  # (B, S)
+        return write_flags(self.valid, slots, real)
+
+
+def write_flags(flags: torch.Tensor, slots: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """``flags`` (B, max_len) with ``values`` (B, S) written at ``slots`` (B, S), in place; returns ``flags``."""
+    if torch.compiler.is_compiling():  # in place at a fixed address (see LayerCache.update)
+        rows = torch.arange(slots.shape[0], device=slots.device)[:, None]
+        flags.index_put_((rows, slots), values)
+    else:
+        flags.scatter_(1, slots, values)
+    return flags
+
+
 def row_head_index(batch: int, heads: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Row (B, 1, 1) and head (1, H, 1) indices that, with per-row slots (B, 1, S), address (B, H, S) cache entries."""
     rows = torch.arange(batch, device=device)[:, None, None]

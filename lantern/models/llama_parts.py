@@ -1,4 +1,4 @@
-"""The Llama-style pieces the Chameleon and Janus families share (transformers' ``modeling_llama`` /
+"""The Llama-style pieces the Chameleon, Janus and Emu3 families share (transformers' ``modeling_llama`` /
 ``modeling_chameleon`` maths), so each family's ``model.py`` keeps only what differs.
 
 * :class:`RMSNorm` (normalised in fp32, cast back, then scaled), :class:`MLP` (SwiGLU, no biases),
@@ -10,8 +10,11 @@
 * :class:`LlamaShape`, the shape facts and checks both configs state the same way; :class:`RopeTarget`, the
   protocol's methods both targets write the same way over their layers (fp32 RoPE frequencies, the layer loop
   with taps, the static cache);
-* :func:`seeded_weights`, the seeded init of a random preset's target. The one EAGLE drafter arch both families
-  build on is :mod:`lantern.models.llama_drafter`.
+* :class:`PromptedTarget`, a target prompted by left-padded ids of its whole vocabulary that decodes the image
+  codes' slice, over a :class:`~lantern.models.kv_cache.ValidityCache` (Chameleon, Lumina-mGPT, Emu3);
+* :func:`seeded_weights`, the seeded init of a random preset's target, and :func:`random_prompted_target`, the
+  law a random :class:`PromptedTarget` draws from. The one EAGLE drafter arch the families build on is
+  :mod:`lantern.models.llama_drafter`.
 
 Nothing here is a family: it holds no layout of prompts, vocabularies or folders.
 """
@@ -27,7 +30,7 @@ from torch import nn
 
 from lantern import checks
 from lantern.errors import CheckpointError, ConfigError
-from lantern.models.kv_cache import KVCache
+from lantern.models.kv_cache import KVCache, ValidityCache
 from lantern.models.target import EmbeddingsTarget, GridShape, check_taps
 
 
@@ -257,3 +260,94 @@ class RopeTarget(EmbeddingsTarget):
         return self.cache_class.allocate(
             cfg.n_layer, batch, cfg.n_kv_head, max_len or cfg.max_seq_len, cfg.head_dim, weight.dtype, weight.device
         )
+
+
+class PromptedTarget(RopeTarget, nn.Module):
+    """A Llama-style target prompted by left-padded token ids of its whole vocabulary, decoding the slice of
+    image codes: code ``c`` is vocabulary id ``config.code_offset + c`` (Chameleon, Lumina-mGPT, Emu3). Its
+    cache is a :class:`ValidityCache`, so every call hides the condition slots the prefill's mask hid (CFG's
+    unconditional context has a length of its own). A family gives ``body_class`` (the HF layout's ``model.*``;
+    ``lm_head`` is over the whole vocabulary), ``null_condition`` and ``null_condition_mask``."""
+
+    cache_class = ValidityCache
+    body_class: type[nn.Module]  # ``model.*``: ``embed_tokens`` over the whole vocabulary, ``layers``, ``norm``
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.model = self.body_class(config)
+        self.lm_head = nn.Linear(config.dim, config.text_vocab_size, bias=False)
+        self.init_rope()
+
+    # ----- inputs -------------------------------------------------------------------------------
+    def embed_condition(self, condition: torch.Tensor) -> torch.Tensor:
+        """Prompt token ids (B, T), left-padded with the pad id -> embeddings (B, T, D)."""
+        return self.model.embed_tokens(condition)
+
+    def padded_condition(self, batch: int) -> torch.Tensor:
+        """(B, T) of the pad id: a null condition's ids before the family writes its real slots at the end."""
+        cfg = self.config
+        return torch.full((batch, cfg.cls_token_num), cfg.pad_id, dtype=torch.long, device=self.inv_freq.device)
+
+    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Image codes (B, S) -> embeddings of their vocabulary ids (B, S, D)."""
+        return self.model.embed_tokens(tokens + self.config.code_offset)
+
+    def input_embeddings(self) -> torch.Tensor:
+        """The image codes' rows of the embedding table (K, D), a view."""
+        cfg = self.config
+        return self.model.embed_tokens.weight.narrow(0, cfg.code_offset, cfg.num_codes)
+
+    # ----- core ---------------------------------------------------------------------------------
+    def forward_embeddings(
+        self, x, positions, slots, mask, cache, taps: tuple[int, ...] = ()
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Run the layers over ``x`` (B, S, D) at ``positions`` (S,) or (B, S), writing cache ``slots``
+        (B, S) under ``mask`` (B, 1, S, L); return final-norm states (B, S, D), or with ``taps`` the pair
+        ``(hidden, features)``, features (B, S, len(taps) * D) the residual streams entering those layers."""
+        cos, sin = rope_angles(positions, self.inv_freq, x.dtype)
+        cos, sin = (cos[None, None], sin[None, None]) if cos.dim() == 2 else (cos[:, None], sin[:, None])
+        return self.run_layers(x, cos, sin, self.visible(slots, mask, cache), slots, cache, taps)
+
+    def visible(self, slots: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
+        """``mask`` (B, 1, S, L) with the slots the prefill's mask hid hidden, recording this call's validity in
+        a :class:`ValidityCache`; as it is for any other cache. A query always sees its own slot (a padded
+        query row stays finite; its output is never read)."""
+        if not isinstance(cache, ValidityCache):
+            return mask
+        length = mask.shape[-1]
+        valid = cache.write_valid(slots, mask, self.config.cls_token_num)[:, :length]  # (B, L)
+        own = torch.arange(length, device=slots.device)[None, None, :] == slots[:, :, None]  # (B, S, L)
+        return mask & (valid[:, None, None, :] | own[:, None])
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Hidden states (..., D) -> fp32 logits over the image codes (..., K)."""
+        cfg = self.config
+        return F.linear(hidden, self.lm_head.weight.narrow(0, cfg.code_offset, cfg.num_codes)).float()
+
+    def vocab_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Hidden states (..., D) -> fp32 logits over the whole vocabulary (..., V), for checks."""
+        return self.lm_head(hidden).float()
+
+    # ----- decoding -----------------------------------------------------------------------------
+    def layers_and_norm(self) -> tuple[nn.ModuleList, nn.Module]:
+        return self.model.layers, self.model.norm
+
+    def cache_weight(self) -> torch.Tensor:
+        return self.model.embed_tokens.weight
+
+
+def random_prompted_target(target_class: type[PromptedTarget], config, init_seed: int = 0) -> PromptedTarget:
+    """A seeded random :class:`PromptedTarget` of ``target_class`` (std 0.02 weights as transformers' init;
+    LayerNorm/RMSNorm weights perturbed so the norms matter in tests; the pad id's embedding row zero, as
+    transformers' ``padding_idx`` row)."""
+
+    def law(name: str) -> tuple[float, float]:
+        if name.endswith("norm.weight"):
+            return 1.0, 0.1
+        return 0.0, 0.1 if name.endswith("norm.bias") else 0.02
+
+    model = seeded_weights(target_class(config), init_seed, law)
+    with torch.no_grad():
+        model.model.embed_tokens.weight[config.pad_id].zero_()
+    return model

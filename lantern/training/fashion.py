@@ -13,7 +13,7 @@ import torch
 from tqdm.auto import tqdm
 
 from lantern.files import cache_mismatch, content_digest, save_torch_atomic
-from lantern.models.llamagen.vq import VQModel
+from lantern.models.vq_model import VQModel
 from lantern.models.world.fashion_mnist import NUM_CLASSES, FashionMNISTImages, all_captions
 from lantern.training.vq import image_batch
 

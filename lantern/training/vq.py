@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from lantern import checks
 from lantern.errors import ConfigError
-from lantern.models.llamagen.vq import VQModel
+from lantern.models.vq_model import VQModel
 
 
 def image_batch(dataset: Sequence, indices: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,7 @@ from lantern.models.chameleon.vqgan import ChameleonVQGAN, VQGANConfig
 from lantern.models.checkpoint import check_state_dict, read_state_dict, tokenizer_file
 from lantern.models.devices import resolve_device, resolve_dtype
 from lantern.models.drafter import load_drafter_for
-from lantern.models.llama_parts import seeded_weights
+from lantern.models.llama_parts import random_prompted_target
 from lantern.models.prompt_ids import load_tokenizer
 
 
@@ -55,21 +55,6 @@ def random_config(target: Mapping, vq: VQGANConfig) -> tuple[ChameleonConfig, di
         **vars(layout),
     )
     return config, vocab
-
-
-def random_target(config: ChameleonConfig, init_seed: int = 0, target_class=ChameleonTarget) -> ChameleonTarget:
-    """A seeded random target (std 0.02 weights as transformers' init; LayerNorm/RMSNorm weights perturbed so
-    the norms matter in tests); ``target_class`` a family variant's (Lumina-mGPT's)."""
-
-    def law(name: str) -> tuple[float, float]:
-        if name.endswith("norm.weight"):
-            return 1.0, 0.1
-        return 0.0, 0.1 if name.endswith("norm.bias") else 0.02
-
-    model = seeded_weights(target_class(config), init_seed, law)
-    with torch.no_grad():
-        model.model.embed_tokens.weight[config.pad_id].zero_()  # as transformers' padding_idx row
-    return model
 
 
 def random_vqgan(vq: VQGANConfig, init_seed: int = 0) -> ChameleonVQGAN:
@@ -109,7 +94,7 @@ def random_bundle(
     device, dtype = resolve_device(device), resolve_dtype(dtype)
     vq_cfg = vq_config(vq)
     config, vocab = (config_of or random_config)(target, vq_cfg)
-    model = random_target(config, init_seed, target_class)
+    model = random_prompted_target(target_class, config, init_seed)
     if gpt_ckpt is not None:
         loaded, _ = hf.load_target(gpt_ckpt, config.grid_size, config.cls_token_num, convert, target_class)
         if loaded.config != config:

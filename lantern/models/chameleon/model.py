@@ -31,7 +31,7 @@ Padded condition slots: the unconditional context of CFG is shorter than the con
 condition comes with its own mask (:meth:`ChameleonTarget.null_condition_mask`, its two real slots), which
 the prefill applies to the unconditional rows (``lantern.decoding.batch.guided_inputs``). Later steps of some
 decoders build the condition columns of both CFG halves from the conditional row's validity, so the cache
-keeps which slots hold real keys as the prefill's mask stated them (:class:`ChameleonCache`) and every call
+keeps which slots hold real keys as the prefill's mask stated them (:class:`~lantern.models.kv_cache.ValidityCache`) and every call
 hides the others: each row sees exactly its own context. A query always sees its own slot (a padded query
 row stays finite; its output is never read).
 """
@@ -46,9 +46,8 @@ from torch import nn
 
 from lantern import checks
 from lantern.errors import ConfigError
-from lantern.models.kv_cache import KVCache
 from lantern.models.llama_drafter import LlamaDrafterArch, RopeRowsLayer
-from lantern.models.llama_parts import Attention, DecoderLayer, LlamaBody, LlamaShape, RopeTarget, rope_angles
+from lantern.models.llama_parts import Attention, DecoderLayer, LlamaBody, LlamaShape, PromptedTarget
 
 QK_NORM_EPS = 1e-5  # transformers' ChameleonLayerNorm ignores the config's eps
 ARCHITECTURE = "ChameleonForConditionalGeneration"
@@ -95,41 +94,6 @@ class ChameleonConfig(LlamaShape):
         """What an EAGLE drafter for this target is (:class:`~lantern.models.drafter.DrafterArch`): Chameleon's
         own layer and 1D RoPE, LANTERN's ``jadohu/anole_drafter`` folder layout."""
         return ChameleonDrafterArch(self)
-
-
-class ChameleonCache(KVCache):
-    """A :class:`KVCache` that also keeps which slots hold real keys: ``valid`` (B, max_len) bool, True except
-    where the prefill's mask hid a condition slot. Image tokens and draft nodes are never pads."""
-
-    def __init__(self, keys, values, valid: torch.Tensor):
-        super().__init__(keys, values)
-        self.valid = valid
-
-    @classmethod
-    def allocate(cls, n_layer, batch, n_head, max_len, head_dim, dtype, device) -> ChameleonCache:
-        base = KVCache.allocate(n_layer, batch, n_head, max_len, head_dim, dtype, device)
-        return cls(base.keys, base.values, torch.ones(batch, max_len, dtype=torch.bool, device=device))
-
-    def tensors(self) -> list[torch.Tensor]:
-        return self.keys + self.values + [self.valid]
-
-    def write_valid(self, slots: torch.Tensor, mask: torch.Tensor, cond_len: int) -> torch.Tensor:
-        """Record which keys written at ``slots`` (B, S) under ``mask`` (B, 1, S, L) are real; return the
-        validity of every slot (B, max_len).
-
-        Only the prefill writes condition slots (``< cond_len``); there the query at the last one (the
-        image-start token, always real) sees exactly its row's real condition slots, so its mask row is
-        their validity. Every other slot written is an image token or a draft node: real.
-        """
-        last = slots == cond_len - 1  # (B, S) the query at the last condition slot, when this call has it
-        seen = (mask[:, 0] & last[:, :, None]).any(1)  # (B, L) the columns that query sees
-        real = (slots >= cond_len) | seen.gather(1, slots.clamp_max(seen.shape[1] - 1))  # (B, S)
-        if torch.compiler.is_compiling():  # in place at a fixed address (see LayerCache.update)
-            rows = torch.arange(slots.shape[0], device=slots.device)[:, None]
-            self.valid.index_put_((rows, slots), real)
-        else:
-            self.valid.scatter_(1, slots, real)
-        return self.valid
 
 
 class HeadNorm(nn.Module):
@@ -179,29 +143,18 @@ class ChameleonBody(LlamaBody):
     layer_class = ChameleonLayer
 
 
-class ChameleonTarget(RopeTarget, nn.Module):
+class ChameleonTarget(PromptedTarget):
     """A Chameleon decoder over image codes; no I/O here (see :mod:`lantern.models.chameleon.hf`).
 
     Sequence layout as every target: condition slots ``0 .. T-1`` hold the left-padded prompt context
     (its last slot is the image-start token), image token ``n`` is fed at slot ``T + n``.
     """
 
-    def __init__(self, config: ChameleonConfig):
-        super().__init__()
-        self.config = config
-        self.model = ChameleonBody(config)
-        self.lm_head = nn.Linear(config.dim, config.text_vocab_size, bias=False)
-        self.init_rope()
-
-    # ----- inputs -------------------------------------------------------------------------------
-    def embed_condition(self, condition: torch.Tensor) -> torch.Tensor:
-        """Prompt token ids (B, T), left-padded with the pad id -> embeddings (B, T, D)."""
-        return self.model.embed_tokens(condition)
+    body_class = ChameleonBody
 
     def null_condition(self, batch: int) -> torch.Tensor:
         """The unconditional context of CFG (B, T): ``[pad ..., BOS, BOI]``, as LANTERN's ``ea_model_anole.py``."""
-        cfg = self.config
-        ids = torch.full((batch, cfg.cls_token_num), cfg.pad_id, dtype=torch.long, device=self.inv_freq.device)
+        cfg, ids = self.config, self.padded_condition(batch)
         ids[:, -2], ids[:, -1] = cfg.bos_id, cfg.boi_id
         return ids
 
@@ -210,54 +163,6 @@ class ChameleonTarget(RopeTarget, nn.Module):
         null = torch.zeros_like(mask)
         null[:, -2:] = True
         return null
-
-    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Image codes (B, S) -> embeddings of their vocabulary ids (B, S, D)."""
-        return self.model.embed_tokens(tokens + self.config.code_offset)
-
-    def input_embeddings(self) -> torch.Tensor:
-        """The image codes' rows of the embedding table (K, D), a view."""
-        cfg = self.config
-        return self.model.embed_tokens.weight.narrow(0, cfg.code_offset, cfg.num_codes)
-
-    # ----- core ---------------------------------------------------------------------------------
-    def forward_embeddings(
-        self, x, positions, slots, mask, cache, taps: tuple[int, ...] = ()
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Run the layers over ``x`` (B, S, D) at ``positions`` (S,) or (B, S), writing cache ``slots``
-        (B, S) under ``mask`` (B, 1, S, L); return final-norm states (B, S, D), or with ``taps`` the pair
-        ``(hidden, features)``, features (B, S, len(taps) * D) the residual streams entering those layers."""
-        cos, sin = rope_angles(positions, self.inv_freq, x.dtype)
-        cos, sin = (cos[None, None], sin[None, None]) if cos.dim() == 2 else (cos[:, None], sin[:, None])
-        return self.run_layers(x, cos, sin, self.visible(slots, mask, cache), slots, cache, taps)
-
-    def visible(self, slots: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
-        """``mask`` (B, 1, S, L) with the slots the prefill's mask hid hidden (module docstring), recording this
-        call's validity in a :class:`ChameleonCache`; as it is for any other cache."""
-        if not isinstance(cache, ChameleonCache):
-            return mask
-        length = mask.shape[-1]
-        valid = cache.write_valid(slots, mask, self.config.cls_token_num)[:, :length]  # (B, L)
-        own = torch.arange(length, device=slots.device)[None, None, :] == slots[:, :, None]  # (B, S, L)
-        return mask & (valid[:, None, None, :] | own[:, None])
-
-    def head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Hidden states (..., D) -> fp32 logits over the image codes (..., K)."""
-        cfg = self.config
-        return F.linear(hidden, self.lm_head.weight.narrow(0, cfg.code_offset, cfg.num_codes)).float()
-
-    def vocab_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Hidden states (..., D) -> fp32 logits over the whole vocabulary (..., V), for checks."""
-        return self.lm_head(hidden).float()
-
-    # ----- decoding -----------------------------------------------------------------------------
-    cache_class = ChameleonCache
-
-    def layers_and_norm(self) -> tuple[nn.ModuleList, nn.Module]:
-        return self.model.layers, self.model.norm
-
-    def cache_weight(self) -> torch.Tensor:
-        return self.model.embed_tokens.weight
 
 
 # ----- drafters -----------------------------------------------------------------------------------------------

@@ -22,7 +22,6 @@ from lantern.models.bundle import (
     require_folder,
     timing_parts,
 )
-from lantern.models.chameleon.bundle import random_target
 from lantern.models.checkpoint import folder_source, read_tensor, tokenizer_file
 from lantern.models.devices import resolve_device, resolve_dtype
 from lantern.models.drafter import load_drafter_for
@@ -31,6 +30,7 @@ from lantern.models.emu3.condition import Emu3Conditioner, negative_ids
 from lantern.models.emu3.model import Emu3Config, Emu3Target
 from lantern.models.emu3.vocab import read_layout, tiny_vocabulary, word_tokenizer
 from lantern.models.emu3.vq import downsample, load_vq, random_vq
+from lantern.models.llama_parts import random_prompted_target
 from lantern.models.prompt_ids import load_tokenizer
 
 # Words of the random preset's tokenizer: its captions', and those of BAAI's positive and negative prompts.
@@ -78,20 +78,14 @@ def folder_parts(folder: str, target: Mapping, tokenizer) -> tuple[Emu3Config, M
 
 
 def random_bundle(
-    name: str,
-    target: Mapping,
-    vq: Mapping,
-    init_seed: int = 0,
-    device: str = "cpu",
-    dtype: str = "float32",
-    gpt_ckpt: str | None = None,
+    name: str, target: Mapping, vq: Mapping, init_seed=0, device="cpu", dtype="float32", gpt_ckpt: str | None = None
 ) -> ModelBundle:
     """The seeded random tiny Emu3 (no files): target, VQ and a word-level tokenizer over its vocabulary.
     ``gpt_ckpt`` (an HF folder of the same architecture and vocabulary), when given, replaces target and VQ."""
     device, dtype = resolve_device(device), resolve_dtype(dtype)
     config, vocab = random_config(target, vq)
     tokenizer = word_tokenizer(vocab)
-    model, vq_model = random_target(config, init_seed, Emu3Target), random_vq(vq, init_seed)
+    model, vq_model = random_prompted_target(Emu3Target, config, init_seed), random_vq(vq, init_seed)
     if gpt_ckpt is not None:
         folder = require_folder(gpt_ckpt, hf.ARCHITECTURE)
         loaded, folder_vq = folder_parts(folder, target, tokenizer)

@@ -10,10 +10,10 @@ back then scaled, SwiGLU, 1D half-split RoPE (Emu3-Gen: theta 1e6, 8 key/value h
 An image (BAAI's ``Emu3PrefixConstrainedLogitsHelper``) is, after the prompt's ``<|image token|>``, ``grid`` rows
 of ``grid`` visual tokens each followed by EOL (``<|extra_200|>``, the last row too), then EOF, EOI, EOS: the
 row-end syntax of Lumina-mGPT. The decoders address image code ``n`` at logical slot ``T + n`` and must not see
-the EOLs, so this target hides them exactly as :class:`~lantern.models.chameleon.lumina.LuminaTarget` does (two
-physical cache slots per logical one, an EOL companion live after each row's last code, the row end's output
-being its EOL's); that machinery is reused here, not restated: it reads only the config's ids and sizes and the
-body's ``embed_tokens``, ``layers`` and ``norm``. The head is the visual tokens' rows of ``lm_head`` (their
+the EOLs, so this target hides them as Lumina-mGPT's does, with :class:`lantern.models.row_ends.RowEndTarget`
+(two physical cache slots per logical one, an EOL companion live after each row's last code, the row end's
+output being its EOL's): it reads only the config's ids and sizes and the body's ``embed_tokens``, ``layers``
+and ``norm``. The head is the visual tokens' rows of ``lm_head`` (their
 prefix-constrained processor masks every other id inside a row; EOL, EOF, EOI are forced, never sampled).
 
 CFG as BAAI's ``image_generation.py``: the unconditional context is the negative prompt in the same template
@@ -31,10 +31,10 @@ from torch import nn
 
 from lantern import checks
 from lantern.errors import ConfigError
-from lantern.models.chameleon.lumina import LuminaTarget
-from lantern.models.chameleon.model import ChameleonCache
+from lantern.models.kv_cache import ValidityCache
 from lantern.models.llama_drafter import LlamaDrafterArch
 from lantern.models.llama_parts import LlamaBody, LlamaShape
+from lantern.models.row_ends import RowEndTarget
 
 ARCHITECTURE = "Emu3ForConditionalGeneration"
 IDS = ("bos_id", "pad_id", "boi_id", "img_id", "eol_id", "eof_id", "eoi_id", "eos_id")
@@ -107,20 +107,14 @@ class Emu3Body(nn.Module):
         return self.text_model.norm
 
 
-class Emu3Target(LuminaTarget):
+class Emu3Target(RowEndTarget):
     """An Emu3 decoder over image codes with the EOL tokens hidden (module docstring); no I/O here."""
 
-    def __init__(self, config: Emu3Config):
-        nn.Module.__init__(self)
-        self.config = config
-        self.model = Emu3Body(config)
-        self.lm_head = nn.Linear(config.dim, config.text_vocab_size, bias=False)
-        self.init_rope()
+    body_class = Emu3Body
 
     def null_condition(self, batch: int) -> torch.Tensor:
         """CFG's unconditional context (B, T): the negative prompt's ids, left-padded as a prompt."""
-        cfg = self.config
-        ids = torch.full((batch, cfg.cls_token_num), cfg.pad_id, dtype=torch.long, device=self.inv_freq.device)
+        cfg, ids = self.config, self.padded_condition(batch)
         ids[:, cfg.cls_token_num - len(cfg.null_ids) :] = torch.tensor(cfg.null_ids, device=ids.device)
         return ids
 
@@ -131,12 +125,13 @@ class Emu3Target(LuminaTarget):
         return null
 
     def visible(self, slots: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
-        """As Chameleon's (hide the slots the prefill's mask hid), and also show an image query every condition slot
-        the prefill's mask held real: some decoders build both CFG halves' condition columns from the conditional
-        row's validity, and Emu3's unconditional context (the negative prompt) is longer than most prompts, so its
-        rows hold real slots where the conditional row has pads. Each row then sees exactly its own context."""
+        """As :meth:`PromptedTarget.visible` (hide the slots the prefill's mask hid), and also show an image query
+        every condition slot the prefill's mask held real: some decoders build both CFG halves' condition columns
+        from the conditional row's validity, and Emu3's unconditional context (the negative prompt) is longer than
+        most prompts, so its rows hold real slots where the conditional row has pads. Each row then sees exactly
+        its own context."""
         mask = super().visible(slots, mask, cache)
-        if not isinstance(cache, ChameleonCache):
+        if not isinstance(cache, ValidityCache):
             return mask
         length, cond_len = mask.shape[-1], self.config.cls_token_num
         valid = cache.valid[:, :length] & (torch.arange(length, device=slots.device) < cond_len)  # (B, L)

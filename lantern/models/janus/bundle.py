@@ -33,8 +33,8 @@ from lantern.models.janus.condition import TINY_WORDS, JanusConditioner, tiny_vo
 from lantern.models.janus.model import JanusConfig, JanusTarget
 from lantern.models.janus.vq import load_vq, random_vq, vq_config
 from lantern.models.llama_parts import seeded_weights
-from lantern.models.llamagen.vq import VQConfig
 from lantern.models.prompt_ids import load_tokenizer
+from lantern.models.vq_model import VQConfig
 
 CODEBOOK_KEY = hf.VQ_PREFIX + "quantize.embedding.weight"
 

@@ -2,7 +2,7 @@
 
 DeepSeek's ``janus/models/vq_model.py`` is LlamaGen's VQ model (16384 codes of dim 8, l2-normalised codebook,
 ``ch_mult`` 1,1,2,2,4, attention at the lowest resolution, 384 px -> 24 x 24), so the tokenizer here is
-:class:`lantern.models.llamagen.vq.VQModel` with transformers' names mapped onto it:
+:class:`lantern.models.vq_model.VQModel` with transformers' names mapped onto it:
 ``{encoder,decoder}.{down,up}.{i}.block.{j}`` -> ``conv_blocks.{i}.res.{j}``, ``...attn.{j}``,
 ``...{down,up}sample`` -> ``conv_blocks.{i}.*``, ``mid.{block_1,attn_1,block_2}`` -> ``mid.{0,1,2}``
 (transformers' decoder lists its levels lowest resolution first, as LlamaGen's). ``JanusVQVAE.decode``
@@ -18,7 +18,7 @@ import torch
 
 from lantern.errors import CheckpointError
 from lantern.models.checkpoint import check_shapes
-from lantern.models.llamagen.vq import VQConfig, VQModel
+from lantern.models.vq_model import VQConfig, VQModel
 
 USAGE_KEY = "quantize.codebook_used"  # LlamaGen's usage statistic; transformers' VQ has none
 

@@ -21,7 +21,7 @@ from lantern.models.checkpoint import check_hf_folder, load_weights
 from lantern.models.devices import resolve_device, resolve_dtype
 from lantern.models.llamagen import hf_layout
 from lantern.models.llamagen.gpt import GPTConfig, Transformer, gpt_config
-from lantern.models.llamagen.vq import VQConfig, VQModel, vq_config
+from lantern.models.vq_model import VQConfig, VQModel, vq_config
 
 
 @dataclass

@@ -10,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 from lantern.files import sha256_file
 from lantern.models.checkpoint import load_weights
 from lantern.models.llamagen.gpt import Transformer, gpt_config
-from lantern.models.llamagen.vq import VQModel, vq_config
+from lantern.models.vq_model import VQModel, vq_config
 from lantern.models.world.fashion_mnist import FashionMNISTImages
 from lantern.training.fashion import caption_table, tokenize
 from lantern.training.gpt import GPTObjective

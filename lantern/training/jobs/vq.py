@@ -14,7 +14,7 @@ from lantern.errors import ConfigError
 from lantern.files import save_png, write_json_atomic
 from lantern.models.bundle import to_uint8
 from lantern.models.checkpoint import load_weights
-from lantern.models.llamagen.vq import VQModel, vq_config
+from lantern.models.vq_model import VQModel, vq_config
 from lantern.models.world.fashion_mnist import NUM_CLASSES, FashionMNISTImages
 from lantern.results.provenance import environment
 from lantern.training.loop import EpochBatches, Trainer, check_trainer_knobs, training_summary, warmup_cosine

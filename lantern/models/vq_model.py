@@ -1,4 +1,6 @@
-"""LlamaGen's VQ image tokenizer (VQ-16 / VQ-8) and small CPU-sized variants.
+"""LlamaGen's VQ image tokenizer (VQ-16 / VQ-8) and small CPU-sized variants: the tokenizer of the LlamaGen
+family and, under transformers' names, of Janus (DeepSeek's ``gen_vision_model`` is LlamaGen's VQ-16; see
+:mod:`lantern.models.janus.vq`), so it lives beside the families rather than in either folder.
 
 The module tree mirrors the released checkpoints name for name, shape for shape and in the same
 registration order (see ``shared/llamagen_keys/vq_VQ-*.tsv``), so the official files load strictly.
