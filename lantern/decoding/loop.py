@@ -32,7 +32,6 @@ from typing import Any
 import torch
 
 from lantern.decoding.compile import Compiled, compiled
-from lantern.decoding.stats import summarise  # noqa: F401  (its old home: the Jacobi decoder imports it here)
 
 Step = Callable[[Any, Any, bool], tuple[Any, Any]]
 

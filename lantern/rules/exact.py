@@ -210,9 +210,13 @@ class ExactWindowTest:
     when its draft follows its recorded law; when a redraw keeps drafts that do not (``law`` given, SJD++),
     the realised TV is that of :func:`emitted_law`, measured on audited steps."""
 
-    def prepare(self, model) -> ExactWindowTest:
-        """This test, with any table it needs built for ``model`` (none)."""
+    def bound(self, model) -> ExactWindowTest:
+        """This test for ``model`` (a decoder binds its test once per context; the exact test reads nothing
+        of the model)."""
         return self
+
+    def prepare(self, device: torch.device) -> None:
+        """Build the tables a step reads on ``device`` (:func:`lantern.decoding.loop.prepare`): none here."""
 
     def describe(self) -> dict | None:
         """The test's knobs for records (None: the exact test has none)."""

@@ -116,13 +116,22 @@ class GroupedTest(ExactWindowTest):
 
     def __init__(self, radius: int = 7, p_thr: float = 0.15, d_thr: float | None = 0.5):
         self.grouping = Grouping(radius, p_thr, d_thr)
-        self.close: torch.Tensor | None = None  # (V, V) bool distance test, once prepared for a model
+        self.embeddings: torch.Tensor | None = None  # (V, D) the bound model's input embeddings
+        self.close: torch.Tensor | None = None  # (V, V) bool distance test, once prepared for a device
 
-    def prepare(self, model) -> GroupedTest:
-        """This test with the distance table of ``model``'s input embeddings (on their device)."""
-        prepared = copy.copy(self)
-        prepared.close = self.grouping.close_table(model.input_embeddings())
-        return prepared
+    def bound(self, model) -> GroupedTest:
+        """A copy of this test that reads ``model``'s input embeddings (its table built by :meth:`prepare`)."""
+        bound = copy.copy(self)
+        bound.embeddings, bound.close = model.input_embeddings(), None
+        return bound
+
+    def prepare(self, device: torch.device) -> None:
+        """Build the distance table of the bound model's embeddings on ``device``
+        (:func:`lantern.decoding.loop.prepare`; once per context, so no step builds it)."""
+        if self.embeddings is None:
+            raise RuntimeError("GroupedTest.prepare: bind the test to a model first (bound(model))")
+        close = self.grouping.close_table(self.embeddings)
+        self.close = None if close is None else close.to(device)
 
     def describe(self) -> dict:
         return self.grouping.describe()

@@ -20,14 +20,15 @@ import torch
 
 from lantern import checks
 from lantern.decoding.api import DecodeResult, DecoderSettings, register
-from lantern.decoding.batch import column_validity, guided_inputs, prefill_condition
+from lantern.decoding.batch import ModelInputs, prefill
 from lantern.decoding.compile import check_compile, compiled, mark_static
 from lantern.decoding.jacobi.redraw import KeepConfident, Redraw, checked_redraw
 from lantern.decoding.jacobi.state import INITS, JacobiContext, JacobiState
 from lantern.decoding.jacobi.step import initial_tokens, jacobi_step
-from lantern.decoding.loop import default_sync_every, run_steps, summarise
+from lantern.decoding.loop import default_sync_every, prepare, run_steps
+from lantern.decoding.stats import summarise
 from lantern.models.condition import Condition
-from lantern.models.sampling import SamplingConfig, guided_logits, next_token
+from lantern.models.sampling import SamplingConfig
 from lantern.models.target import Target
 from lantern.rules.exact import ExactWindowTest
 from lantern.rules.grouped import GroupedTest
@@ -165,6 +166,8 @@ class JacobiDecoder:
             cache = model.new_cache(rows, capacity)
             if self.compile != "none":
                 mark_static(*cache.tensors())
+            test = self.test.bound(model)  # this test for the model (GSD: the table of its embeddings)
+            prepare(device, test, self.redraw)  # every table a step reads, built before any step
             self._contexts[shape] = JacobiContext(
                 model=model,
                 cache=cache,
@@ -173,7 +176,7 @@ class JacobiDecoder:
                 init=self.init,
                 num_tokens=model.config.num_image_tokens,
                 groups=rows // batch,
-                test=self.test.prepare(model),  # its tables built once per context, on the model's device
+                test=test,
                 redraw=self.redraw,
             )
         return self._contexts[shape]
@@ -200,17 +203,14 @@ class JacobiDecoder:
         cfg, sampling, width = model.config, self.sampling, self.window
         self.check_model(cfg)
         cond_len, num_tokens = cfg.cls_token_num, cfg.num_image_tokens
-        cond_emb, cond_mask = guided_inputs(model, condition, sampling)
-        rows, batch = cond_emb.shape[0], len(condition)
-        device = cond_emb.device
+        inputs = ModelInputs.of(model, condition, sampling)
+        batch, device = inputs.batch, inputs.device
         self.check_device(device)
         # Rows may run W+1 tokens past the image before the loop notices; the window needs W+1 slots.
         capacity = cond_len + num_tokens + 2 * width + 2
-        ctx = self._context(model, rows, batch, capacity, device)
-
-        hidden = prefill_condition(model, cond_emb, cond_mask, ctx.cache, capacity)  # (rows, T, D)
-        codes = torch.zeros(batch, num_tokens + 2 * width + 2, dtype=torch.long, device=device)
-        codes[:, 0] = next_token(guided_logits(model.head(hidden[:, -1]), sampling, 0), sampling, keys, 0)
+        ctx = self._context(model, inputs.rows, batch, capacity, device)
+        width_codes = num_tokens + 2 * width + 2  # (B, C) codes, room for the overrun
+        codes = prefill(model, inputs, ctx.cache, keys, sampling, width=width_codes, capacity=capacity).codes
         decided = torch.ones(batch, dtype=torch.long, device=device)
         window, draft_q = self.first_window(ctx, codes, keys)
         state = JacobiState(
@@ -220,7 +220,7 @@ class JacobiDecoder:
             window=window,
             draft_q=draft_q,
             keys=keys,
-            target_valid=column_validity(cond_mask, capacity),
+            target_valid=inputs.valid(capacity),
             draft_law=self.redraw.initial_law(draft_q),
         )
 

@@ -82,7 +82,7 @@ class Redrawn(NamedTuple):
 @dataclass
 class JacobiContext:
     """What stays fixed for a batch shape: the model, its cache (static address), the knobs, the window
-    test (prepared for this model: its tables on the model's device) and the redraw."""
+    test (bound to this model, its tables prepared on the model's device) and the redraw."""
 
     model: Target
     cache: object
@@ -93,4 +93,3 @@ class JacobiContext:
     groups: int  # CFG rows per image
     test: object  # a window test: lantern.rules.exact.ExactWindowTest or lantern.rules.grouped.GroupedTest
     redraw: object  # a lantern.decoding.jacobi.redraw.Redraw
-    warm: bool = False  # whether a step has run eagerly with this context (lazy tables filled)
