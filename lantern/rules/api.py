@@ -154,6 +154,13 @@ class Composed:
         self.relaxation, self.test = relaxation, test
         self.candidates = test.candidates
 
+    def prepare(self, device: torch.device) -> None:
+        """Build the tables the relaxation reads on ``device`` (called through
+        :func:`lantern.decoding.loop.prepare` when a decoder builds a context; exact tests read none)."""
+        hook = getattr(self.relaxation, "prepare", None)
+        if hook is not None:
+            hook(device)
+
     def relax(self, p, tokens, valid, q) -> Relaxed:
         """``p'`` for rows of nodes (each row on its own: rows of several nodes may come in one call)."""
         return self.relaxation.relax(p, tokens, valid, q, self.candidates)

@@ -100,6 +100,12 @@ class LanternReference:
 
     # ------------------------------------------------------------------ the relaxed test, one candidate per row
 
+    def prepare(self, device: torch.device) -> None:
+        """Put the neighbour columns a step reads on ``device``: ``k`` (the relaxed test) and ``k + 1``
+        (the authors' zeroing after a rejection)."""
+        for width in (self.k, self.k + 1):
+            self.table.columns(width, device)
+
     def _bound(self, px: torch.Tensor) -> torch.Tensor | float:
         """The most neighbour mass a candidate with target mass ``px`` may take: ``delta``, or ``(lam - 1) px``
         with a trailing unit dimension (to compare with running sums over its neighbours)."""

@@ -127,6 +127,11 @@ class NeighbourRelaxation:
         self.receivers = checks.choice("receivers", receivers, TRANSPORT_RECEIVERS)
         self.rounds = checks.integer("rounds", rounds, 1)
 
+    def prepare(self, device: torch.device) -> None:
+        """Put the neighbour columns a step reads on ``device``: ``k`` (the merge) and ``scan`` (the transport)."""
+        for width in (self.k, self.scan):
+            self.table.columns(width, device)
+
     def _cap(self, p: torch.Tensor, px: torch.Tensor) -> torch.Tensor:
         """The most a receiver with target mass ``px`` may gain: (R,) or (R, V)."""
         if self.lam is None:

@@ -164,7 +164,7 @@ class SpeculativeDecoder:
             target_cache, drafter_cache = model.new_cache(rows, capacity), self.drafter.new_cache(rows, capacity)
             if self.compile != "none":
                 mark_static(*target_cache.tensors(), *drafter_cache.tensors())
-            prepare(device, self.draft, self.rule, RuleTables(self.rule))
+            prepare(device, self.draft, self.rule)  # the draft's and the rule's tables, before any step
             self._contexts[shape] = StepContext(
                 model=model,
                 drafter=self.drafter,
@@ -244,24 +244,3 @@ class SpeculativeDecoder:
         if timer:
             timer.add("prefill", started, time.perf_counter())
         return ctx, state, timer, features[:, -1]
-
-
-class RuleTables:
-    """The neighbour-table columns a rule reads, put on the device by :func:`~lantern.decoding.loop.prepare`.
-
-    A stand-in until rules prepare their own tables (a ``prepare(device)`` on the rule, which
-    :func:`~lantern.decoding.loop.prepare` then calls): LANTERN's relaxation reads ``k`` and ``scan``
-    columns, the authors' reference rule ``k`` and ``k + 1``.
-    """
-
-    def __init__(self, rule):
-        self.owners = [] if hasattr(rule, "prepare") else [rule, getattr(rule, "relaxation", None)]
-
-    def prepare(self, device: torch.device) -> None:
-        for owner in self.owners:
-            table, k = getattr(owner, "table", None), getattr(owner, "k", None)
-            if table is None or not hasattr(table, "columns") or not isinstance(k, int):
-                continue
-            for width in {k, k + 1, getattr(owner, "scan", k)}:
-                if width <= table.k_max:
-                    table.columns(width, device)
