@@ -58,13 +58,13 @@ class SweepTable(Callback):
             )
         elif (run_dir / FAILED_NAME).is_file():
             (run_dir / FAILED_NAME).unlink()
-        self._write(Path(config.hydra.sweep.dir))
+        self._write(Path(config.hydra.sweep.dir), _published(config))
 
     def on_multirun_end(self, config, **kwargs) -> None:
         from hydra.utils import instantiate
 
         sweep = Path(config.hydra.sweep.dir)
-        written = self._write(sweep)
+        written = self._write(sweep, _published(config))
         if written is not None:
             print(f"sweep table: {written[1]['md']}")
             tracker = config.get("job", {}).get("tracker")
@@ -74,8 +74,16 @@ class SweepTable(Callback):
             self._lock.release()
 
     @staticmethod
-    def _write(sweep: Path):
+    def _write(sweep: Path, published: dict | None = None):
         if not any(sweep.rglob(RECORD_NAME)):
             return None
         records = load_records([sweep])
-        return records, write_tables(records, sweep, failed=failed_jobs([sweep]))
+        return records, write_tables(records, sweep, failed=failed_jobs([sweep]), published=published)
+
+
+def _published(config) -> dict | None:
+    """The experiment's paper column block (``published:``, e.g. +experiment=sjd_pac_table), or None."""
+    from omegaconf import OmegaConf
+
+    block = config.get("published")
+    return None if block is None else OmegaConf.to_container(block, resolve=True)
