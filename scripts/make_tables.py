@@ -8,14 +8,17 @@ each (k, delta), LANTERN++). Speed-up comes from the record, or from the AR reco
 and setting in those folders (the papers' batch-1 timing, e.g. ``+experiment=paper_table_latency``) and
 keeps the quality run's own speed-up as a throughput column. Each record is validated first
 (lantern.results.record): a malformed one is refused with one line naming the file and the field, and
-nothing is written. ``--out`` is a folder.
+nothing is written. ``--out`` is a folder. ``--frontier`` adds STEM_frontier.png and STEM_frontier.json: speed-up
+and tau against the measured realised TV, one line per method over its knob (exact methods at TV 0, rows whose
+TV was not measured in a strip of their own).
 """
 
 from __future__ import annotations
 
 from lantern.cli.main import ArgumentParser, run_or_exit
+from lantern.results.frontier import write_frontier
 from lantern.results.render import make_tables, to_markdown
-from lantern.results.tables import failed_jobs
+from lantern.results.tables import failed_jobs, load_records
 
 
 def main() -> None:
@@ -39,11 +42,21 @@ def main() -> None:
         action="store_true",
         help="with --latency: leave out the quality runs' own speed-ups (runs timed on a shared or loaded machine)",
     )
+    parser.add_argument(
+        "--frontier",
+        action="store_true",
+        help="also STEM_frontier.{png,json}: speed-up and tau against the realised TV, a line per method over its knob",
+    )
     args = parser.parse()
     table, paths = run_or_exit(
         lambda: make_tables(args.runs, args.out, args.stem, args.latency, throughput=not args.no_throughput)
     )
     print(to_markdown(table, failed_jobs(args.runs), paths["md"].parent))
+    if args.frontier:
+        paths |= {
+            f"frontier_{k}": v
+            for k, v in write_frontier(table, load_records(args.runs), paths["md"].parent, args.stem).items()
+        }
     print("wrote " + ", ".join(str(p) for p in paths.values()))
 
 
