@@ -55,10 +55,10 @@ def _value(value):
 
 def attach_published(table, published: dict) -> None:
     """Fill each row's ``paper_*`` cells of ``table`` (a :class:`~lantern.results.tables.Table`) in place and
-    add notes: the source, the published rows no run of ours matched, and ``published['absent']`` lines.
+    add notes: the source, the published rows no run of ours matched, and ``published['notes']`` lines.
 
     ``published``: ``path`` (the CSV), ``model`` (which published target), ``benchmark`` (or None: each row's
-    protocol through ``benchmarks``), ``benchmarks`` (protocol name -> benchmark), ``absent`` (notes).
+    protocol through ``benchmarks``), ``benchmarks`` (protocol name -> benchmark), ``notes`` (more lines).
     """
     data, source = read_published(published["path"])
     model = published.get("model")
@@ -85,4 +85,4 @@ def attach_published(table, published: dict) -> None:
     if len(unmatched):
         named = ", ".join(f"{r.method} ({r.benchmark})" for r in unmatched.itertuples())
         table.notes.append(f"Published rows with no run here: {named}.")
-    table.notes.extend(str(line) + "." for line in published.get("absent") or [])
+    table.notes.extend(str(line) + "." for line in published.get("notes") or [])
