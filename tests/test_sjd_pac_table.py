@@ -103,3 +103,26 @@ def test_a_published_csv_without_a_source_is_refused(tmp_path):
     bare.write_text("\n".join(line for line in CSV.read_text().splitlines() if not line.startswith("#")))
     with pytest.raises(ConfigError, match="source"):
         read_published(bare)
+
+
+def test_a_sweep_with_an_unknown_published_model_is_refused_before_any_job(tmp_path):
+    out = tmp_path / "sweep"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "run.py"),
+            "-m",
+            "+experiment=sjd_pac_table",
+            "model=tiny_random_lumina",
+            "protocol=none",
+            "published.model=Janus",
+            "wandb.mode=disabled",
+            f"hydra.sweep.dir={out}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("error: published.model='Janus'")
+    assert not any(out.rglob("metrics.json"))

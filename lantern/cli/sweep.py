@@ -8,6 +8,7 @@ from pathlib import Path
 from lantern.cli.preflight import check_sweep_jobs
 from lantern.errors import ConfigError
 from lantern.files import write_json_atomic
+from lantern.results.published import check_published
 from lantern.results.record import RECORD_NAME
 from lantern.results.render import write_tables
 from lantern.results.tables import FAILED_NAME, failed_jobs, load_records, table_rows
@@ -38,6 +39,8 @@ class SweepTable(Callback):
         try:
             check_launcher(config)
             check_sweep_jobs(config)  # every job's config, before any folder is made
+            if _published(config) is not None:  # the paper column block's CSV and model, before any job
+                check_published(_published(config))
             self._lock = claim_sweep(config)
         except ConfigError as exc:
             print(f"error: {exc}", file=sys.stderr)

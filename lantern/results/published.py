@@ -44,6 +44,16 @@ def read_published(path: str | Path) -> tuple[pd.DataFrame, list[str]]:
     return data, source
 
 
+def check_published(published: dict) -> tuple[pd.DataFrame, list[str]]:
+    """The CSV of ``published`` and its source lines, refused (ConfigError) when it is missing or malformed or
+    holds no row of ``published['model']`` (a sweep checks this before its first job)."""
+    data, source = read_published(published["path"])
+    model = published.get("model")
+    if model not in set(data["model"]):
+        raise ConfigError(f"published.model={model!r}: expected one of {', '.join(sorted(set(data['model'])))}")
+    return data, source
+
+
 def _matches(method: str, label: str) -> bool:
     """Whether a row's method is a setting of ``label`` (``SJD W=16`` is SJD's, ``SJD-PAC L=64`` is not)."""
     return method == label or method.startswith(label + " ")
@@ -60,10 +70,8 @@ def attach_published(table, published: dict) -> None:
     ``published``: ``path`` (the CSV), ``model`` (which published target), ``benchmark`` (or None: each row's
     protocol through ``benchmarks``), ``benchmarks`` (protocol name -> benchmark), ``notes`` (more lines).
     """
-    data, source = read_published(published["path"])
-    model = published.get("model")
-    if model not in set(data["model"]):
-        raise ConfigError(f"published.model={model!r}: expected one of {', '.join(sorted(set(data['model'])))}")
+    data, source = check_published(published)
+    model = published["model"]
     mine = data[data["model"] == model]
     benchmarks = dict(published.get("benchmarks") or {})
     used = set()
