@@ -62,9 +62,10 @@ def frontier_plot(points: list[dict], path: str | os.PathLike, title: str = "") 
     figure, axes = _axes(plt)
     labels = list(dict.fromkeys(p["label"] for p in points))
     colours = {label: plt.cm.tab10(i % 10) for i, label in enumerate(labels)}
+    apart = [label for label in labels if any(p["label"] == label and p["tv"] is None for p in points)]
     for row, (key, name) in enumerate((("speedup", "speed-up over AR"), ("tau", "tau (tokens per target step)"))):
         main, strip = axes[row]
-        for i, label in enumerate(labels):
+        for label in labels:
             mine = [p for p in points if p["label"] == label and p[key] is not None]
             measured = sorted((p for p in mine if p["tv"] is not None), key=lambda p: p["tv"])
             if measured:
@@ -74,19 +75,14 @@ def frontier_plot(points: list[dict], path: str | os.PathLike, title: str = "") 
                     knob = p["method"][len(label) :].strip()
                     main.annotate(knob, (p["tv"], p[key]), fontsize=5, xytext=(3, 3), textcoords="offset points")
             for j, p in enumerate(p for p in mine if p["tv"] is None):
-                strip.plot(i + 0.1 * j, p[key], "s", color=colours[label], markersize=5)
+                x = apart.index(label) + 0.2 * j  # side by side: a method's unmeasured settings
+                strip.plot(x, p[key], "s", color=colours[label], markersize=5)
                 knob = p["method"][len(label) :].strip()
-                strip.annotate(knob, (i + 0.1 * j, p[key]), fontsize=5, xytext=(3, 3), textcoords="offset points")
+                strip.annotate(knob, (x, p[key]), fontsize=5, xytext=(3, 3), textcoords="offset points")
         main.set_ylabel(name)
         main.grid(alpha=0.3)
-        strip.set_xticks(
-            [i for i, label in enumerate(labels) if any(p["label"] == label and p["tv"] is None for p in points)]
-        )
-        strip.set_xticklabels(
-            [label for label in labels if any(p["label"] == label and p["tv"] is None for p in points)],
-            fontsize=6,
-            rotation=45,
-        )
+        strip.set_xticks(range(len(apart)), apart, fontsize=6, rotation=45)
+        strip.set_xlim(-0.5, len(apart) + 0.2)
         strip.set_title("TV not measured", fontsize=8)
         strip.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7)
