@@ -10,6 +10,9 @@ keeps the quality run's own speed-up as a throughput column. Each record is vali
 (lantern.results.record): a malformed one is refused with one line naming the file and the field, and
 nothing is written. ``--out`` is a folder. ``--report`` also writes ``report.html`` there: the table, plots,
 the images of the first ``--report-prompts`` prompts under every method, with acceptance maps, and provenance.
+``--frontier`` adds STEM_frontier.png and STEM_frontier.json: speed-up and tau against the measured realised
+TV, one line per method over its knob (exact methods at TV 0, rows whose TV was not measured in a strip of
+their own).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import sys
 
 from lantern.cli.main import ArgumentParser, run_or_exit
+from lantern.results.frontier import write_frontier
 from lantern.results.render import make_tables, to_markdown
 from lantern.results.report import parse_prompts, write_report
 from lantern.results.tables import failed_jobs, load_records
@@ -50,6 +54,11 @@ def main() -> None:
         metavar="N|I,J,...",
         help="the report's grid: the first N images, or the named image indices (default 8)",
     )
+    parser.add_argument(
+        "--frontier",
+        action="store_true",
+        help="also STEM_frontier.{png,json}: speed-up and tau against the realised TV, a line per method over its knob",
+    )
     args = parser.parse()
     prompts = run_or_exit(lambda: parse_prompts(args.report_prompts, "--report-prompts"))
     table, paths = run_or_exit(
@@ -69,6 +78,11 @@ def main() -> None:
         )
         paths["report"] = page
     print(to_markdown(table, failed_jobs(args.runs), paths["md"].parent))
+    if args.frontier:
+        paths |= {
+            f"frontier_{k}": v
+            for k, v in write_frontier(table, load_records(args.runs), paths["md"].parent, args.stem).items()
+        }
     print("wrote " + ", ".join(str(p) for p in paths.values()))
 
 

@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 from lantern.cli.preflight import check_sweep_jobs
 from lantern.errors import ConfigError
 from lantern.files import write_json_atomic
+from lantern.results.published import check_published
 from lantern.results.record import RECORD_NAME
 from lantern.results.render import write_tables
 from lantern.results.report import parse_prompts, write_report
@@ -48,6 +49,8 @@ class SweepTable(Callback):
             check_launcher(config)
             check_sweep_jobs(config)  # every job's config, before any folder is made
             report_prompts(config)
+            if _published(config) is not None:  # the paper column block's CSV and model, before any job
+                check_published(_published(config))
             self._lock = claim_sweep(config)
         except ConfigError as exc:
             print(f"error: {exc}", file=sys.stderr)
@@ -69,13 +72,15 @@ class SweepTable(Callback):
         elif (run_dir / FAILED_NAME).is_file():
             (run_dir / FAILED_NAME).unlink()
         # The report once at the end, or now when a job failed (Hydra stops the multirun there).
-        self._write(Path(config.hydra.sweep.dir), config, report=job_return.status == JobStatus.FAILED)
+        self._write(
+            Path(config.hydra.sweep.dir), config, _published(config), report=job_return.status == JobStatus.FAILED
+        )
 
     def on_multirun_end(self, config, **kwargs) -> None:
         from hydra.utils import instantiate
 
         sweep = Path(config.hydra.sweep.dir)
-        written = self._write(sweep, config)
+        written = self._write(sweep, config, _published(config))
         if written is not None:
             print(f"sweep table: {written[1]['md']}" + (f", report: {written[2][0]}" if written[2] else ""))
             tracker = config.get("job", {}).get("tracker")
@@ -86,13 +91,13 @@ class SweepTable(Callback):
             self._lock.release()
 
     @staticmethod
-    def _write(sweep: Path, config, report: bool = True):
+    def _write(sweep: Path, config, published: dict | None = None, report: bool = True):
         """The table, then (``report``) ``report.html`` beside it (a report that fails is named on stderr; the
         table stands)."""
         if not any(sweep.rglob(RECORD_NAME)):
             return None
         records, failed = load_records([sweep]), failed_jobs([sweep])
-        paths = write_tables(records, sweep, failed=failed)
+        paths = write_tables(records, sweep, failed=failed, published=published)
         if not report:
             return records, paths, None
         command = "python run.py -m " + " ".join(config.hydra.overrides.task)
@@ -101,3 +106,11 @@ class SweepTable(Callback):
         except Exception as exc:  # the report is a view of the table; never the reason a sweep fails
             print(f"report.html not written: {type(exc).__name__}: {exc}", file=sys.stderr)
             return records, paths, None
+
+
+def _published(config) -> dict | None:
+    """The experiment's paper column block (``published:``, e.g. +experiment=sjd_pac_table), or None."""
+    from omegaconf import OmegaConf
+
+    block = config.get("published")
+    return None if block is None else OmegaConf.to_container(block, resolve=True)

@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from lantern.errors import ConfigError
+from lantern.results.published import attach_published
 from lantern.results.record import LOSSY_UNMEASURED, RunRecord
 from lantern.results.tables import COLUMNS, Table, build_table
 
@@ -30,6 +31,13 @@ OPTIONAL_QUALITY = {
     "hps": ("HPS", 4),
     "inception_score": ("IS", 2),
     "kid": ("KID", 4),
+}
+# The published figures' columns (lantern.results.published), shown as one block when a table has them.
+PAPER_TITLES = {
+    "paper_step_compression": "paper step",
+    "paper_speedup": "paper latency",
+    "paper_fid": "paper FID",
+    "paper_clip": "paper CLIP",
 }
 NOTE_INTERVALS = (
     "Quality figures: value ± half-width of the 95% percentile bootstrap interval over prompts (FID, precision/"
@@ -142,6 +150,8 @@ def shown(table: Table, root: Path | None = None, times: str = "x") -> pd.DataFr
     timed = bool(data["throughput_speedup"].notna().any())  # quality runs whose own times are shown
     extra = {name for name in OPTIONAL_QUALITY if data[name].notna().any()}  # columns only where some row has one
     protocols = bool(data["protocol"].notna().any())
+    stepped = bool(data["step_compression"].notna().any())
+    paper = bool(data[list(PAPER_TITLES)].notna().any().any())  # the published block, when one was attached
     rows = []
     for row in data.to_dict("records"):
         speedup = (
@@ -155,6 +165,9 @@ def shown(table: Table, root: Path | None = None, times: str = "x") -> pd.DataFr
             "speed-up [IQR]": speedup,
             "AR ms/image": _number(row["baseline_ms"], 1),
         }
+        if stepped:  # AR's forwards over the decoder's, and speed-up over it (records with target_steps)
+            out["step compression"] = _number(row["step_compression"], 2)
+            out["latency / step"] = _number(row["latency_per_step"], 2)
         if joined and timed:
             throughput = row["throughput_speedup"]
             out["throughput speed-up"] = "-" if _number(throughput, 2) == "-" else f"{throughput:.2f}{times}"
@@ -174,6 +187,10 @@ def shown(table: Table, root: Path | None = None, times: str = "x") -> pd.DataFr
         )
         if protocols:
             out["protocol"] = _protocol(row["protocol"], row["protocol_subset"])
+        if paper:
+            out.update({title: _number(row[name], 2) for name, title in PAPER_TITLES.items()})
+            claim = row["paper_lossless"]
+            out["paper lossless (claimed)"] = "-" if pd.isna(claim) else ("yes" if claim else "no")
         if joined:
             out["latency run"] = _short_run(row["latency_run"], root)
         rows.append(out)
@@ -326,13 +343,15 @@ def write_tables(
     notes: list[str] | None = None,
     throughput: bool = True,
     sweeps=(),
+    published: dict | None = None,
 ) -> dict[str, Path]:
     """Write ``stem.md``, ``stem.csv``, ``stem.tex``, ``stem.json`` and ``stem_pareto.png`` into ``out_dir``.
 
     ``failed``: sweep jobs without a record (:func:`~lantern.results.tables.failed_jobs`), named under the
     table. ``latency``: runs that lend the rows their latency and speed-up. ``notes``: more lines for the
     table's notes. ``sweeps``: the folders the runs were found in (default: ``out_dir``); every file names a
-    run relative to its sweep (:func:`run_name`). Every file is written into a
+    run relative to its sweep (:func:`run_name`). ``published``: the paper column block
+    (:func:`~lantern.results.published.attach_published`). Every file is written into a
     temporary folder in ``out_dir`` first and renamed into place only when all are written.
     """
     out, failed = Path(out_dir), failed or []
@@ -340,6 +359,8 @@ def write_tables(
     table.notes.extend(notes or [])
     sweeps = list(sweeps) or [out]
     table, failed = with_run_names(table, failed, sweeps, out)
+    if published:  # the paper column block (a bad CSV or model is refused before anything is written)
+        attach_published(table, published)
     out.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{stem}.", suffix=".tmp", dir=out))
     try:

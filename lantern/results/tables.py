@@ -28,6 +28,7 @@ from pathlib import Path
 from lantern.decoding.api import DecoderSettings
 from lantern.errors import ConfigError
 from lantern.results.baselines import LATENCY_IGNORED, first_difference, model_inputs, record_setting
+from lantern.results.published import PAPER
 from lantern.results.record import RECORD_NAME, RunRecord, read_record
 from lantern.results.spread import quartiles
 
@@ -68,6 +69,9 @@ COLUMNS = (
     "kid_ci",
     "protocol",
     "protocol_subset",
+    "step_compression",
+    "latency_per_step",
+    *PAPER,
 )
 # Quality figures a record may carry, each with an optional ``{name}_ci`` interval (lantern.metrics.intervals),
 # and whether a lower value is better (for the notes' comparisons).
@@ -269,6 +273,7 @@ def build_table(records: list[RunRecord], latency: list[RunRecord] | None = None
                 "latency_batch": speed["latency_batch"],
                 "latency_run": speed["latency_run"],
                 **throughput,
+                **step_cells(record, speed["speedup"]),
                 "_order": (settings.order(), record.run_dir),
             }
         )
@@ -278,6 +283,23 @@ def build_table(records: list[RunRecord], latency: list[RunRecord] | None = None
     for row in rows:
         del row["_order"]
     return Table(rows=rows, notes=notes + protocol_notes(records) + input_notes(records))
+
+
+def step_compression(record: RunRecord) -> float | None:
+    """AR's target forwards over the decoder's, per image: ``T / (S + 1)`` with ``T`` tokens per image and ``S``
+    target steps per image after the prefill (which draws the first token in both), so AR's is exactly 1 and a
+    decoder's is tau's ``(T - 1) / S`` counted the way the papers count steps. None without ``target_steps``."""
+    steps, tokens, images = record.get("target_steps"), record.get("tokens_per_image"), record.get("num_images")
+    if not (steps and tokens and images):
+        return None
+    return tokens * images / (steps + images)
+
+
+def step_cells(record: RunRecord, speedup: float | None) -> dict:
+    """Step compression and latency speed-up / step compression: AR's step time over this decoder's step
+    time (above 1: a step of the decoder costs less than an AR step; its inverse is a step's cost in AR steps)."""
+    steps = step_compression(record)
+    return {"step_compression": steps, "latency_per_step": speedup / steps if speedup and steps else None}
 
 
 def quality_cells(record: RunRecord) -> dict:
