@@ -4,7 +4,7 @@ A decoder's config names what it is (its class, knobs, draft structure and rule)
 files are: its ``drafter`` and its rule's ``neighbours`` are left null in ``conf/decoding/*.yaml`` and handed
 in by :func:`build_decoder` from :class:`ModelParts`, which builds the model's bundle, drafter and
 neighbours once each from ``cfg.model`` (so a drafter file is read once per job, however many decoders
-or benchmark rows share it).
+or benchmark rows share it; the neighbours take the bundle's codebook, so the tokenizer file is read once too).
 """
 
 from __future__ import annotations
@@ -62,9 +62,12 @@ class ModelParts:
 
     @cached_property
     def neighbours(self):
-        if self.model.get("neighbours") is None:
+        node = self.model.get("neighbours")
+        if node is None:
             raise ConfigError(f"model {self.model.get('name')!r} has no codebook neighbours; this rule needs them")
-        return instantiate(self.model.neighbours)
+        if node.get("vq_ckpt") is not None:  # the bundle's tokenizer holds that codebook: no second read of its file
+            return instantiate(node, vq_ckpt=None, codebook=self.bundle.codebook().float().cpu())
+        return instantiate(node)
 
 
 def build_decoder(node, parts: ModelParts, **kwargs):
