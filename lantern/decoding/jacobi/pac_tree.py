@@ -17,6 +17,7 @@ digits, most significant at depth 1: path 0 is the main path. This module builds
 
 from __future__ import annotations
 
+import copy
 import itertools
 from typing import NamedTuple
 
@@ -71,16 +72,19 @@ class ProactiveTree(ExactWindowTest):
     def describe(self) -> None:
         return None  # an exact test: no grouping knobs
 
-    def prepare(self, model) -> ProactiveTree:
-        """This tree with its tables on ``model``'s device (built once per device)."""
-        device = model.input_embeddings().device
+    def bound(self, model) -> ProactiveTree:
+        """A copy of this tree for one context (a decoder binds its test once per context); its tables are set
+        by :meth:`prepare`, and the copies share one table per device."""
+        bound = copy.copy(self)
+        bound.tables = None
+        return bound
+
+    def prepare(self, device: torch.device) -> None:
+        """The tree's index tables on ``device`` (:func:`lantern.decoding.loop.prepare`), built once per device."""
         key = str(device)
         if key not in self._prepared:
             self._prepared[key] = TreeTables(*(t.to(device) for t in self._host))
-        prepared = object.__new__(ProactiveTree)
-        prepared.__dict__.update(self.__dict__)
-        prepared.tables = self._prepared[key]
-        return prepared
+        self.tables = self._prepared[key]
 
     def _build(self) -> TreeTables:
         k, t, window, main = self.width, self.branching, self.window, self.main
