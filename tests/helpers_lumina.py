@@ -35,21 +35,12 @@ def hf_model(seed: int = 0) -> ChameleonForConditionalGeneration:
     """A random HF Chameleon of the preset's architecture whose every weight is perturbed."""
     torch.manual_seed(seed)
     vocab = lumina_vocabulary()
+    # bos_token_id 1 as Lumina's own config.json; the tokenizer's <s> is what counts.
     config = HFConfig(
-        vocab_size=len(vocab),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=512,
-        bos_token_id=1,
-        pad_token_id=1,
-        eos_token_id=2,
-        vocabulary_map=vocab,
-        vq_config=VQ_HF,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-    )  # fmt: skip  (bos_token_id 1 as Lumina's own config.json; the tokenizer's <s> is what counts)
+        vocab_size=len(vocab), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, max_position_embeddings=512, bos_token_id=1, pad_token_id=1, eos_token_id=2,
+        vocabulary_map=vocab, vq_config=VQ_HF, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )  # fmt: skip
     model = ChameleonForConditionalGeneration(config).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
