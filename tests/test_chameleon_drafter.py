@@ -15,7 +15,7 @@ import pytest
 import torch
 from family_helpers import tiny_preset
 from helpers import FAIL, PASS, SAMPLING, ks_pvalue
-from test_chameleon import GRID, SLOTS, VQ, hf_model, save_folder
+from helpers_chameleon import GRID, SLOTS, VQ, hf_model, save_folder
 
 from lantern.decoding.tree.decoder import SpeculativeDecoder
 from lantern.decoding.tree.draft import DynamicTree, chain

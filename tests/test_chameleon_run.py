@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 from family_helpers import pngs, relabelled, run, tau
-from test_chameleon import CODES, VQ, hf_model, save_folder
+from helpers_chameleon import CODES, VQ, hf_model, save_folder
 
 from lantern.models.chameleon.vqgan import ChameleonVQGAN, VQGANConfig
 

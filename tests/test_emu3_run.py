@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 from family_helpers import pngs, run, tau
-from test_emu3 import hf_model, save_folder
+from helpers_emu3 import hf_model, save_folder
 
 pytest.importorskip("transformers")
 
@@ -60,8 +60,8 @@ def test_emu3_gen_runs_an_emu3forconditionalgeneration_save_pretrained_folder(tm
 def test_a_folder_of_another_architecture_is_one_error_line_exit_2_and_writes_nothing(tmp_path, folder):
     """A Chameleon folder, or an Emu3ForConditionalGeneration folder whose model_type is not emu3, given to
     emu3_gen or tiny_random_emu3."""
-    from test_chameleon import hf_model as chameleon_model
-    from test_chameleon import save_folder as save_chameleon
+    from helpers_chameleon import hf_model as chameleon_model
+    from helpers_chameleon import save_folder as save_chameleon
 
     chameleon = save_chameleon(chameleon_model(), tmp_path / "chameleon")
     renamed = tmp_path / "renamed"

@@ -4,8 +4,8 @@ import json
 import subprocess
 import sys
 
-from test_run import REPO
-from test_tables import AR, record, tree
+from helpers import REPO
+from helpers_tables import AR, record, tree
 
 from lantern.results.frontier import frontier_points
 from lantern.results.tables import build_table, load_records

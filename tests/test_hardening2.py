@@ -158,7 +158,7 @@ PROTOCOLS = {  # run -> the record's protocol fields
 
 @pytest.mark.parametrize("latency", [False, True])
 def test_make_tables_renders_runs_with_a_protocol_without_one_and_on_a_subset(tmp_path, latency):
-    from test_tables import AR, record, tree
+    from helpers_tables import AR, record, tree
 
     quality, timed = tmp_path / "quality", tmp_path / "latency"
     quality.mkdir(), timed.mkdir()
@@ -266,7 +266,7 @@ def test_killing_torchrun_kills_its_workers_and_the_rerun_resumes_bit_identicall
     ],
 )
 def test_run_refuses_a_w_and_b_name_before_any_work(tmp_path, monkeypatch, overrides, expected):
-    from test_bad_input import run_in_process
+    from helpers import run_in_process
 
     out = tmp_path / "run"
     status, stdout, stderr = run_in_process(overrides, out, monkeypatch)

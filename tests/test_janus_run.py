@@ -8,7 +8,7 @@ import json
 
 import pytest
 from family_helpers import pngs, relabelled, run, tau
-from test_janus import hf_model, save_folder
+from helpers_janus import hf_model, save_folder
 
 pytest.importorskip("transformers")
 
@@ -130,7 +130,7 @@ def test_a_folder_of_another_size_or_a_missing_drafter_is_refused_before_any_rea
     with pytest.raises(ConfigError, match="no drafter checkpoint given"):
         load_drafter(None, str(janus_folder), target)
     # A drafter exported for the folder's target loads for the preset (its sizes read from the folder alone).
-    from test_janus import load
+    from helpers_janus import load
 
     from lantern.models.drafter import Drafter, DrafterConfig, save_drafter_folder
 

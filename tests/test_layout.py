@@ -287,3 +287,50 @@ def test_the_llamagen_target_satisfies_the_family_protocol():
     from lantern.models.target import Target
 
     assert isinstance(Transformer(gpt_config("GPT-nano", "c2i", 32, vocab_size=64)), Target)
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+def imported_test_modules(path: Path, test_modules: set[str]) -> list[str]:
+    """``file:line -> module`` for every import (lazy ones too) of a test module (``test_x`` or ``tests.test_x``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[0] in test_modules or (parts[0] == "tests" and len(parts) > 1 and parts[1] in test_modules):
+                found.append(
+                    f"{path.name}:{node.lineno} -> {'.'.join(parts[:2] if parts[0] == 'tests' else parts[:1])}"
+                )
+                break
+    return found
+
+
+def test_no_test_file_imports_another_test_file():
+    """What tests share lives in helper modules (helpers.py, helpers_<family>.py, family_helpers.py, ...): a test
+    file imported by another would have its tests collected twice and its fixtures leak across files."""
+    files = sorted(TESTS.glob("test_*.py"))
+    assert len(files) > 50
+    stems = {path.stem for path in files}
+    found = [hit for path in files for hit in imported_test_modules(path, stems)]
+    assert not found, "test files importing another test file:\n" + "\n".join(found)
+
+
+def test_the_test_import_check_catches_direct_lazy_and_package_imports(tmp_path):
+    source = tmp_path / "test_a.py"
+    source.write_text(
+        "import helpers\nfrom helpers_tables import AR\nimport test_b\n"
+        "def f():\n    from test_b import x\n    from tests import test_b\n    import tests.test_b as b\n"
+    )
+    assert imported_test_modules(source, {"test_a", "test_b"}) == [
+        "test_a.py:3 -> test_b",
+        "test_a.py:5 -> test_b",
+        "test_a.py:6 -> tests.test_b",
+        "test_a.py:7 -> tests.test_b",
+    ]

@@ -14,10 +14,10 @@ import dataclasses
 
 import pytest
 import torch
+from helpers import REPO
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from scipy.stats import kstest
-from test_run import REPO
 from world_fixture import WORLD_SAMPLING, World, randomised_pit
 
 from lantern.decoding.ar import ARDecoder

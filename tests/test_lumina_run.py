@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 from family_helpers import pngs, run, tau
-from test_chameleon import hf_model as anole_model
-from test_chameleon import save_folder
-from test_lumina import VQ, VQ_HF, hf_model
+from helpers_chameleon import hf_model as anole_model
+from helpers_chameleon import save_folder
+from helpers_lumina import VQ, VQ_HF, hf_model
 
 from lantern.models.chameleon.vqgan import ChameleonVQGAN, VQGANConfig
 

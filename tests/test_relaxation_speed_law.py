@@ -13,7 +13,7 @@ import frozen_rules
 import pytest
 import torch
 from frozen_rules import FrozenComposed, FrozenReference, FrozenRelaxation
-from test_walk_ahead import VOCAB, _inputs, _table
+from helpers_walk import VOCAB, neighbour_table, walk_inputs
 
 from lantern.decoding.tree.draft import chain, prior_tree
 from lantern.decoding.tree.verify import walk_tree
@@ -61,7 +61,7 @@ def _close(new, old, what):
 @pytest.mark.parametrize("name", sorted(BOUNDED))
 @pytest.mark.parametrize("kind", ["sampled", "deterministic", "greedy"])
 def test_bounded_relaxed_law_and_acceptance_equal_the_frozen_rule(name, kind):
-    table = _table()
+    table = neighbour_table()
     for seed in range(3):
         p, q, tokens, valid, _ = _laws(seed, siblings=1 if kind == "sampled" else 4)
         new = NeighbourRelaxation(K, table, **BOUNDED[name]).relax(p, tokens, valid, q, kind)
@@ -110,7 +110,7 @@ def _same_outcome(new, old, what):
 
 @pytest.mark.parametrize("kind", ["sampled", "deterministic", "greedy"])
 def test_bounded_node_equals_the_frozen_node(kind, monkeypatch):
-    table = _table()
+    table = neighbour_table()
     captured = Captured(monkeypatch, [api, frozen_rules])
     for name, budget in BOUNDED.items():
         new = Composed(NeighbourRelaxation(K, table, **budget), EXACT[kind]())
@@ -126,7 +126,7 @@ def test_bounded_node_equals_the_frozen_node(kind, monkeypatch):
 @pytest.mark.parametrize("kind", ["sampled", "deterministic"])
 @pytest.mark.parametrize("bound", [dict(delta=0.1), dict(delta=0.4), dict(lam=3.0)])
 def test_reference_node_law_and_acceptance_equal_the_frozen_node(kind, bound, monkeypatch):
-    table = _table()
+    table = neighbour_table()
     captured = Captured(monkeypatch, [reference, frozen_rules])
     new, old = LanternReference(K, table, **bound, candidates=kind), FrozenReference(K, table, **bound, candidates=kind)
     for seed in range(3):
@@ -161,8 +161,8 @@ def _new_rule(kind, semantics, budget, table):
 @pytest.mark.parametrize("kind", ["sampled", "deterministic", "greedy"])
 @pytest.mark.parametrize("semantics", ["bounded", "reference"])
 def test_walks_over_chains_and_trees_equal_the_frozen_rules(structure, kind, semantics):
-    table = _table()
-    draft, p, keys, step = _inputs(STRUCTURES[structure]("deterministic" if kind == "greedy" else kind), kind)
+    table = neighbour_table()
+    draft, p, keys, step = walk_inputs(STRUCTURES[structure]("deterministic" if kind == "greedy" else kind), kind)
     sampling = SamplingConfig(temperature=0.0 if kind == "greedy" else 1.0)
     for budget in (dict(delta=0.1), dict(delta=0.4), dict(lam=3.0)):
         new = walk_tree(draft, p, _new_rule(kind, semantics, budget, table), sampling, keys, step)
@@ -191,7 +191,7 @@ def test_compiled_transport_skips_spent_rounds_without_changing_the_law():
     the first round (the skip) and on rows close enough to their drafter that none does (every round runs)."""
     from lantern.decoding.compile import inductor_options
 
-    table, delta = _table(), 0.1
+    table, delta = neighbour_table(), 0.1
     relaxation = NeighbourRelaxation(K, table, delta=delta)
     compiled = torch.compile(relaxation.transport, fullgraph=True, **inductor_options("default", "cpu"))
     generator = torch.Generator().manual_seed(5)

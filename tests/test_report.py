@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import REPO
 from PIL import Image
-from test_run import REPO
 
 from lantern.decoding.stats import run_lengths
 from lantern.errors import ConfigError

@@ -7,10 +7,7 @@ import json
 
 import pytest
 import torch
-from test_bad_input import run_in_process
-from test_compile import CountingBackend
-from test_mc_sjd import run_images
-from test_speculative import text_condition, tiny
+from helpers import CountingBackend, run_images, run_in_process, text_condition, tiny
 
 from lantern.decoding.ar import ARDecoder
 from lantern.decoding.jacobi.pac_step import sibling_laws, sibling_targets
@@ -225,8 +222,8 @@ def test_the_pooled_pit_does_not_detect_sjd_pac_on_the_world_and_catches_its_con
     """Randomised PIT / KS on the world (40 images, prompts 0-39, seed 0): SJD-PAC at the released defaults passes
     (measured p = 0.447), GSD with wide groups (the control) fails (p = 3.7e-12). The one-step Monte Carlo above shows
     the loss the pooled test cannot see at this sample size."""
-    from test_jacobi import ks_pvalue
     from world_fixture import WORLD_SAMPLING, World
+    from world_fixture import world_ks_pvalue as ks_pvalue
 
     from lantern.decoding.jacobi.decoder import gsd
 
@@ -243,7 +240,7 @@ def test_the_pooled_pit_does_not_detect_sjd_pac_on_tiny_lumina_and_catches_its_c
     from types import SimpleNamespace
 
     from family_helpers import tiny_preset
-    from test_chameleon_drafter import SAMPLING, ks_pvalue
+    from helpers import SAMPLING, ks_pvalue
 
     from lantern.decoding.tree.decoder import SpeculativeDecoder
     from lantern.decoding.tree.draft import chain

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from test_run import REPO
+from helpers import REPO
 
 from lantern.errors import ConfigError
 from lantern.results.published import attach_published, read_published

@@ -12,57 +12,12 @@ import dataclasses
 
 import pytest
 import torch
+from helpers_walk import DEPTH, ROWS, neighbour_table, walk_inputs
 
-from lantern import rng
 from lantern.decoding.tree.draft import chain, prior_tree
 from lantern.decoding.tree.verify import walk_tree
 from lantern.models.sampling import SamplingConfig
 from lantern.rules.factory import exact, lantern, lantern_pp
-from lantern.rules.relaxation import NeighbourTable
-
-VOCAB, ROWS, DEPTH = 256, 48, 3
-
-
-class RandomExpander:
-    """A stand-in drafter: peaked random distributions, so candidates are often accepted and sometimes not."""
-
-    def __init__(self, generator: torch.Generator):
-        self.generator = generator
-        self.root_q = self._q(ROWS, 1)[:, 0]
-
-    def _q(self, rows: int, count: int) -> torch.Tensor:
-        return torch.softmax(6 * torch.randn(rows, count, VOCAB, generator=self.generator, dtype=torch.float64), -1)
-
-    def expand(self, tokens, parents):
-        return self._q(*tokens.shape)
-
-
-def _inputs(structure, kind: str, seed: int = 0):
-    generator = torch.Generator().manual_seed(seed)
-    keys = rng.keys_tensor(seed, range(ROWS))
-    step = torch.arange(ROWS) % 5
-    if hasattr(structure, "prepare"):  # a static structure's tables, made before a tree is grown
-        structure.prepare(torch.device("cpu"))
-    draft = structure.grow(
-        RandomExpander(generator), torch.randint(VOCAB, (ROWS,), generator=generator), keys, step, kind
-    )
-    # The target is the drafter mixed with noise in a random proportion per node, so that every kind of
-    # candidate is accepted at some nodes and rejected at others, and paths of every length occur.
-    noise = torch.softmax(3 * torch.randn(ROWS, draft.num_nodes, VOCAB, generator=generator, dtype=torch.float64), -1)
-    share = torch.rand(ROWS, draft.num_nodes, 1, generator=generator, dtype=torch.float64)
-    p = share * draft.q + (1 - share) * noise
-    p[:, -1] = noise[:, -1]  # the leaf has no drafter row
-    return draft, p, keys, step
-
-
-def _table(seed: int = 1) -> NeighbourTable:
-    generator = torch.Generator().manual_seed(seed)
-    rows = []
-    for code in range(VOCAB):
-        order = torch.randperm(VOCAB, generator=generator)
-        rows.append(order[order != code][:64])  # 64 other codes, a random "nearest first" order
-    return NeighbourTable(torch.stack(rows))
-
 
 SPECS = {
     "exact": lambda table: exact(),
@@ -76,9 +31,9 @@ SPECS = {
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_relaxing_a_chain_ahead_walks_as_one_relaxation_per_level(kind, name):
     structure = chain(DEPTH, "deterministic" if kind == "greedy" else kind)
-    draft, p, keys, step = _inputs(structure, kind)
+    draft, p, keys, step = walk_inputs(structure, kind)
     assert draft.chain
-    rule = SPECS[name](_table()).build(kind, structure)
+    rule = SPECS[name](neighbour_table()).build(kind, structure)
     sampling = SamplingConfig(temperature=0.0 if kind == "greedy" else 1.0)
 
     calls = []
@@ -103,4 +58,4 @@ def test_relaxing_a_chain_ahead_walks_as_one_relaxation_per_level(kind, name):
 
 
 def test_only_a_chain_is_marked_as_one():
-    assert not _inputs(prior_tree(3, 3, 6), "deterministic")[0].chain
+    assert not walk_inputs(prior_tree(3, 3, 6), "deterministic")[0].chain

@@ -7,6 +7,7 @@ import torch
 from helpers import REPO
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
+from scipy.stats import kstest
 
 from lantern.decoding.batch import guided_inputs
 from lantern.models.sampling import SamplingConfig, guided_logits_at, probabilities
@@ -61,3 +62,10 @@ def randomised_pit(probs: torch.Tensor, codes: torch.Tensor, seed: int = 12345) 
     mass = probs.gather(-1, codes[..., None])[..., 0].double()
     uniform = torch.rand(codes.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     return (before + uniform * mass).clamp(0.0, 1.0)
+
+
+def world_ks_pvalue(world: World, decoder, images: int) -> float:
+    """KS p-value of the randomised PIT of ``images`` of ``decoder``'s codes against uniform (token 0 left out)."""
+    codes = world.decode(decoder, images)
+    values = randomised_pit(world.teacher_probabilities(codes), codes)[:, 1:].flatten()
+    return float(kstest(values.numpy(), "uniform").pvalue)
