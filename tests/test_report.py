@@ -36,14 +36,15 @@ DECODERS = {
 
 
 def world_decode(overrides):
-    from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):
-        cfg = compose("config", overrides=["device=cpu", "dtype=float32", *overrides])
-    bundle = instantiate(cfg.model.bundle)
+    from lantern.run.compose import ModelParts, build_decoder, compose_config
+
+    cfg = compose_config(["device=cpu", "dtype=float32", *overrides])
+    parts = ModelParts(cfg.model)
+    bundle = parts.bundle
     prompts = instantiate(cfg.prompts).items
-    result = instantiate(cfg.decoding).generate(
+    result = build_decoder(cfg.decoding, parts).generate(
         bundle.target, bundle.conditioner.encode(prompts[:2]), torch.tensor([3, 4])
     )
     return result, bundle.target.config

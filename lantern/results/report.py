@@ -25,10 +25,10 @@ from lantern.decoding.stats import run_lengths
 from lantern.errors import ConfigError
 from lantern.files import image_name, write_bytes_atomic
 from lantern.results import report_plots
+from lantern.results.images import ImageStore
 from lantern.results.record import RunRecord
 from lantern.results.render import notes, shown
 from lantern.results.tables import Table, build_table
-from lantern.run.rundir import ImageStore
 
 REPORT_NAME = "report.html"
 SORT_JS = """
