@@ -210,15 +210,19 @@ def needed(resolved: dict, registry: dict[str, Asset] | None = None) -> list[tup
     """(config key, asset) of the assets a run of ``resolved`` reads at their registry place.
 
     A key overridden to another path is the user's file, not an asset. A key counts as read when its path
-    appears where the run uses it: any section but ``model``, or ``model.bundle`` (a drafter path appears
-    only in a speculative decoder's section, so ``decoding=ar`` needs no drafter).
+    appears where the run uses it: any section but ``model``, ``model.bundle``, or ``model.drafter`` when the
+    decoder has a ``drafter`` key (it is handed the model's: :func:`lantern.run.compose.build_decoder`), so
+    ``decoding=ar`` needs no drafter.
     """
     registry = load_registry() if registry is None else registry
     root = select(resolved, "paths.assets")
     if not root or not named(resolved):
         return []
     used = _strings({k: v for k, v in resolved.items() if k not in ("model", "assets")})
-    used |= _strings((resolved.get("model") or {}).get("bundle"))
+    model = resolved.get("model") or {}
+    used |= _strings(model.get("bundle"))
+    if "drafter" in (resolved.get("decoding") or {}):
+        used |= _strings(model.get("drafter"))
     found = []
     for key, name in named(resolved):
         if name not in registry:
