@@ -15,8 +15,6 @@ import dataclasses
 import pytest
 import torch
 from helpers import REPO
-from hydra import compose, initialize_config_dir
-from hydra.utils import instantiate
 from scipy.stats import kstest
 from world_fixture import WORLD_SAMPLING, World, randomised_pit
 
@@ -106,6 +104,7 @@ CLAIMS = {  # what each shipped decoder config claims with its defaults; a new c
     "lantern_pp": False,
     "gsd": False,
     "sjd_pp": False,
+    "sjd_pac": False,
     "vvs": False,
     "zipar": False,
 }
@@ -113,10 +112,11 @@ CLAIMS = {  # what each shipped decoder config claims with its defaults; a new c
 
 def configured(cache_dir, decoding: str, *overrides: str):
     """The decoder ``conf/decoding/<decoding>.yaml`` builds on the world."""
+    from lantern.run.compose import ModelParts, build_decoder, compose_config
+
     world = ["model=fashion_t2i", f"model.neighbours.cache_dir={cache_dir}"]
-    with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):
-        cfg = compose("config", overrides=[*world, f"decoding={decoding}", *overrides])
-    return instantiate(cfg.decoding)
+    cfg = compose_config([*world, f"decoding={decoding}", *overrides])
+    return build_decoder(cfg.decoding, ModelParts(cfg.model))
 
 
 def test_every_decoder_config_states_its_claim():

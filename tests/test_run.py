@@ -71,7 +71,7 @@ def test_bad_input_is_one_line_nonzero_and_writes_nothing(tmp_path, override, me
                 "decoding=lantern",
                 "k=50",
                 "model.neighbours.k_max=100",
-                "model.neighbours.vq={preset:VQ-tiny,overrides:{codebook_size:512}}",
+                "model.neighbours.codebook.vq={preset:VQ-tiny,overrides:{codebook_size:512}}",
             ),
             "another codebook",
         ),

@@ -163,7 +163,7 @@ class ZipARDecoder:
             steps=(drawn > 0).sum(1).cpu(),
             tokens=torch.full((batch,), num_tokens - 1, dtype=torch.long),
             tokens_per_step_max=drawn.amax(1).cpu(),
-            token_steps=zipar_token_steps(batch, side, grid_rows, self.window),
+            token_steps=zipar_token_steps(batch, side, grid_rows, window),
         )
         stats = {"target_forwards": float(1 + len(logs)), "steps": float(1 + len(logs))}
         return DecodeResult(state.codes[:, :num_tokens], stats, per_sample)
