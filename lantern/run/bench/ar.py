@@ -11,8 +11,8 @@ import torch
 from lantern import checks
 from lantern.decoding.ar import ARDecoder
 from lantern.files import write_json_atomic
-from lantern.models.llamagen.bundle import random_gpt
 from lantern.models.condition import ClassConditioner
+from lantern.models.llamagen.bundle import random_gpt
 from lantern.models.sampling import SamplingConfig
 from lantern.results.provenance import environment
 from lantern.rng import keys_tensor
