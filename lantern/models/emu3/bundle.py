@@ -14,14 +14,8 @@ import torch
 
 from lantern import checks
 from lantern.errors import CheckpointError, ConfigError
-from lantern.models.bundle import (
-    ModelBundle,
-    family_drafter,
-    finish_family_bundle,
-    require_drafter,
-    require_folder,
-    timing_parts,
-)
+from lantern.models import bundle as shared  # the bundle protocol and the helpers every family's loaders share
+from lantern.models.bundle import ModelBundle
 from lantern.models.checkpoint import folder_source, read_tensor, tokenizer_file
 from lantern.models.devices import resolve_device, resolve_dtype
 from lantern.models.drafter import load_drafter_for
@@ -87,40 +81,42 @@ def random_bundle(
     tokenizer = word_tokenizer(vocab)
     model, vq_model = random_prompted_target(Emu3Target, config, init_seed), random_vq(vq, init_seed)
     if gpt_ckpt is not None:
-        folder = require_folder(gpt_ckpt, hf.ARCHITECTURE)
+        folder = shared.require_folder(gpt_ckpt, hf.ARCHITECTURE)
         loaded, folder_vq = folder_parts(folder, target, tokenizer)
         if loaded != config:
             raise CheckpointError(f"HF folder {folder!r} is not the random preset's architecture")
         model, state = hf.load_target(folder, config)
         vq_model = load_vq(folder_vq, state, folder_source(folder))
     conditioner = Emu3Conditioner.for_model(tokenizer, config, device=device)
-    return finish_family_bundle(ModelBundle, name, model, vq_model, conditioner, device, dtype)
+    return shared.finish_family_bundle(ModelBundle, name, model, vq_model, conditioner, device, dtype)
 
 
 def load_bundle(
     name: str, gpt_ckpt: str | None, target: Mapping, device: str = "cpu", dtype: str = "float32"
 ) -> ModelBundle:
     """An Emu3 target, its VQ and its tokenizer from one HF ``Emu3ForConditionalGeneration`` folder."""
-    folder = require_folder(gpt_ckpt, hf.ARCHITECTURE, "config.json, weights with model.vqmodel.*, tokenizer.json")
+    folder = shared.require_folder(
+        gpt_ckpt, hf.ARCHITECTURE, "config.json, weights with model.vqmodel.*, tokenizer.json"
+    )
     device, dtype = resolve_device(device), resolve_dtype(dtype)
     tokenizer = load_tokenizer(tokenizer_file(folder))
     config, vq = folder_parts(folder, target, tokenizer)
     model, state = hf.load_target(folder, config)
     vq_model = load_vq(vq, state, folder_source(folder))
     conditioner = Emu3Conditioner.for_model(tokenizer, config, device=device)
-    return finish_family_bundle(ModelBundle, name, model, vq_model, conditioner, device, dtype)
+    return shared.finish_family_bundle(ModelBundle, name, model, vq_model, conditioner, device, dtype)
 
 
 # ----- drafters and neighbours -----------------------------------------------------------------------------
 def random_drafter(target, vq, init_seed=0, device="cpu", dtype="float32", path=None, name="tiny_random_emu3"):
     """A seeded random one-layer drafter of Emu3's kind (Llama's layer) for the random preset, or the one at ``path``."""
-    return family_drafter(random_config(target, vq)[0], path, name, init_seed, device, dtype)
+    return shared.family_drafter(random_config(target, vq)[0], path, name, init_seed, device, dtype)
 
 
 def load_drafter(path, gpt_ckpt, target: Mapping, device="cpu", dtype="float32", name="emu3_gen"):
     """The drafter at ``path`` for the target folder ``gpt_ckpt`` (its config.json and tokenizer.json read)."""
-    require_drafter(path, "a drafter folder scripts/train_drafter.py exported", "ar, sjd, gsd and zipar")
-    folder = require_folder(gpt_ckpt, hf.ARCHITECTURE)
+    shared.require_drafter(path, "a drafter folder scripts/train_drafter.py exported", "ar, sjd, gsd and zipar")
+    folder = shared.require_folder(gpt_ckpt, hf.ARCHITECTURE)
     config, _ = folder_parts(folder, target, load_tokenizer(tokenizer_file(folder)))
     return load_drafter_for(path, config, name, device, dtype)
 
@@ -132,7 +128,7 @@ def random_codebook(vq: Mapping, init_seed: int = 0) -> torch.Tensor:
 
 def folder_codebook(gpt_ckpt: str | os.PathLike) -> torch.Tensor:
     """A folder's VQ codebook (K, D), read alone from its shards."""
-    return read_tensor(require_folder(gpt_ckpt, hf.ARCHITECTURE), CODEBOOK_KEY).float()
+    return read_tensor(shared.require_folder(gpt_ckpt, hf.ARCHITECTURE), CODEBOOK_KEY).float()
 
 
 # ----- timing (scripts/gpu_check.py) ------------------------------------------------------------------------
@@ -144,4 +140,4 @@ def timing(architecture: Mapping | None, target: Mapping, vq: Mapping, device="c
     else:
         ids = (architecture["bos_id"], architecture["boi_id"], architecture["img_id"])
         config = Emu3Config.for_architecture(architecture, target, grid_of(target, vq), null_ids=ids)
-    return timing_parts(Emu3Target, config, Emu3Conditioner, device, dtype, init_seed)
+    return shared.timing_parts(Emu3Target, config, Emu3Conditioner, device, dtype, init_seed)
