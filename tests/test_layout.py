@@ -171,6 +171,7 @@ RUN_TOOLS_ON_LLAMAGEN = {
     ("lantern.run.bench.against_reference", "lantern.models.llamagen.reference_layout"),
     ("lantern.run.evaluate", "lantern.models.llamagen.bundle"),
     ("lantern.run.bench.gpu_check", "lantern.models.llamagen.bundle"),  # its random GPT-XL at real sizes
+    ("lantern.run.bench.ar", "lantern.models.llamagen.bundle"),  # AR against LlamaGen's own generate()
 }
 # Folders under models/ that are families or family-like (world/: the embedded LlamaGen world, its data and
 # loaders). text/ is not one: its encoders are a shared service (condition.py reads captions through them).
