@@ -69,18 +69,19 @@ class FakeEncoder(TextEncoder):
 VOCAB = 8
 
 
+def tiny_config(model_type="t2i", vocab=VOCAB, **overrides):
+    """A GPT-nano config over a small vocabulary (4x4 tokens)."""
+    cls_token_num = 4 if model_type == "t2i" else 1
+    return gpt_config(
+        "GPT-nano", model_type, 64, vocab_size=vocab, num_classes=10, caption_dim=8, cls_token_num=cls_token_num,
+        **overrides,
+    )  # fmt: skip
+
+
 def tiny(model_type="t2i", vocab=VOCAB, seed=0):
     """A GPT-nano target over a small vocabulary (4x4 tokens) and a random drafter for it."""
     torch.manual_seed(seed)
-    cfg = gpt_config(
-        "GPT-nano",
-        model_type,
-        64,
-        vocab_size=vocab,
-        num_classes=10,
-        caption_dim=8,
-        cls_token_num=4 if model_type == "t2i" else 1,
-    )
+    cfg = tiny_config(model_type, vocab)
     return Transformer(cfg).eval(), Drafter(DrafterConfig(cfg)).eval()
 
 

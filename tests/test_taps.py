@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from helpers import REPO, VOCAB, CountingBackend, text_condition
+from helpers import REPO, VOCAB, CountingBackend, text_condition, tiny_config
 from helpers import chi2_statistic as _chi2
 from helpers import exact_marginals as _exact_marginals
 from safetensors.torch import load_file, save_file
@@ -60,16 +60,7 @@ VQ = {"preset": "VQ-tiny", "overrides": {"codebook_size": 1024}}
 def deep(model_type="t2i", taps=TAPS, vocab=VOCAB, seed=0) -> tuple[Transformer, Drafter]:
     """A six-layer GPT-nano over a small vocabulary (4x4 tokens) and a random drafter with ``taps`` for it."""
     torch.manual_seed(seed)
-    cfg = gpt_config(
-        "GPT-nano",
-        model_type,
-        64,
-        vocab_size=vocab,
-        num_classes=10,
-        caption_dim=8,
-        cls_token_num=4 if model_type == "t2i" else 1,
-        n_layer=6,
-    )
+    cfg = tiny_config(model_type, vocab, n_layer=6)
     return Transformer(cfg).eval(), Drafter(DrafterConfig(cfg, taps=taps)).eval()
 
 
