@@ -16,15 +16,32 @@ pytest.importorskip("transformers")
 TINY = ("model=tiny_random_emu3", "num_images=1", "speedup_baseline=null", "metrics=none")
 
 
-def test_greedy_eagle_and_sjd_write_greedy_ars_pngs_on_tiny_random_emu3(tmp_path):
-    """Lossless decoders on the target that hides Emu3ForConditionalGeneration's row ends write AR's image."""
-    for decoding in ("ar", "eagle", "sjd"):
+def test_greedy_eagle_sjd_and_sjd_pac_write_greedy_ars_pngs_on_tiny_random_emu3(tmp_path):
+    """Lossless decoders (and greedy SJD-PAC) on the target that hides Emu3ForConditionalGeneration's row ends write
+    AR's image."""
+    for decoding in ("ar", "eagle", "sjd", "sjd_pac"):
         proc = run(tmp_path / decoding, *TINY, "temperature=0", f"decoding={decoding}")
         assert proc.returncode == 0, proc.stderr
     expected = pngs(tmp_path / "ar")
     assert len(expected) == 1
-    assert pngs(tmp_path / "eagle") == expected and pngs(tmp_path / "sjd") == expected
-    assert tau(tmp_path / "sjd") > 1
+    assert all(pngs(tmp_path / decoding) == expected for decoding in ("eagle", "sjd", "sjd_pac"))
+    assert tau(tmp_path / "sjd") > 1 and tau(tmp_path / "sjd_pac") > 1
+
+
+def test_sampled_sjd_pac_records_tau_above_1_on_tiny_random_emu3(tmp_path):
+    """run.py decoding=sjd_pac at its defaults (L 64, K 3, D 3, the preset's sampling) on Emu3's layout."""
+    proc = run(tmp_path / "out", *TINY, "decoding=sjd_pac")
+    assert proc.returncode == 0, proc.stderr
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    settings = metrics["settings"]
+    assert (settings["kind"], settings["window"], settings["tree_width"], settings["tree_depth"]) == (
+        "sjd_pac",
+        64,
+        3,
+        3,
+    )
+    assert metrics["temperature"] == 1.0  # sampled: tau > 1 is not greedy's
+    assert len(pngs(tmp_path / "out")) == 1 and metrics["mean_accepted_length"] > 1
 
 
 @pytest.mark.parametrize(
