@@ -330,6 +330,27 @@ TARGET_FAULTS = [
     ),
     ("eps", None, lambda c: c.update(rms_norm_eps=1e-6), ConfigError, "rms_norm_eps=1e-06, expected 1e-05"),
     ("no-grid", None, lambda c: c.pop("block_size"), ConfigError, "config.json has no 'block_size'; expected 16"),
+    (  # a Chameleon config.json over LlamaGen's tensors: another model's folder, whatever its sizes say
+        "model-type",
+        None,
+        lambda c: c.update(model_type="chameleon"),
+        CheckpointError,
+        "holds LlamaForCausalLM (model_type 'chameleon'), not a LlamaGen target in the HF layout for GPT-nano c2i",
+    ),
+    (
+        "architecture",
+        None,
+        lambda c: c.update(architectures=["JanusForConditionalGeneration"]),
+        CheckpointError,
+        "holds JanusForConditionalGeneration (model_type 'llama'), not a LlamaGen target",
+    ),
+    (
+        "no-names",
+        None,
+        lambda c: (c.pop("architectures"), c.pop("model_type")),
+        CheckpointError,
+        "holds no architecture (model_type None), not a LlamaGen target",
+    ),
 ]
 
 
@@ -371,6 +392,20 @@ DRAFTER_FAULTS = [
         ConfigError,
         "config.json lantern_condition_input='zeros': expected one of embedding, token0",
     ),
+    (
+        "model-type",
+        None,
+        lambda c: c.update(model_type="emu3"),
+        CheckpointError,
+        "holds LlamaForCausalLM (model_type 'emu3'), not a LlamaGen drafter in the HF layout",
+    ),
+    (
+        "architecture",
+        None,
+        lambda c: c.update(architectures=["ChameleonForConditionalGeneration"]),
+        CheckpointError,
+        "holds ChameleonForConditionalGeneration (model_type 'llama'), not a LlamaGen drafter",
+    ),
 ]
 
 
@@ -410,6 +445,8 @@ def tiny_folders(tmp_path_factory) -> dict[str, Path]:
         ("wide", "target", None, lambda c: c.update(hidden_size=96)),
         ("no_head", "target", lambda s: s.pop("lm_head.weight"), None),
         ("no_fc", "drafter", lambda s: s.pop("fc.weight"), None),
+        ("janus_type", "target", None, lambda c: c.update(model_type="janus")),
+        ("emu3_drafter", "drafter", None, lambda c: c.update(architectures=["Emu3ForCausalLM"])),
     ]:
         copy = root / name / part
         copy.mkdir(parents=True)
@@ -426,6 +463,12 @@ CLI_CASES = [
     ("no-head", ["model.gpt_ckpt={no_head}"], "missing 1: lm_head.weight"),
     ("no-fc", ["decoding=eagle", "model.drafter_ckpt={no_fc}"], "missing 1: fc.weight"),
     ("empty", ["model.gpt_ckpt={empty}"], "is a folder without config.json"),
+    ("model-type", ["model.gpt_ckpt={janus_type}"], "(model_type 'janus'), not a LlamaGen target in the HF layout"),
+    (
+        "drafter-architecture",
+        ["decoding=eagle", "model.drafter_ckpt={emu3_drafter}"],
+        "holds Emu3ForCausalLM (model_type 'llama'), not a LlamaGen drafter in the HF layout",
+    ),
 ]
 
 
