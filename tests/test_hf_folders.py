@@ -455,6 +455,12 @@ def tiny_folders(tmp_path_factory) -> dict[str, Path]:
         folders[name] = rewrite(copy, tensors, config)
     (root / "empty").mkdir()
     folders["empty"] = root / "empty"
+    # Drafter files, not folders: the target's weights (another architecture) and a drafter of another width.
+    save_file(load_file(root / "good" / "target" / "model.safetensors"), str(root / "target.safetensors"))
+    folders["target_file"] = root / "target.safetensors"
+    drafter = load_file(root / "good" / "drafter" / "model.safetensors")
+    save_file({**drafter, "fc.weight": torch.zeros(96, 192)}, str(root / "wide_drafter.safetensors"))
+    folders["wide_drafter_file"] = root / "wide_drafter.safetensors"
     return folders
 
 
@@ -468,6 +474,16 @@ CLI_CASES = [
         "drafter-architecture",
         ["decoding=eagle", "model.drafter_ckpt={emu3_drafter}"],
         "holds Emu3ForCausalLM (model_type 'llama'), not a LlamaGen drafter in the HF layout",
+    ),
+    (
+        "target-as-drafter",
+        ["decoding=eagle", "model.drafter_ckpt={target_file}"],
+        "does not match a 1-layer drafter for GPT-nano: missing 8: fc.bias, fc.weight",
+    ),
+    (
+        "wide-drafter-file",
+        ["decoding=eagle", "model.drafter_ckpt={wide_drafter_file}"],
+        "has hidden size 96 (fc (96, 192)) but the target GPT-nano has hidden size 64",
     ),
 ]
 
