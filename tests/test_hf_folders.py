@@ -297,6 +297,30 @@ def rewrite(folder: Path, tensors=None, config=None) -> Path:
     return folder
 
 
+LAYOUT = "LlamaGen's HF layout (LlamaForCausalLM, model_type 'llama')"
+
+
+def family_faults(model_type: str, architecture: str, wanted: str) -> list[tuple]:
+    """Another model's name in config.json over LlamaGen's tensors, by ``model_type`` or by ``architectures``:
+    another model's folder whatever its sizes say, refused naming the value and ``wanted`` (what fits)."""
+    return [
+        (
+            "model-type",
+            None,
+            lambda c: c.update(model_type=model_type),
+            CheckpointError,
+            f"holds LlamaForCausalLM (model_type {model_type!r}), not {wanted}",
+        ),
+        (
+            "architecture",
+            None,
+            lambda c: c.update(architectures=[architecture]),
+            CheckpointError,
+            f"holds {architecture} (model_type 'llama'), not {wanted}",
+        ),
+    ]
+
+
 TARGET_FAULTS = [
     (
         "missing",
@@ -330,26 +354,13 @@ TARGET_FAULTS = [
     ),
     ("eps", None, lambda c: c.update(rms_norm_eps=1e-6), ConfigError, "rms_norm_eps=1e-06, expected 1e-05"),
     ("no-grid", None, lambda c: c.pop("block_size"), ConfigError, "config.json has no 'block_size'; expected 16"),
-    (  # a Chameleon config.json over LlamaGen's tensors: another model's folder, whatever its sizes say
-        "model-type",
-        None,
-        lambda c: c.update(model_type="chameleon"),
-        CheckpointError,
-        "holds LlamaForCausalLM (model_type 'chameleon'), not a LlamaGen target in the HF layout for GPT-nano c2i",
-    ),
-    (
-        "architecture",
-        None,
-        lambda c: c.update(architectures=["JanusForConditionalGeneration"]),
-        CheckpointError,
-        "holds JanusForConditionalGeneration (model_type 'llama'), not a LlamaGen target",
-    ),
+    *family_faults("chameleon", "JanusForConditionalGeneration", "a GPT-nano c2i target in " + LAYOUT),
     (
         "no-names",
         None,
         lambda c: (c.pop("architectures"), c.pop("model_type")),
         CheckpointError,
-        "holds no architecture (model_type None), not a LlamaGen target",
+        "holds no architecture (model_type None), not a GPT-nano c2i target in " + LAYOUT,
     ),
 ]
 
@@ -392,20 +403,7 @@ DRAFTER_FAULTS = [
         ConfigError,
         "config.json lantern_condition_input='zeros': expected one of embedding, token0",
     ),
-    (
-        "model-type",
-        None,
-        lambda c: c.update(model_type="emu3"),
-        CheckpointError,
-        "holds LlamaForCausalLM (model_type 'emu3'), not a LlamaGen drafter in the HF layout",
-    ),
-    (
-        "architecture",
-        None,
-        lambda c: c.update(architectures=["ChameleonForConditionalGeneration"]),
-        CheckpointError,
-        "holds ChameleonForConditionalGeneration (model_type 'llama'), not a LlamaGen drafter",
-    ),
+    *family_faults("emu3", "ChameleonForConditionalGeneration", "a drafter for GPT-nano in " + LAYOUT),
 ]
 
 
@@ -469,11 +467,11 @@ CLI_CASES = [
     ("no-head", ["model.gpt_ckpt={no_head}"], "missing 1: lm_head.weight"),
     ("no-fc", ["decoding=eagle", "model.drafter_ckpt={no_fc}"], "missing 1: fc.weight"),
     ("empty", ["model.gpt_ckpt={empty}"], "is a folder without config.json"),
-    ("model-type", ["model.gpt_ckpt={janus_type}"], "(model_type 'janus'), not a LlamaGen target in the HF layout"),
+    ("model-type", ["model.gpt_ckpt={janus_type}"], "(model_type 'janus'), not a GPT-nano c2i target in " + LAYOUT),
     (
         "drafter-architecture",
         ["decoding=eagle", "model.drafter_ckpt={emu3_drafter}"],
-        "holds Emu3ForCausalLM (model_type 'llama'), not a LlamaGen drafter in the HF layout",
+        "holds Emu3ForCausalLM (model_type 'llama'), not a drafter for GPT-nano in " + LAYOUT,
     ),
     (
         "target-as-drafter",

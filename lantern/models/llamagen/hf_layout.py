@@ -35,6 +35,7 @@ from lantern.models.drafter import EMBED_KEY, own_keys
 CLASS_DROPOUT = 0.1
 # What a target or drafter folder's config.json names itself: HF Llama, both ways (checked on load).
 ARCHITECTURE, MODEL_TYPE = "LlamaForCausalLM", "llama"
+_LAYOUT = f"LlamaGen's HF layout ({ARCHITECTURE}, model_type {MODEL_TYPE!r})"
 
 # Per-layer names, ours -> theirs (the q/k/v split of wqkv is done separately).
 _LAYER_NAMES = {
@@ -232,7 +233,7 @@ def check_target_config(config: Mapping, expected, source: str, what: str) -> No
     checkpoint says its RMSNorm epsilon, so a folder that states another one is refused too: pass the
     folder's value as ``+model.bundle.gpt.overrides.norm_eps=...`` if it is right.
     """
-    check_family(config, MODEL_TYPE, ARCHITECTURE, source, f"a LlamaGen target in the HF layout for {what}")
+    check_family(config, MODEL_TYPE, ARCHITECTURE, source, f"a {what} target in {_LAYOUT}")
     keys = target_config(expected)
     wanted = {
         key: keys[key]
@@ -263,7 +264,7 @@ def check_drafter_config(config: Mapping, target, norm_eps: float, source: str, 
     vocabulary (required), and when present the target's ``cls_token_num`` and ``block_size``, the
     drafter's ``rms_norm_eps`` (``norm_eps``), ``bias`` (fc has one) and the activation; CheckpointError
     unless it names HF Llama (as a target folder)."""
-    check_family(config, MODEL_TYPE, ARCHITECTURE, source, f"a LlamaGen drafter in the HF layout for {what}")
+    check_family(config, MODEL_TYPE, ARCHITECTURE, source, f"{what} in {_LAYOUT}")
     keys = drafter_config(target, norm_eps=norm_eps)
     names = ("hidden_size", "num_attention_heads", "vocab_size", "intermediate_size", "num_key_value_heads")
     wanted = {key: keys[key] for key in (*names, "cls_token_num", "block_size", "rms_norm_eps", "bias", "hidden_act")}
