@@ -4,10 +4,11 @@ Every error a user can cause by bad input (config values, paths, files) is raise
 :class:`LanternError` subclass with a one-line message that names the bad value and what is
 allowed. The entry point prints that line and exits non-zero; anything else is a bug.
 A file-system fault the user must fix (a full disk, a read-only or forbidden folder) is reported
-the same way.
+the same way, naming the setting that chooses where the entry point writes (:func:`writes_under`).
 """
 
 import errno
+import functools
 import re
 
 
@@ -38,6 +39,9 @@ FAULT_ERRNOS = frozenset(
         errno.EISDIR,
     }
 )
+# The setting that chooses where run.py writes; other entry points name theirs with :func:`writes_under`.
+DEFAULT_OUTPUT_KNOB = "hydra.run.dir"
+_KNOB_ATTRIBUTE = "lantern_output_knob"
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 MAX_MESSAGE = 400
 
@@ -50,17 +54,52 @@ def one_line(text: str, limit: int = MAX_MESSAGE) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def writes_under(knob: str):
+    """Decorator: a file-system fault raised by the function (or anywhere in its exception's chain) names
+    ``knob`` (``out_dir``, ``--out``) in its hint, as the setting that chooses where to write instead;
+    the innermost decorated function wins. Without one the hint names :data:`DEFAULT_OUTPUT_KNOB`."""
+
+    def decorate(function):
+        @functools.wraps(function)
+        def wrapper(*args, **kwargs):
+            try:
+                return function(*args, **kwargs)
+            except BaseException as exc:
+                fault = _fault_in(exc)
+                if fault is not None and not hasattr(fault, _KNOB_ATTRIBUTE):
+                    setattr(fault, _KNOB_ATTRIBUTE, knob)
+                raise
+
+        wrapper.output_knob = knob
+        return wrapper
+
+    return decorate
+
+
+def _fault_in(exc: BaseException | None) -> OSError | None:
+    """The first file-system fault (:data:`FAULT_ERRNOS`) in ``exc``'s cause chain, else ``None``."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in FAULT_ERRNOS:
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def fault_message(exc: BaseException) -> str | None:
-    """One line for a file-system fault (:data:`FAULT_ERRNOS`) naming the file, else ``None``."""
+    """One line for a file-system fault (:data:`FAULT_ERRNOS`) naming the file and the setting that chooses
+    where to write (:func:`writes_under`), else ``None``."""
     if isinstance(exc, OSError) and exc.errno in FAULT_ERRNOS:
         reason = exc.strerror or errno.errorcode.get(exc.errno, "file-system error")
         where = f": {str(exc.filename)!r}" if exc.filename else ""
+        knob = getattr(exc, _KNOB_ATTRIBUTE, DEFAULT_OUTPUT_KNOB)
         if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-            hint = "free some space or write elsewhere (hydra.run.dir=DIR)"
+            hint = f"free some space or write elsewhere ({knob}=DIR)"
         elif exc.errno in (errno.ENOTDIR, errno.EEXIST, errno.EISDIR):
             hint = "a file stands where a folder is needed, or the other way round; choose another path"
         else:
-            hint = "check its permissions or write elsewhere (hydra.run.dir=DIR)"
+            hint = f"check its permissions or write elsewhere ({knob}=DIR)"
         return f"{reason}{where}; {hint}"
     return None
 

@@ -116,6 +116,38 @@ def test_cache_hit_miss_and_slicing(tmp_path, monkeypatch):
     assert torch.load(forged, weights_only=True)["hash"] == codebook_hash(other, True)
 
 
+def test_an_altered_cached_table_is_rebuilt_with_one_line(tmp_path, capsys):
+    """Neighbours swapped in the cached file (name, hash and old digest kept) are never used: the clean
+    table comes back, stderr says why once, and the rewritten file is read back silently."""
+    cb = _codebook()
+    clean = load_or_build_table(cb, 6, True, tmp_path)
+    path = tmp_path / f"{codebook_hash(cb, True)}_6_norm.pt"
+    saved = torch.load(path, weights_only=True)
+    torch.save({**saved, "table": saved["table"].flip(1)}, path)  # same codes, other order: other neighbours
+    capsys.readouterr()
+    assert torch.equal(load_or_build_table(cb, 6, True, tmp_path), clean)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "does not match the digest" in lines[0] and path.name in lines[0]
+    assert torch.equal(load_or_build_table(cb, 6, True, tmp_path), clean) and not capsys.readouterr().err
+    torch.save({k: v for k, v in saved.items() if k != "digest"}, path)  # written before digests
+    assert torch.equal(load_or_build_table(cb, 6, True, tmp_path), clean)
+    assert "does not match the digest" in capsys.readouterr().err
+    path.write_bytes(path.read_bytes()[:100])  # cut short
+    assert torch.equal(load_or_build_table(cb, 6, True, tmp_path), clean)
+    assert "does not match the digest" in capsys.readouterr().err
+
+
+def test_an_altered_prebuilt_table_file_is_refused(tmp_path):
+    cb = _codebook()
+    load_or_build_table(cb, 6, True, tmp_path)
+    path = tmp_path / f"{codebook_hash(cb, True)}_6_norm.pt"
+    assert torch.equal(nbm.read_table_file(path, cb, True, 6), neighbour_table(cb, 6, True))
+    saved = torch.load(path, weights_only=True)
+    torch.save({**saved, "table": saved["table"].flip(1)}, path)
+    with pytest.raises(ConfigError, match=r"^model.neighbours.path=.*does not match the digest stored with it"):
+        nbm.read_table_file(path, cb, True, 6)
+
+
 def test_check_table_rejects_other_codebook():
     cb = _codebook()
     check_table(neighbour_table(cb, 5), cb)

@@ -605,3 +605,39 @@ def test_fault_messages_name_the_file():
     read_only = OSError(errno.EROFS, "Read-only file system", "/mnt/ro/run/.lock")
     assert user_message(read_only).startswith("Read-only file system: '/mnt/ro/run/.lock'; check its permissions")
     assert user_message(OSError(errno.ENOENT, "No such file or directory", "x")) is None  # not a fault: a bug's
+
+
+def test_a_fault_names_the_setting_that_chooses_where_its_entry_point_writes():
+    """run.py writes under hydra.run.dir, export_hf and the training scripts under out_dir, fid_reference
+    under --out: the hint names the one the user can change, also through a wrapping exception."""
+    from lantern.errors import user_message, writes_under
+    from lantern.metrics.reference import make_reference
+    from lantern.run.export import export
+    from lantern.training.jobs import classifier, clip, drafter, gpt, vq
+
+    def disk_full(*args):
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device", "/data/x/model.safetensors")
+        except OSError as exc:
+            raise RuntimeError("wrapped") from exc
+
+    for knob in ("out_dir", "--out"):
+        with pytest.raises(RuntimeError) as caught:
+            writes_under(knob)(disk_full)()
+        assert user_message(caught.value).endswith(f"free some space or write elsewhere ({knob}=DIR)")
+    with pytest.raises(RuntimeError) as caught:  # the innermost entry point's setting wins
+        writes_under("hydra.run.dir")(writes_under("out_dir")(disk_full))()
+    assert user_message(caught.value).endswith("(out_dir=DIR)")
+    with pytest.raises(RuntimeError) as caught:
+        disk_full()
+    assert user_message(caught.value).endswith("(hydra.run.dir=DIR)")
+
+    def denied():
+        raise OSError(errno.EACCES, "Permission denied", "/data/x")
+
+    with pytest.raises(OSError) as caught:
+        writes_under("out_dir")(denied)()
+    assert user_message(caught.value).endswith("check its permissions or write elsewhere (out_dir=DIR)")
+    for job in (export, classifier.train, clip.train, drafter.run, gpt.train, vq.train):
+        assert job.output_knob == "out_dir", job.__qualname__  # export_hf's hint end to end: test_hardening2
+    assert make_reference.output_knob == "--out"

@@ -144,6 +144,7 @@ def test_export_hf_on_a_full_disk_is_one_line_and_nothing_half_written(tmp_path)
     out = tmp_path / "e" / "f"
     line = refused(script("export_hf.py", *TINY[:1], f"out_dir={out}", preexec_fn=small_files))
     assert line.startswith("error: File too large: ") and str(out) in line
+    assert line.endswith("; free some space or write elsewhere (out_dir=DIR)")  # export_hf's knob, not run.py's
     assert not (tmp_path / "e").exists()  # no partial folder, no staging folder, no empty parents
 
 

@@ -297,6 +297,30 @@ def rewrite(folder: Path, tensors=None, config=None) -> Path:
     return folder
 
 
+LAYOUT = "LlamaGen's HF layout (LlamaForCausalLM, model_type 'llama')"
+
+
+def family_faults(model_type: str, architecture: str, wanted: str) -> list[tuple]:
+    """Another model's name in config.json over LlamaGen's tensors, by ``model_type`` or by ``architectures``:
+    another model's folder whatever its sizes say, refused naming the value and ``wanted`` (what fits)."""
+    return [
+        (
+            "model-type",
+            None,
+            lambda c: c.update(model_type=model_type),
+            CheckpointError,
+            f"holds LlamaForCausalLM (model_type {model_type!r}), not {wanted}",
+        ),
+        (
+            "architecture",
+            None,
+            lambda c: c.update(architectures=[architecture]),
+            CheckpointError,
+            f"holds {architecture} (model_type 'llama'), not {wanted}",
+        ),
+    ]
+
+
 TARGET_FAULTS = [
     (
         "missing",
@@ -330,6 +354,14 @@ TARGET_FAULTS = [
     ),
     ("eps", None, lambda c: c.update(rms_norm_eps=1e-6), ConfigError, "rms_norm_eps=1e-06, expected 1e-05"),
     ("no-grid", None, lambda c: c.pop("block_size"), ConfigError, "config.json has no 'block_size'; expected 16"),
+    *family_faults("chameleon", "JanusForConditionalGeneration", "a GPT-nano c2i target in " + LAYOUT),
+    (
+        "no-names",
+        None,
+        lambda c: (c.pop("architectures"), c.pop("model_type")),
+        CheckpointError,
+        "holds no architecture (model_type None), not a GPT-nano c2i target in " + LAYOUT,
+    ),
 ]
 
 
@@ -371,6 +403,7 @@ DRAFTER_FAULTS = [
         ConfigError,
         "config.json lantern_condition_input='zeros': expected one of embedding, token0",
     ),
+    *family_faults("emu3", "ChameleonForConditionalGeneration", "a drafter for GPT-nano in " + LAYOUT),
 ]
 
 
@@ -410,6 +443,8 @@ def tiny_folders(tmp_path_factory) -> dict[str, Path]:
         ("wide", "target", None, lambda c: c.update(hidden_size=96)),
         ("no_head", "target", lambda s: s.pop("lm_head.weight"), None),
         ("no_fc", "drafter", lambda s: s.pop("fc.weight"), None),
+        ("janus_type", "target", None, lambda c: c.update(model_type="janus")),
+        ("emu3_drafter", "drafter", None, lambda c: c.update(architectures=["Emu3ForCausalLM"])),
     ]:
         copy = root / name / part
         copy.mkdir(parents=True)
@@ -418,6 +453,12 @@ def tiny_folders(tmp_path_factory) -> dict[str, Path]:
         folders[name] = rewrite(copy, tensors, config)
     (root / "empty").mkdir()
     folders["empty"] = root / "empty"
+    # Drafter files, not folders: the target's weights (another architecture) and a drafter of another width.
+    save_file(load_file(root / "good" / "target" / "model.safetensors"), str(root / "target.safetensors"))
+    folders["target_file"] = root / "target.safetensors"
+    drafter = load_file(root / "good" / "drafter" / "model.safetensors")
+    save_file({**drafter, "fc.weight": torch.zeros(96, 192)}, str(root / "wide_drafter.safetensors"))
+    folders["wide_drafter_file"] = root / "wide_drafter.safetensors"
     return folders
 
 
@@ -426,6 +467,22 @@ CLI_CASES = [
     ("no-head", ["model.gpt_ckpt={no_head}"], "missing 1: lm_head.weight"),
     ("no-fc", ["decoding=eagle", "model.drafter_ckpt={no_fc}"], "missing 1: fc.weight"),
     ("empty", ["model.gpt_ckpt={empty}"], "is a folder without config.json"),
+    ("model-type", ["model.gpt_ckpt={janus_type}"], "(model_type 'janus'), not a GPT-nano c2i target in " + LAYOUT),
+    (
+        "drafter-architecture",
+        ["decoding=eagle", "model.drafter_ckpt={emu3_drafter}"],
+        "holds Emu3ForCausalLM (model_type 'llama'), not a drafter for GPT-nano in " + LAYOUT,
+    ),
+    (
+        "target-as-drafter",
+        ["decoding=eagle", "model.drafter_ckpt={target_file}"],
+        "does not match a 1-layer drafter for GPT-nano: missing 8: fc.bias, fc.weight",
+    ),
+    (
+        "wide-drafter-file",
+        ["decoding=eagle", "model.drafter_ckpt={wide_drafter_file}"],
+        "has hidden size 96 (fc (96, 192)) but the target GPT-nano has hidden size 64",
+    ),
 ]
 
 

@@ -1,5 +1,8 @@
 """The drafter factory's pieces: shards, features, the EAGLE objective on them (the script: test_drafter_factory.py)."""
 
+import json
+import os
+
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -106,6 +109,29 @@ def test_shards_refuse_another_key_and_a_cut_shard(tmp_path):
     shard = tmp_path / "data" / "shard_00001.safetensors"
     shard.write_bytes(shard.read_bytes()[:-10])
     with pytest.raises(CheckpointError, match=r"shard_00001.safetensors' has \d+ bytes, the index says"):
+        ShardStore(tmp_path / "data", {"what": "toy"}, "toy data")
+
+
+def test_shards_refuse_an_altered_shard_of_the_same_size(tmp_path):
+    """Rows changed in place (size kept, a later edit) are never read: the index's sha256 says so, in one message."""
+    _, codes, _ = toy_data(tmp_path / "data", rows=8, shard=4)
+    shard = tmp_path / "data" / "shard_00001.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF  # a byte of the last tensor's rows; the header and the size are kept
+    shard.write_bytes(bytes(data))
+    later = shard.stat().st_mtime_ns + 1_000_000_000
+    os.utime(shard, ns=(later, later))
+    with pytest.raises(CheckpointError, match=r"shard_00001.safetensors' does not match the sha256 the index lists"):
+        ShardStore(tmp_path / "data", {"what": "toy"}, "toy data")
+    index = tmp_path / "data" / "index.json"
+    saved = json.loads(index.read_text())
+    shard.write_bytes(bytes(data[:-1] + bytes([data[-1] ^ 0xFF])))  # back as written
+    reopened = ShardStore(tmp_path / "data", {"what": "toy"}, "toy data")
+    assert torch.equal(reopened.read(torch.tensor([7]))["codes"].long(), codes[7:8])
+    for entry in saved["shards"]:
+        entry.pop("sha256")
+    index.write_text(json.dumps(saved))  # an index written before shard digests is not trusted either
+    with pytest.raises(CheckpointError, match=r"shard_00000.safetensors' has no sha256 in the index"):
         ShardStore(tmp_path / "data", {"what": "toy"}, "toy data")
 
 

@@ -13,7 +13,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from lantern import checks
-from lantern.errors import ConfigError
+from lantern.errors import ConfigError, writes_under
 
 SUFFIXES = (".jpg", ".jpeg", ".png")
 
@@ -27,6 +27,7 @@ def centre_square(image: Image.Image, size: int) -> Image.Image:
     return square.resize((size, size), Image.LANCZOS)
 
 
+@writes_under("--out")
 def make_reference(images: Path, out: Path, size: int, progress: bool = True) -> int:
     """Write every image of ``images`` into ``out`` as a ``size`` px PNG; return how many."""
     size = checks.integer("--size", size, 8)

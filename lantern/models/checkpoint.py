@@ -371,16 +371,16 @@ def check_folder_keys(
             )
 
 
-def check_family(config: Mapping, model_type: str, architecture: str, source: str) -> None:
+def check_family(config: Mapping, model_type: str, architecture: str, source: str, wanted: str = "") -> None:
     """CheckpointError unless ``config.json`` names one family both ways it can: ``model_type`` (when it has
     one) must be the family's and ``architectures`` (when listed) must hold one of the family's classes (a
     name starting as ``architecture``'s prefix before ``For``, so a release's variant class passes); a
-    config with neither is refused too. A folder whose two names disagree is another model's."""
+    config with neither is refused too. A folder whose two names disagree is another model's. ``wanted``
+    says what was expected, for the message (default: the architecture and its model_type)."""
     kind, listed = config.get("model_type"), config.get("architectures") or []
     family = architecture.split("For")[0]
     ours = [name for name in listed if isinstance(name, str) and name.startswith(family)]
     if (kind is None and not listed) or (kind is not None and kind != model_type) or (listed and not ours):
         found = ", ".join(map(str, listed)) or "no architecture"
-        raise CheckpointError(
-            f"{source} holds {found} (model_type {kind!r}), not a {architecture} (model_type {model_type!r})"
-        )
+        wanted = wanted or f"a {architecture} (model_type {model_type!r})"
+        raise CheckpointError(f"{source} holds {found} (model_type {kind!r}), not {wanted}")

@@ -16,8 +16,8 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from lantern.errors import CheckpointError, ConfigError
-from lantern.models.checkpoint import check_folder_keys
+from lantern.errors import ConfigError
+from lantern.models.checkpoint import check_family, check_folder_keys
 from lantern.models.drafter import EMBED_KEY, own_keys, split_folder
 from lantern.models.llama_parts import DecoderLayer, inv_freq, rope_angles, rope_theta_of
 
@@ -163,18 +163,11 @@ class LlamaDrafterArch(ConfigSizes):
         return own_keys(config, condition_input, taps)
 
     def check_folder_config(self, config: Mapping, norm_eps: float, source: str, what: str) -> None:
-        """CheckpointError unless ``config.json`` is this family's (its ``model_type``, or without one its
-        ``architecture``);
-        ConfigError naming the first key whose value does not fit the target (width, heads, vocabulary:
-        required; the rest when present)."""
-        architectures = config.get("architectures") or []
-        kind = config.get("model_type")
-        if kind != self.model_type and (kind is not None or self.architecture not in architectures):
-            found = ", ".join(map(str, architectures)) or "no architecture"
-            raise CheckpointError(
-                f"{source} holds {found} (model_type {config.get('model_type')!r}), not a drafter for a "
-                f"{self.family} target ({self.folder_note})"
-            )
+        """CheckpointError unless ``config.json`` is this family's by its ``model_type`` and its ``architectures``
+        (:func:`~lantern.models.checkpoint.check_family`); ConfigError naming the first key whose value does not
+        fit the target (width, heads, vocabulary: required; the rest when present)."""
+        wanted = f"a drafter for a {self.family} target ({self.folder_note}, model_type {self.model_type!r})"
+        check_family(config, self.model_type, self.architecture, source, wanted)
         cfg = self.config
         theta = rope_theta_of(config, source)
         if not math.isclose(theta, cfg.rope_theta, rel_tol=1e-9):

@@ -7,7 +7,9 @@ reference implementation does); which one was used is part of the cache key.
 
 Tables are built a chunk of rows at a time, so a 16384 x 16384 distance matrix never exists at once,
 and cached on disk keyed by a hash of the codebook, so a table built for one codebook (say a
-stage-I tokenizer) is never used with another.
+stage-I tokenizer) is never used with another. Each file stores the digest of its own content
+(:func:`lantern.files.content_digest`); a cached file that does not match it is reported on stderr and
+rebuilt, a prebuilt file (``model.neighbours.path``) that does not match it is refused.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from lantern.errors import CheckpointError, ConfigError
-from lantern.files import note_input, save_torch_atomic
+from lantern.files import cache_mismatch, content_digest, note_input, save_torch_atomic
 from lantern.models.checkpoint import read_state_dict
 from lantern.rules.relaxation import NeighbourTable
 
@@ -94,16 +96,36 @@ def table_path(cache_dir: str | os.PathLike, digest: str, k_max: int, normalize:
     return Path(cache_dir) / f"{digest}_{k_max}_{'norm' if normalize else 'raw'}.pt"
 
 
+def table_digest(payload: dict) -> str:
+    """The digest of a table file's content: codebook hash, distance space and the table itself."""
+    return content_digest({name: payload.get(name) for name in ("hash", "normalize", "table")})
+
+
+def _intact(payload) -> bool:
+    """Whether a loaded table file holds a table and the digest of its own content."""
+    return (
+        isinstance(payload, dict)
+        and isinstance(payload.get("table"), torch.Tensor)
+        and payload.get("digest") == table_digest(payload)
+    )
+
+
 def _read_cached(path: Path, digest: str, normalize: bool, k_max: int) -> torch.Tensor | None:
-    """The cached table at ``path`` sliced to ``k_max`` columns, or ``None`` if it is unusable."""
+    """The cached table at ``path`` sliced to ``k_max`` columns, or ``None`` if it is unusable.
+
+    A file that cannot be read or whose content differs from its stored digest (altered, cut short, or
+    written before digests) is reported on stderr; one made for another codebook or space is skipped."""
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:
+    except Exception:  # noqa: BLE001 - any unreadable file is a damaged cache
+        payload = None
+    if not _intact(payload):
+        cache_mismatch(path)
         return None
-    if not isinstance(payload, dict) or payload.get("hash") != digest or payload.get("normalize") != normalize:
+    if payload.get("hash") != digest or payload.get("normalize") != normalize:
         return None
-    table = payload.get("table")
-    if not isinstance(table, torch.Tensor) or table.ndim != 2 or table.shape[1] < k_max:
+    table = payload["table"]
+    if table.ndim != 2 or table.shape[1] < k_max:
         return None
     return table[:, :k_max].to(torch.int64)
 
@@ -114,9 +136,10 @@ def load_or_build_table(
     """The (V, k_max) int64 neighbour table of ``codebook``, from ``cache_dir`` when possible.
 
     A cached file is used only if the hash stored inside it equals this codebook's hash (with the
-    same normalise flag); a cached table with more columns than ``k_max`` is sliced. Otherwise the
-    table is built and written atomically (temporary file, then ``os.replace``) as
-    ``<hash>_<k_max>_<norm|raw>.pt``. The result lives on the CPU.
+    same normalise flag) and its content matches the digest stored with it (else a line on stderr); a
+    cached table with more columns than ``k_max`` is sliced. Otherwise the table is built and written
+    atomically (temporary file, then ``os.replace``) with its digest as ``<hash>_<k_max>_<norm|raw>.pt``.
+    The result lives on the CPU.
     """
     digest = codebook_hash(codebook, normalize)
     cache = Path(cache_dir)
@@ -147,7 +170,7 @@ def load_or_build_table(
         "num_codes": int(codebook.shape[0]),
         "table": to_storage(table),
     }
-    save_torch_atomic(exact, payload)
+    save_torch_atomic(exact, payload | {"digest": table_digest(payload)})
     return table
 
 
@@ -196,6 +219,11 @@ def read_table_file(path: str | os.PathLike, codebook: torch.Tensor, normalize: 
     ):
         raise ConfigError(
             f"model.neighbours.path={os.fspath(path)!r} is not a neighbour table file (no table/normalize entries)"
+        )
+    if not _intact(payload):
+        raise ConfigError(
+            f"model.neighbours.path={os.fspath(path)!r}: its content does not match the digest stored with it "
+            "(altered, or written before digests); expected a table file as the cache writes it"
         )
     if bool(payload["normalize"]) != normalize:
         built = "l2-normalised" if payload["normalize"] else "raw"

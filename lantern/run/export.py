@@ -13,7 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from lantern import checks
-from lantern.errors import ConfigError
+from lantern.errors import ConfigError, writes_under
 from lantern.models.devices import resolve_dtype
 from lantern.models.drafter import save_drafter_folder
 
@@ -31,6 +31,7 @@ class NoConditioner:
         """Every model fits: nothing is conditioned."""
 
 
+@writes_under("out_dir")
 def export(cfg: DictConfig) -> dict[str, Path]:
     """Write ``cfg.parts`` of ``cfg.model`` to ``cfg.out_dir``/target and /drafter (``config.json`` and
     ``model.safetensors`` in ``cfg.weights_dtype``); return the folders written, by part."""

@@ -2,13 +2,15 @@
 
 A store is a folder of ``shard_NNNNN.safetensors`` files and an ``index.json`` holding the store's
 ``key`` (what the rows depend on: the target's weight hash, the settings) and the list of finished
-shards with their row count and byte size. Rows are numbered in shard order. Every shard is written
+shards with their row count, byte size and sha256 (checked on open through
+:func:`lantern.files.sha256_cached`, so a shard is hashed once per version, not at every open). Rows are numbered in shard order. Every shard is written
 atomically (temporary file, fsync, rename) and only then entered in the index (also atomic), so a
 kill at any moment leaves either a shard the index lists whole, a whole shard the index does not list yet
 (overwritten under the same name), or a temporary file that is ignored (the factory removes those once it
 holds the folder's lock): a rerun resumes after the last listed shard. A listed shard whose size no longer
-matches, a store with another key, or a shard with other tensor names is refused with one message
-naming the file; nothing is deleted on the user's behalf.
+matches, whose content differs from its listed sha256 (altered, or listed before shard digests), a store
+with another key, or a shard with other tensor names is refused with one message naming the file; nothing
+is deleted on the user's behalf (rows can take hours to make: the user chooses to make them again).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 import torch
 
 from lantern.errors import CheckpointError, ConfigError
-from lantern.files import write_atomic, write_json_atomic
+from lantern.files import sha256_cached, write_atomic, write_json_atomic
 
 INDEX_NAME = "index.json"
 FORMAT = "lantern-shards/1"
@@ -76,12 +78,21 @@ class ShardStore:
     def _check_shard(self, entry: Mapping) -> None:
         path = self.folder / str(entry.get("name"))
         size = path.stat().st_size if path.is_file() else None
-        if size != entry.get("bytes"):
-            state = "is missing" if size is None else f"has {size} bytes, the index says {entry.get('bytes')}"
-            raise CheckpointError(
-                f"{self.what} shard {str(path)!r} {state} (cut short or altered); delete it and its later "
-                f"shards and {INDEX_NAME}'s entries, or the folder, and rerun to make them again"
-            )
+        listed = entry.get("sha256")
+        if size is None:
+            state = "is missing"
+        elif size != entry.get("bytes"):
+            state = f"has {size} bytes, the index says {entry.get('bytes')} (cut short or altered)"
+        elif not listed:
+            state = "has no sha256 in the index (listed before shard digests)"
+        elif sha256_cached(path) != listed:
+            state = f"does not match the sha256 the index lists ({str(listed)[:12]}...; altered)"
+        else:
+            return
+        raise CheckpointError(
+            f"{self.what} shard {str(path)!r} {state}; delete it and its later "
+            f"shards and {INDEX_NAME}'s entries, or the folder, and rerun to make them again"
+        )
 
     @property
     def rows(self) -> int:
@@ -105,7 +116,8 @@ class ShardStore:
         path = self.folder / name
         payload = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
         write_atomic(path, lambda tmp: save_file(payload, tmp))
-        entry = {"name": name, "rows": rows, "bytes": path.stat().st_size, "tensors": sorted(payload)}
+        entry = {"name": name, "rows": rows, "bytes": path.stat().st_size, "sha256": sha256_cached(path)}
+        entry["tensors"] = sorted(payload)
         self.shards.append(entry)
         self._offsets.append(self._offsets[-1] + rows)
         self._write_index()

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from lantern.errors import CheckpointError, ConfigError
-from lantern.models.checkpoint import check_folder_keys, check_shapes, read_folder, write_folder
+from lantern.models.checkpoint import check_family, check_folder_keys, check_shapes, read_folder, write_folder
 from lantern.models.drafter import EMBED_KEY, own_keys
 
 # LlamaGen's GPTConfig and Transformer (:mod:`lantern.models.llamagen.gpt`) are not imported here: gpt.py
@@ -33,6 +33,9 @@ from lantern.models.drafter import EMBED_KEY, own_keys
 # LlamaGen's null class is trained by dropping labels at this rate; their LabelEmbedder only has the null
 # row (num_classes + 1 rows, as our checkpoints) when the config's rate is > 0.
 CLASS_DROPOUT = 0.1
+# What a target or drafter folder's config.json names itself: HF Llama, both ways (checked on load).
+ARCHITECTURE, MODEL_TYPE = "LlamaForCausalLM", "llama"
+_LAYOUT = f"LlamaGen's HF layout ({ARCHITECTURE}, model_type {MODEL_TYPE!r})"
 
 # Per-layer names, ours -> theirs (the q/k/v split of wqkv is done separately).
 _LAYER_NAMES = {
@@ -162,8 +165,8 @@ def target_config(config) -> dict:
     everything :func:`check_target_config` reads (LlamaGen's keys: ``block_size`` is the number of image
     tokens, ``cls_token_num`` the condition tokens, ``input_type`` c2i or t2i)."""
     return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": [ARCHITECTURE],
+        "model_type": MODEL_TYPE,
         "hidden_size": config.dim,
         "intermediate_size": config.ffn_hidden,
         "num_hidden_layers": config.n_layer,
@@ -199,12 +202,12 @@ def drafter_config(
     ``cls_token_num`` and ``block_size`` (checked on load) and, when given, our own keys
     (:func:`lantern.models.drafter.own_keys`)."""
     config = {
-        "architectures": ["LlamaForCausalLM"],
+        "architectures": [ARCHITECTURE],
         "hidden_act": "silu",
         "hidden_size": target.dim,
         "intermediate_size": target.ffn_hidden,
         "max_position_embeddings": 512,
-        "model_type": "llama",
+        "model_type": MODEL_TYPE,
         "num_attention_heads": target.n_head,
         "num_hidden_layers": n_layer,
         "num_key_value_heads": target.n_head,
@@ -222,12 +225,15 @@ def drafter_config(
 
 
 def check_target_config(config: Mapping, expected, source: str, what: str) -> None:
-    """ConfigError unless a target folder's ``config.json`` describes ``expected`` (see :func:`target_config`).
+    """CheckpointError unless a target folder's ``config.json`` names HF Llama (its ``model_type`` and
+    ``architectures``, :func:`~lantern.models.checkpoint.check_family`); ConfigError unless it describes
+    ``expected`` (see :func:`target_config`).
 
     The keys that fix shapes are required; the others are checked when present. Nothing in a LlamaGen
     checkpoint says its RMSNorm epsilon, so a folder that states another one is refused too: pass the
     folder's value as ``+model.bundle.gpt.overrides.norm_eps=...`` if it is right.
     """
+    check_family(config, MODEL_TYPE, ARCHITECTURE, source, f"a {what} target in {_LAYOUT}")
     keys = target_config(expected)
     wanted = {
         key: keys[key]
@@ -256,7 +262,9 @@ def check_target_config(config: Mapping, expected, source: str, what: str) -> No
 def check_drafter_config(config: Mapping, target, norm_eps: float, source: str, what: str) -> None:
     """ConfigError unless a drafter folder's ``config.json`` fits ``target``: width, heads, FFN size and
     vocabulary (required), and when present the target's ``cls_token_num`` and ``block_size``, the
-    drafter's ``rms_norm_eps`` (``norm_eps``), ``bias`` (fc has one) and the activation."""
+    drafter's ``rms_norm_eps`` (``norm_eps``), ``bias`` (fc has one) and the activation; CheckpointError
+    unless it names HF Llama (as a target folder)."""
+    check_family(config, MODEL_TYPE, ARCHITECTURE, source, f"{what} in {_LAYOUT}")
     keys = drafter_config(target, norm_eps=norm_eps)
     names = ("hidden_size", "num_attention_heads", "vocab_size", "intermediate_size", "num_key_value_heads")
     wanted = {key: keys[key] for key in (*names, "cls_token_num", "block_size", "rms_norm_eps", "bias", "hidden_act")}

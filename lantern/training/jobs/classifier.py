@@ -11,7 +11,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from lantern import checks
-from lantern.errors import ConfigError
+from lantern.errors import ConfigError, writes_under
 from lantern.files import write_json_atomic
 from lantern.metrics.classifier import WEIGHTS_NAME, FashionClassifier, load_classifier, pad_to_world, predict
 from lantern.models.devices import resolve_device
@@ -67,6 +67,7 @@ def _evaluate_shipped(
     return shipped, test
 
 
+@writes_under("out_dir")
 def train(cfg: DictConfig) -> dict:
     """Train (or resume) the classifier, export it, evaluate the exported file and write the report."""
     check_trainer_knobs(cfg)

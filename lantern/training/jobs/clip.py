@@ -11,7 +11,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from lantern import checks
-from lantern.errors import ConfigError
+from lantern.errors import ConfigError, writes_under
 from lantern.files import write_json_atomic
 from lantern.metrics.classifier import pad_to_world
 from lantern.metrics.clip import CONVENTIONS, CLIPScore, encode_images, encode_texts
@@ -116,6 +116,7 @@ def _splits(cfg: DictConfig) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.nd
     return (train_images, train_labels), (test_images, test_labels)
 
 
+@writes_under("out_dir")
 def train(cfg: DictConfig) -> dict:
     """Train (or resume) the CLIP, export it, evaluate the exported file and write the report."""
     check_trainer_knobs(cfg)

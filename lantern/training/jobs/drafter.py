@@ -27,7 +27,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from lantern import checks
-from lantern.errors import ConfigError
+from lantern.errors import ConfigError, writes_under
 from lantern.files import remove_stale_temps, write_json_atomic
 from lantern.models.drafter import Drafter, DrafterConfig, drafter_metadata, load_drafter_for, save_drafter_folder
 from lantern.models.llamagen.gpt import default_taps
@@ -366,6 +366,7 @@ class Factory:
         return report
 
 
+@writes_under("out_dir")
 def run(cfg: DictConfig, world, hold=None) -> dict:
     """Check, then run the configured stages; returns the report (rank 0, when export ran).
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from lantern.errors import writes_under
 from lantern.files import sha256_file
 from lantern.models.checkpoint import load_weights
 from lantern.models.llamagen.gpt import Transformer, gpt_config
@@ -19,6 +20,7 @@ from lantern.training.loop import EpochBatches, Trainer, check_trainer_knobs, wa
 WEIGHTS_NAME = "gpt.safetensors"
 
 
+@writes_under("out_dir")
 def train(cfg: DictConfig) -> dict:
     check_trainer_knobs(cfg)
     config = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)

@@ -10,7 +10,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from lantern import checks
-from lantern.errors import ConfigError
+from lantern.errors import ConfigError, writes_under
 from lantern.files import save_png, write_json_atomic
 from lantern.models.bundle import to_uint8
 from lantern.models.checkpoint import load_weights
@@ -63,6 +63,7 @@ def save_recon_grid(model: VQModel, dataset: FashionMNISTImages, count: int, pat
     save_png(grid, path)
 
 
+@writes_under("out_dir")
 def train(cfg: DictConfig) -> dict:
     """Train (or resume) the tokenizer described by ``cfg``, export it and write the report; returns it."""
     check_trainer_knobs(cfg)
