@@ -252,7 +252,8 @@ class NeighbourRelaxation:
             # In place, each the same bits as its out-of-place form (a - b is a + (-b); min(a, b) is a clamped
             # at b): eagerly the (R, M, scan) temporaries are most of the cost.
             left = need.cumsum(dim=2).sub_(need)  # (R, M, scan) room at nearer neighbours
-            left = left.neg_().add_(offer[:, :, None]).clamp_min_(0)  # (R, M, scan) offer left for each
+            # (R, M, scan) offer left for each: written over ``left`` in one pass (o - x is (-x) + o, to the bit)
+            left = torch.sub(offer[:, :, None], left, out=left).clamp_min_(0)
             return near, left.clamp_max_(need)  # nearest first
         needy = (room > 0).to(torch.uint8).gather(1, near.flatten(1)).view(near.shape)  # (R, M, scan)
         first = needy.argmax(dim=2, keepdim=True)  # (R, M, 1) the first neighbour with room (0 when none)
