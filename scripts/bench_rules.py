@@ -84,7 +84,7 @@ def _walk_case(table, kind: str, make, seed: int = 0):
 
     def call(rule):
         def work():
-            ahead = None if rule.relax is None else _relax_chain(draft, p, rule)
+            ahead = None if rule.relax is None else _relax_chain(draft, p, rule, DEPTH)
             out = []
             for level in range(DEPTH):
                 extra = {} if ahead is None else {"relaxed": Relaxed(*(part[:, level] for part in ahead))}

@@ -10,7 +10,8 @@ nothing synchronises with the device. A rule with a ``walk`` hook (the authors' 
 chooses among whole paths instead. On a chain every level tests a node known before the walk (node
 ``d`` at level ``d``), so a rule with a ``relax`` hook relaxes all of them in one call first: one
 relaxation over ``B * D`` rows instead of ``D`` over ``B`` (a third of the kernels and calls on a
-chain(3)), with the same values row by row.
+chain(3)), with the same values row by row. Compiled for the CPU the deepest level is left out of that call
+and relaxed only when some row reaches it.
 """
 
 from __future__ import annotations
@@ -76,17 +77,19 @@ def walk_tree(
     stop_token = torch.full((batch,), -1, dtype=torch.long, device=device)  # token fixed at the stopping level
     target = p[:, 0]  # (B, V) the law to draw the final token from if nothing fixed it
     ahead = draft.chain and rule.relax is not None
-    # A compiled CPU graph reads a device flag for free: there each level is relaxed only when some row reaches
-    # it (on a GPU the read would wait for the device; eagerly a branch costs more than it saves).
+    # A compiled CPU graph reads a device flag for free: there the deepest level is relaxed only when some row
+    # reaches it, the others together (their rows are what the CPU threads split). On a GPU the read would wait
+    # for the device, and eagerly a branch costs more than it saves: every level in one call.
     lazy = ahead and device.type == "cpu" and torch.compiler.is_compiling()
-    ahead = _relax_chain(draft, p, rule) if ahead and not lazy else None
+    levels = depth_max - 1 if lazy else depth_max  # relaxed in one call before the walk
+    ahead = _relax_chain(draft, p, rule, levels) if ahead and levels > 0 else None
     for level in range(depth_max):
         kids = draft.children[rows, current]  # (B, K) tree nodes (-1: not in the tree)
         tokens = draft.candidates[rows, current]  # (B, K)
         valid = alive[:, None] & (tokens >= 0)
         node_p, node_q = p[rows, current], draft.q[rows, current]  # (B, V) each
         extra = {}
-        if ahead is not None:
+        if ahead is not None and level < ahead[1].shape[1]:
             extra = {"relaxed": Relaxed(*(part[:, level] for part in ahead))}
         elif lazy:
             extra = {"relaxed": _relax_reached(rule, node_p, tokens, valid, node_q, alive, level)}
@@ -123,15 +126,16 @@ def walk_tree(
     return Walk(path=path, accepted=accepted, next_token=next_token, tv=tv, merged=merged)
 
 
-def _relax_chain(draft: Draft, p: torch.Tensor, rule: Rule) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The relaxed laws of a chain's nodes ``0 .. D-1`` in one call: ``target`` (B, D, V), ``tv`` (B, D),
-    ``gain`` (B, D, K).
+def _relax_chain(
+    draft: Draft, p: torch.Tensor, rule: Rule, depth: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The relaxed laws of a chain's nodes ``0 .. depth-1`` in one call: ``target`` (B, depth, V), ``tv``
+    (B, depth), ``gain`` (B, depth, K).
 
     A row that stops before level ``d`` still gets node ``d`` relaxed (as if its candidates were live);
     the walk never reads that row's outcome at that level, so only the work is spent, not the result.
     """
     batch, _, vocab = p.shape
-    depth = draft.max_depth
     tokens = draft.candidates[:, :depth]  # (B, D, K)
     relaxed = rule.relax(
         p[:, :depth].reshape(batch * depth, vocab),
