@@ -73,6 +73,7 @@ def _walk_case(table, kind: str, make, seed: int = 0):
     generator = torch.Generator().manual_seed(seed)
     keys, step = rng.keys_tensor(seed, range(1)), torch.zeros(1, dtype=torch.long)
     structure = chain(DEPTH, kind)
+    structure.prepare(torch.device("cpu"))
     draft = structure.grow(Drafter(generator, 1), torch.randint(VOCAB, (1,), generator=generator), keys, step, kind)
     noise = torch.softmax(2.5 * torch.randn(1, draft.num_nodes, VOCAB, generator=generator), -1)
     p = 0.6 * draft.q + 0.4 * noise
@@ -83,7 +84,7 @@ def _walk_case(table, kind: str, make, seed: int = 0):
 
     def call(rule):
         def work():
-            ahead = None if rule.relax is None else _relax_chain(draft, p, rule)
+            ahead = None if rule.relax is None else _relax_chain(draft, p, rule, DEPTH)
             out = []
             for level in range(DEPTH):
                 extra = {} if ahead is None else {"relaxed": Relaxed(*(part[:, level] for part in ahead))}

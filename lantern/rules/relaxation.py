@@ -189,8 +189,14 @@ class NeighbourRelaxation:
         rows, vocab = p.shape
         table = self.table.columns(self.scan, p.device)  # (V, scan)
         surplus = (p - q).clamp_min(0) * active[:, None]  # (R, V)
-        room = torch.minimum((q - p).clamp_min(0) * active[:, None], self._cap(p, p))  # (R, V) what each may take
-        offer, donor = surplus.topk(min(self.donors, vocab), dim=1)  # (R, M) the largest surpluses
+        room = (q - p).clamp_min(0) * active[:, None]  # (R, V) what each may take
+        if self.lam is not None:
+            room = torch.minimum(room, self._cap(p, p))
+        # (R, M) the largest surpluses. With ``fill`` in no particular order: a donor's order only orders the
+        # sums over donors (a receiver's claims), and unsorted the selection costs half. ``first`` keeps them
+        # largest first: there a receiver's leftover room of 1e-18 attracts a whole offer, so the rounding of
+        # its claims is part of the law.
+        offer, donor = surplus.topk(min(self.donors, vocab), dim=1, sorted=self.receivers == "first")
         near = table[donor]  # (R, M, scan) each donor's nearest codes
         budget = torch.full((rows, 1), math.inf if self.delta is None else self.delta, dtype=p.dtype, device=p.device)
         state = (p, offer, room, budget, p.new_zeros(rows, 1))  # target, offers and room left, budget, moved
@@ -218,13 +224,17 @@ class NeighbourRelaxation:
             claimed > 0, torch.clamp(room / claimed.clamp_min(1e-30), max=1.0), torch.zeros_like(room)
         )  # (R, V) the part of every ask a receiver grants
         granted = share.gather(1, flat).view_as(asked).mul_(asked)  # (R, M, W)
-        total = granted.flatten(1).sum(dim=1, keepdim=True)  # (R, 1) before the budget
-        scale = torch.clamp(budget / total.clamp_min(1e-30), max=1.0)  # (R, 1) the budget's one factor
         if self.receivers == "fill":
             # A receiver grants every ask the same share, so it gets min(claimed, room) times the budget's
-            # factor: no second scatter over the M * scan asks (and one asked for all its room keeps none).
-            sent, got, spent = granted.sum(dim=2) * scale, torch.minimum(claimed, room) * scale, total * scale
+            # factor: no second scatter over the M * scan asks (and one asked for all its room keeps none),
+            # and the total granted is a sum over the V receivers, not over the M * scan asks.
+            intake = torch.minimum(claimed, room)  # (R, V) before the budget
+            total = intake.sum(dim=1, keepdim=True)  # (R, 1) before the budget
+            scale = torch.clamp(budget / total.clamp_min(1e-30), max=1.0)  # (R, 1) the budget's one factor
+            sent, got, spent = granted.sum(dim=2) * scale, intake * scale, total * scale
         else:  # one ask per donor: few, and the law's rounding (a receiver's leftover room) is kept as it was
+            total = granted.flatten(1).sum(dim=1, keepdim=True)  # (R, 1) before the budget
+            scale = torch.clamp(budget / total.clamp_min(1e-30), max=1.0)  # (R, 1) the budget's one factor
             given = granted[:, :, 0] * scale  # (R, M)
             sent, got = given, torch.zeros_like(room).scatter_add_(1, flat, given)
             spent = given.sum(dim=1, keepdim=True)
@@ -242,7 +252,8 @@ class NeighbourRelaxation:
             # In place, each the same bits as its out-of-place form (a - b is a + (-b); min(a, b) is a clamped
             # at b): eagerly the (R, M, scan) temporaries are most of the cost.
             left = need.cumsum(dim=2).sub_(need)  # (R, M, scan) room at nearer neighbours
-            left = left.neg_().add_(offer[:, :, None]).clamp_min_(0)  # (R, M, scan) offer left for each
+            # (R, M, scan) offer left for each: written over ``left`` in one pass (o - x is (-x) + o, to the bit)
+            left = torch.sub(offer[:, :, None], left, out=left).clamp_min_(0)
             return near, left.clamp_max_(need)  # nearest first
         needy = (room > 0).to(torch.uint8).gather(1, near.flatten(1)).view(near.shape)  # (R, M, scan)
         first = needy.argmax(dim=2, keepdim=True)  # (R, M, 1) the first neighbour with room (0 when none)

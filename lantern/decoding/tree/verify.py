@@ -10,7 +10,8 @@ nothing synchronises with the device. A rule with a ``walk`` hook (the authors' 
 chooses among whole paths instead. On a chain every level tests a node known before the walk (node
 ``d`` at level ``d``), so a rule with a ``relax`` hook relaxes all of them in one call first: one
 relaxation over ``B * D`` rows instead of ``D`` over ``B`` (a third of the kernels and calls on a
-chain(3)), with the same values row by row.
+chain(3)), with the same values row by row. Compiled for the CPU the deepest level is left out of that call
+and relaxed only when some row reaches it.
 """
 
 from __future__ import annotations
@@ -75,17 +76,28 @@ def walk_tree(
     merged = torch.zeros(batch, depth_max, dtype=p.dtype, device=device)
     stop_token = torch.full((batch,), -1, dtype=torch.long, device=device)  # token fixed at the stopping level
     target = p[:, 0]  # (B, V) the law to draw the final token from if nothing fixed it
-    ahead = _relax_chain(draft, p, rule) if draft.chain and rule.relax is not None else None
+    ahead = draft.chain and rule.relax is not None
+    # A compiled CPU graph reads a device flag for free: there the deepest level is relaxed only when some row
+    # reaches it, the others together (their rows are what the CPU threads split). On a GPU the read would wait
+    # for the device, and eagerly a branch costs more than it saves: every level in one call.
+    lazy = ahead and device.type == "cpu" and torch.compiler.is_compiling()
+    levels = depth_max - 1 if lazy else depth_max  # relaxed in one call before the walk
+    ahead = _relax_chain(draft, p, rule, levels) if ahead and levels > 0 else None
     for level in range(depth_max):
         kids = draft.children[rows, current]  # (B, K) tree nodes (-1: not in the tree)
         tokens = draft.candidates[rows, current]  # (B, K)
         valid = alive[:, None] & (tokens >= 0)
-        extra = {} if ahead is None else {"relaxed": Relaxed(*(part[:, level] for part in ahead))}
+        node_p, node_q = p[rows, current], draft.q[rows, current]  # (B, V) each
+        extra = {}
+        if ahead is not None and level < ahead[1].shape[1]:
+            extra = {"relaxed": Relaxed(*(part[:, level] for part in ahead))}
+        elif lazy:
+            extra = {"relaxed": _relax_reached(rule, node_p, tokens, valid, node_q, alive, level)}
         outcome = rule.node(
-            p[rows, current],
+            node_p,
             tokens,
             valid,
-            draft.q[rows, current],
+            node_q,
             uniforms[:, level * siblings : (level + 1) * siblings],
             None if races is None else races[:, level],
             sampling,
@@ -114,15 +126,16 @@ def walk_tree(
     return Walk(path=path, accepted=accepted, next_token=next_token, tv=tv, merged=merged)
 
 
-def _relax_chain(draft: Draft, p: torch.Tensor, rule: Rule) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The relaxed laws of a chain's nodes ``0 .. D-1`` in one call: ``target`` (B, D, V), ``tv`` (B, D),
-    ``gain`` (B, D, K).
+def _relax_chain(
+    draft: Draft, p: torch.Tensor, rule: Rule, depth: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The relaxed laws of a chain's nodes ``0 .. depth-1`` in one call: ``target`` (B, depth, V), ``tv``
+    (B, depth), ``gain`` (B, depth, K).
 
     A row that stops before level ``d`` still gets node ``d`` relaxed (as if its candidates were live);
     the walk never reads that row's outcome at that level, so only the work is spent, not the result.
     """
     batch, _, vocab = p.shape
-    depth = draft.max_depth
     tokens = draft.candidates[:, :depth]  # (B, D, K)
     relaxed = rule.relax(
         p[:, :depth].reshape(batch * depth, vocab),
@@ -135,3 +148,21 @@ def _relax_chain(draft: Draft, p: torch.Tensor, rule: Rule) -> tuple[torch.Tenso
         relaxed.tv.view(batch, depth),
         relaxed.gain.view(batch, depth, -1),
     )
+
+
+def _relax_reached(rule: Rule, p, tokens, valid, q, alive: torch.Tensor, level: int) -> Relaxed:
+    """The relaxed law of the nodes at ``level`` (``p``, ``q`` (B, V), candidates ``tokens`` (B, K)), computed
+    only if some row is ``alive`` there (level 0: always); otherwise ``p`` unrelaxed, which no live row reads.
+    On a chain at batch 1 every level past the first rejection is skipped: a chain(3) at tau 2.5 relaxes
+    about two of its three nodes a step."""
+    if level == 0:
+        return rule.relax(p, tokens, valid, q)
+
+    def relax(p, tokens, valid, q):
+        relaxed = rule.relax(p, tokens, valid, q)
+        return relaxed.target.clone(), relaxed.tv, relaxed.gain  # a branch may not return its input (p' = p)
+
+    def skip(p, tokens, valid, q):
+        return p.clone(), p.new_zeros(p.shape[0]), p.new_zeros(tokens.shape)
+
+    return Relaxed(*torch.cond(alive.any(), relax, skip, (p, tokens, valid, q)))
