@@ -290,21 +290,41 @@ def test_the_coco_experiment_measures_fid_and_clip_on_the_world(tmp_path):
     ]
 
 
-def test_every_paper_table_mode_composes_and_builds_its_decoder():
-    """The fast half of the paper-table smoke run (which is slow): each mode of the sweep composes with
-    the experiment and instantiates its decoder."""
+PAPER_TABLES = {  # preset -> what it needs to compose on the world
+    "paper_table": [],
+    "lantern_table2": [],
+    "paper_table_llamagen_coco": ["model=fashion_t2i"],
+}
+
+
+@pytest.mark.parametrize("preset", sorted(PAPER_TABLES))
+def test_every_paper_table_mode_composes_and_puts_each_rule_on_its_baselines_drafts(preset):
+    """The fast half of the paper-table smoke runs (which are slow): each mode of the sweep composes with the
+    experiment and instantiates its decoder; the drafted rows come in two blocks, deterministic and sampled
+    drafts, and every relaxed rule has the exact rule on the same draft structure and kind beside it (a
+    LANTERN row on top-k drafts against an EAGLE row on sampled drafts compares drafts, not rules)."""
     import yaml
     from hydra import compose, initialize_config_dir
 
     import lantern  # noqa: F401  (registers the ${lantern_root:} resolver the search path uses)
 
-    spec = yaml.safe_load((REPO / "experiments" / "experiment" / "paper_table.yaml").read_text())
+    spec = yaml.safe_load((REPO / "experiments" / "experiment" / f"{preset}.yaml").read_text())
     modes = spec["hydra"]["sweeper"]["params"]["+experiment/mode"].split(",")
-    assert len(modes) >= 13
-    names = set()
+    names, drafted = set(), []
     for mode in modes:
         with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):
-            cfg = compose("config", overrides=["+experiment=paper_table", f"+experiment/mode={mode}"])
+            cfg = compose(
+                "config", overrides=[f"+experiment={preset}", f"+experiment/mode={mode}", *PAPER_TABLES[preset]]
+            )
         decoder = build_decoder(cfg.decoding, ModelParts(cfg.model))
-        names.add((decoder.name, str(sorted(decoder.settings.record().items()))))
+        settings = decoder.settings
+        names.add((decoder.name, str(sorted(settings.record().items()))))
+        if settings.draft_kind() is not None:
+            assert settings.draft_kind() in settings.method(), f"{mode}: the row label hides its draft kind"
+            exact = settings.lossless()
+            drafted.append((exact, settings.draft_kind(), settings.draft["draft"], mode))
     assert len(names) == len(modes), "two modes build the same decoder"
+    assert {kind for _, kind, _, _ in drafted} == {"deterministic", "sampled"}
+    baselines = {(kind, structure) for exact, kind, structure, _ in drafted if exact}
+    for exact, kind, structure, mode in drafted:
+        assert exact or (kind, structure) in baselines, f"{mode}: no exact row on {kind} {structure} drafts"

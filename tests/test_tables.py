@@ -54,16 +54,16 @@ def test_rows_follow_the_paper_order_and_speedup_comes_from_the_matching_ar_run(
     rows = table.rows
     assert [r["method"] for r in rows] == [
         "AR",
-        "EAGLE exact (chain)",
-        "LANTERN k=1000 d=0.1 (chain)",
-        "LANTERN k=1000 d=0.4 (chain)",
-        "LANTERN++ k=10 l=3.0 (chain)",
+        "EAGLE exact (chain, deterministic)",
+        "LANTERN k=1000 d=0.1 (chain, deterministic)",
+        "LANTERN k=1000 d=0.4 (chain, deterministic)",
+        "LANTERN++ k=10 l=3.0 (chain, deterministic)",
     ]
     assert [round(r["speedup"], 3) for r in rows] == [1.0, 0.5, 1.25, 2.0, 1.0]
     assert rows[0]["fid"] == 50.0 and rows[1]["baseline"].endswith("b")
     assert f"| AR | 1.00 | 100.0 | 1.00x | 100.0 | 50.00 | - | - | 0.000 / 0.000 | {tmp_path / 'b'} |" in md(table)
     assert rows[0]["baseline"] == f"itself ({tmp_path / 'b'})" and rows[1]["baseline_ms"] == 100.0
-    assert list(csv.DictReader(io.StringIO(to_csv(table))))[2]["method"] == "LANTERN k=1000 d=0.1 (chain)"
+    assert list(csv.DictReader(io.StringIO(to_csv(table))))[2]["method"] == "LANTERN k=1000 d=0.1 (chain, deterministic)"
     assert r"\begin{tabular}" in to_latex(table) and "2.00$\\times$" in to_latex(table)
     paths = write_tables(load_records([tmp_path]), tmp_path / "out")
     assert all(p.is_file() for p in paths.values())
@@ -91,11 +91,12 @@ def test_rows_name_candidates_and_semantics_and_show_realised_tv_beside_delta(tm
     rows = table.rows
     assert [r["method"] for r in rows] == [
         "AR",
+        "LANTERN k=1000 d=0.1 (dynamic_tree, deterministic, reference)",  # one block per draft kind
         "LANTERN k=1000 d=0.1 (chain, sampled)",
-        "LANTERN k=1000 d=0.1 (dynamic_tree, reference)",
     ]
     markdown = md(table)
     assert "| 0.10 | 0.050 / 0.100 |" in markdown and "| 0.10 | 0.750 / 0.990 |" in markdown
+    assert any(note.startswith("Draft kinds: rows marked deterministic") for note in table.notes)
     assert to_latex(table).startswith("% Needs \\usepackage{booktabs}")
     assert rows[0]["tv_realised"] == 0.0 and "0.750 / 0.990" in to_latex(table)
 
@@ -116,7 +117,7 @@ def test_no_speedup_without_a_matching_baseline(tmp_path):
     rows = table.rows
     assert (
         rows[-1]["method"]
-        == "EAGLE exact (chain) [batch_size=2, seed=0, device_name=cpu A (2 cores), num_threads=None]"
+        == "EAGLE exact (chain, deterministic) [batch_size=2, seed=0, device_name=cpu A (2 cores), num_threads=None]"
     )
     assert rows[-1]["speedup"] is None
 
@@ -228,7 +229,7 @@ def test_latency_runs_lend_rows_their_latency_and_speedup_and_quality_runs_keep_
     record(latency, "other", tree("lantern", draft="chain", k=1000, delta=0.4), latency_s_per_image=0.4, **small)
     table = build_table(load_records([quality]), latency=load_records([latency]))
     rows = table.rows
-    assert [r["method"] for r in rows] == ["AR", "LANTERN k=1000 d=0.1 (chain)", "SJD W=16 random"]  # no setting notes
+    assert [r["method"] for r in rows] == ["AR", "LANTERN k=1000 d=0.1 (chain, deterministic)", "SJD W=16 random"]  # no setting notes
     ar, lantern, sjd = rows
     assert ar["latency_ms"] == pytest.approx(660.0) and ar["speedup"] == 1.0 and ar["latency_batch"] == 1
     assert ar["throughput_speedup"] == 1.0 and ar["throughput_batch"] == 50 and ar["fid"] == 60.0
@@ -620,7 +621,7 @@ def test_quality_figures_show_their_intervals_and_overlaps_are_not_significant(t
     assert "| 51.00 ± 2.25 | 0.2500 ± 0.0100 | 0.800 ± 0.080 |" in text and "| world (subset) |" in text
     notes = "\n".join(table.notes)
     # FID and accuracy overlap AR's intervals; CLIP does not (0.24-0.26 vs 0.29-0.31).
-    assert "LANTERN k=1000 d=0.1 (chain) vs AR: fid 51 vs 50, prompt_accuracy 0.8 vs 0.9: not significant" in notes
+    assert "LANTERN k=1000 d=0.1 (chain, deterministic) vs AR: fid 51 vs 50, prompt_accuracy 0.8 vs 0.9: not significant" in notes
     assert "clip_score 0.25" not in notes and "Protocol: world; 2 of 2 runs used the first N prompts" in notes
     row = next(r for r in csv.DictReader(io.StringIO(to_csv(table))) if r["method"] == "AR")
     assert json.loads(row["fid_ci"]) == [48.0, 52.0]
@@ -646,7 +647,7 @@ def test_a_lossy_row_without_a_measured_tv_says_so_and_lossless_rows_keep_a_dash
         tmp_path, "d", ZipARSettings(name="zipar", label="ZipAR", window=2), latency_s_per_image=0.07, lossless=False
     )
     rows = {r["method"]: r for r in build_table(load_records([tmp_path])).rows}
-    assert [rows[m]["lossless"] for m in ("AR", "ZipAR-4", "EAGLE exact (chain)", "ZipAR-2")] == [
+    assert [rows[m]["lossless"] for m in ("AR", "ZipAR-4", "EAGLE exact (chain, deterministic)", "ZipAR-2")] == [
         True,
         False,
         True,
@@ -656,5 +657,5 @@ def test_a_lossy_row_without_a_measured_tv_says_so_and_lossless_rows_keep_a_dash
         line.split(" |")[0].removeprefix("| "): line for line in md(build_table(load_records([tmp_path]))).splitlines()
     }
     assert "| lossy, TV not measured |" in lines["ZipAR-4"] and "| lossy, TV not measured |" in lines["ZipAR-2"]
-    assert "TV not measured" not in lines["EAGLE exact (chain)"] and "| 0.000 / 0.000 |" in lines["AR"]
+    assert "TV not measured" not in lines["EAGLE exact (chain, deterministic)"] and "| 0.000 / 0.000 |" in lines["AR"]
     assert "lossy, TV not measured" in to_latex(build_table(load_records([tmp_path])))

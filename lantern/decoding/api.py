@@ -80,6 +80,11 @@ class DecoderSettings:
         """Where the row sits in a table (baselines first, then families as their classes say)."""
         return (0 if self.baseline else 9, self.method())
 
+    def draft_kind(self) -> str | None:
+        """How the rows' drafts are drawn (``deterministic``: the drafter's top candidates, ``sampled``: draws
+        from it), for decoders that draft with a drafter; None otherwise."""
+        return None
+
     def lossless(self) -> bool:
         """Whether every token is drawn from the target's own law (the record's ``lossless``): plain AR, or a
         rule that is an exact test (``acceptance`` exact or greedy in :meth:`record`). Relaxed rules (LANTERN,

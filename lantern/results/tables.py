@@ -282,7 +282,19 @@ def build_table(records: list[RunRecord], latency: list[RunRecord] | None = None
     rows = [row for _, row in ordered]
     for row in rows:
         del row["_order"]
-    return Table(rows=rows, notes=notes + protocol_notes(records) + input_notes(records))
+    kinds = {runs.settings[id(record)].draft_kind() for record in records} - {None}
+    return Table(rows=rows, notes=notes + draft_notes(kinds) + protocol_notes(records) + input_notes(records))
+
+
+def draft_notes(kinds: set[str]) -> list[str]:
+    """A line when rows draft in more than one way: a relaxed rule is compared with the exact row of its kind."""
+    if len(kinds) < 2:
+        return []
+    return [
+        "Draft kinds: rows marked deterministic draft the drafter's top-ranked candidates (the papers' convention), "
+        "rows marked sampled draw their drafts from the drafter (where exact speculative sampling accepts most); "
+        "compare each relaxed rule with the exact row of the same kind."
+    ]
 
 
 def step_compression(record: RunRecord) -> float | None:

@@ -58,22 +58,25 @@ class TreeSettings(DecoderSettings):
     def method(self) -> str:
         rule, draft = self.rule or {}, self.draft or {}
         details = [str(draft.get("draft"))]
-        if rule.get("candidates") not in (None, "deterministic"):
+        if rule.get("candidates") is not None:  # every row names its draft kind: rules compare within one
             details.append(str(rule["candidates"]))
         if rule.get("semantics") not in (None, "bounded"):
             details.append(str(rule["semantics"]))
         return f"{self.label} {rule.get('label', '')} ({', '.join(details)})"
+
+    def draft_kind(self) -> str | None:
+        return (self.rule or {}).get("candidates")
 
     def order(self) -> tuple:
         rule = self.rule or {}
         bound = rule.get("delta") if rule.get("delta") is not None else rule.get("lambda")
         return (
             1,
+            rule.get("candidates") or "",  # one block of rows per draft kind, each rule beside its exact baseline
             rule.get("acceptance") not in ("exact", "greedy"),
             self.name,
             rule.get("semantics") or "",
             str((self.draft or {}).get("draft")),
-            rule.get("candidates") or "",
             rule.get("k") or 0,
             bound or 0,
         )
