@@ -63,7 +63,9 @@ def test_rows_follow_the_paper_order_and_speedup_comes_from_the_matching_ar_run(
     assert rows[0]["fid"] == 50.0 and rows[1]["baseline"].endswith("b")
     assert f"| AR | 1.00 | 100.0 | 1.00x | 100.0 | 50.00 | - | - | 0.000 / 0.000 | {tmp_path / 'b'} |" in md(table)
     assert rows[0]["baseline"] == f"itself ({tmp_path / 'b'})" and rows[1]["baseline_ms"] == 100.0
-    assert list(csv.DictReader(io.StringIO(to_csv(table))))[2]["method"] == "LANTERN k=1000 d=0.1 (chain, deterministic)"
+    assert (
+        list(csv.DictReader(io.StringIO(to_csv(table))))[2]["method"] == "LANTERN k=1000 d=0.1 (chain, deterministic)"
+    )
     assert r"\begin{tabular}" in to_latex(table) and "2.00$\\times$" in to_latex(table)
     paths = write_tables(load_records([tmp_path]), tmp_path / "out")
     assert all(p.is_file() for p in paths.values())
@@ -229,7 +231,11 @@ def test_latency_runs_lend_rows_their_latency_and_speedup_and_quality_runs_keep_
     record(latency, "other", tree("lantern", draft="chain", k=1000, delta=0.4), latency_s_per_image=0.4, **small)
     table = build_table(load_records([quality]), latency=load_records([latency]))
     rows = table.rows
-    assert [r["method"] for r in rows] == ["AR", "LANTERN k=1000 d=0.1 (chain, deterministic)", "SJD W=16 random"]  # no setting notes
+    assert [r["method"] for r in rows] == [
+        "AR",
+        "LANTERN k=1000 d=0.1 (chain, deterministic)",
+        "SJD W=16 random",
+    ]  # no setting notes
     ar, lantern, sjd = rows
     assert ar["latency_ms"] == pytest.approx(660.0) and ar["speedup"] == 1.0 and ar["latency_batch"] == 1
     assert ar["throughput_speedup"] == 1.0 and ar["throughput_batch"] == 50 and ar["fid"] == 60.0
@@ -621,7 +627,10 @@ def test_quality_figures_show_their_intervals_and_overlaps_are_not_significant(t
     assert "| 51.00 ± 2.25 | 0.2500 ± 0.0100 | 0.800 ± 0.080 |" in text and "| world (subset) |" in text
     notes = "\n".join(table.notes)
     # FID and accuracy overlap AR's intervals; CLIP does not (0.24-0.26 vs 0.29-0.31).
-    assert "LANTERN k=1000 d=0.1 (chain, deterministic) vs AR: fid 51 vs 50, prompt_accuracy 0.8 vs 0.9: not significant" in notes
+    assert (
+        "LANTERN k=1000 d=0.1 (chain, deterministic) vs AR: fid 51 vs 50, prompt_accuracy 0.8 vs 0.9: not significant"
+        in notes
+    )
     assert "clip_score 0.25" not in notes and "Protocol: world; 2 of 2 runs used the first N prompts" in notes
     row = next(r for r in csv.DictReader(io.StringIO(to_csv(table))) if r["method"] == "AR")
     assert json.loads(row["fid_ci"]) == [48.0, 52.0]
