@@ -28,10 +28,6 @@ SIZE = ("num_images=1", "batch_size=1", "metrics=none", "speedup_baseline=null",
 # (decoder, preset) -> text of the preflight's refusal, for a decoder that cannot run on a family by design.
 # Empty: every decoder runs on every tiny preset.
 REFUSED: dict[tuple[str, str], str] = {}
-# Known failures, each a bug to fix (its entry goes when it is fixed). SJD-PAC's released window L = 64 is
-# the same on every model: on tiny_random_c2i (4 x 4 = 16 tokens) it is refused after the model loads; its
-# default should come from the model's token count, as ZipAR's window does.
-KNOWN: dict[tuple[str, str], str] = {("sjd_pac", "tiny_random_c2i"): "SJD-PAC's window 64 > the image's 16 tokens"}
 
 
 def run_defaults(tmp_path: Path, monkeypatch, decoder: str, preset: str) -> tuple[int, str, Path]:
@@ -78,8 +74,6 @@ def test_each_decoder_on_the_world_and_each_preset_with_lantern(tmp_path, monkey
 @pytest.mark.slow
 @pytest.mark.parametrize("decoder,preset", REST, ids=[f"{d}-{p}" for d, p in REST])
 def test_each_decoder_with_its_defaults_on_each_tiny_preset(tmp_path, monkeypatch, decoder, preset):
-    if (decoder, preset) in KNOWN:
-        pytest.xfail(KNOWN[decoder, preset])
     check_defaults(tmp_path, monkeypatch, decoder, preset)
 
 
