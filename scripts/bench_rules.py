@@ -162,11 +162,11 @@ def main(argv=None) -> None:
     args = parser.parse(argv)
     # What sets the run's length and threads, before any work (10^12 reps would never end).
     run_or_exit(
-        lambda: (checks.integer("--reps", args.reps, 1, 10**6), checks.integer("--threads", args.threads, 1, 256))
+        lambda: (checks.capped("--reps", args.reps, 1, 10**6), checks.capped("--threads", args.threads, 1, 256))
     )
     names = args.cases.split(",")
     if not set(names) <= set(CASES):
-        print(f"error: --cases must be among {','.join(CASES)}", file=sys.stderr)
+        print(f"error: --cases={args.cases!r}: expected a comma-separated list of {','.join(CASES)}", file=sys.stderr)
         raise SystemExit(2)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

@@ -40,7 +40,7 @@ MAX_IMAGES = 1_000_000
 
 # LANTERN's knobs, checked where a decoder lacks them too (no default there to take a kind from): name -> check.
 NULLABLE_KNOBS = {
-    "k": lambda v: checks.optional(capped, "k", v, 1, MAX_CODES, note="LANTERN's neighbours"),
+    "k": lambda v: checks.optional(checks.capped, "k", v, 1, MAX_CODES, note="LANTERN's neighbours"),
     "delta": lambda v: checks.optional(checks.probability, "delta", v, note="LANTERN's TV budget"),
     "lambda": lambda v: checks.optional(checks.real, "lambda", v, 1, note="LANTERN++'s cap"),
 }
@@ -127,14 +127,6 @@ def check_kind(key: str, value, default) -> None:
         raise checks.refuse(key, value, "a number", note=f"default {default!r}")
 
 
-def capped(name: str, value, low: int, high: int | None, note: str = "", nullable: bool = False) -> int:
-    """``value`` as an int >= ``low`` (the message of :func:`lantern.checks.integer`), then <= ``high``."""
-    value = checks.integer(name, value, low, note=note, nullable=nullable)
-    if high is not None and value > high:
-        raise checks.refuse(name, value, f"an integer in [{low}, {high}]", note, nullable)
-    return value
-
-
 def named(tree, prefix: str = "") -> list[tuple[str, object]]:
     """Every (dotted key, value) of a key called ``name`` in a resolved config."""
     if not isinstance(tree, dict):
@@ -162,7 +154,7 @@ def check_knobs(resolved: dict) -> None:
         key, value = min(found, key=lambda item: item[0].count("."))  # a top-level knob before its copies
         raise checks.refuse(key, value, "a finite number")
     for name, (low, high) in TOP_LEVEL_INTEGERS.items():
-        capped(name, resolved.get(name, low), low, high)
+        checks.capped(name, resolved.get(name, low), low, high)
     for name, check in NULLABLE_KNOBS.items():
         check(resolved.get(name))
     # Whatever decoder and baseline are built (an AR decoder reads them; LANTERN with speedup_baseline=null
@@ -177,18 +169,18 @@ def check_work(resolved: dict) -> None:
     """Upper bounds on the knobs that size work or memory (after the kind check of command-line values, so
     ``draft.depth=deep`` is named as a word where a number belongs) and every ``name`` knob."""
     for name, (low, high, what) in WORK_KNOBS.items():
-        checks.optional(capped, name, resolved.get(name), low, high, note=what)
+        checks.optional(checks.capped, name, resolved.get(name), low, high, note=what)
     bounds = {**dict.fromkeys(PROMPT_COUNTS, (1, MAX_IMAGES)), **RULE_KNOBS}
     for key, (low, high) in bounds.items():
         value = resolved
         for part in key.split("."):
             value = value.get(part) if isinstance(value, dict) else None
-        checks.optional(capped, key, value, low, high)
+        checks.optional(checks.capped, key, value, low, high)
     check_names(resolved)
     draft = resolved.get("draft")
     for name, (low, high) in DRAFT_KNOBS.items():
         if isinstance(draft, dict) and draft.get(name) is not None:
-            capped(f"draft.{name}", draft[name], low, high)
+            checks.capped(f"draft.{name}", draft[name], low, high)
 
 
 def check_device(value) -> None:
