@@ -115,6 +115,13 @@ def hydra_cases() -> list[tuple[str, list[str], str]]:
     return cases
 
 
+def _bounded() -> None:
+    """A case's process gets 16 GiB of address space: a missing bound fails as an error, never swamps the machine."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (16 << 30, 16 << 30))
+
+
 def refuses(tmp_path: Path, script: str, argv: list[str], shown: str) -> None:
     """``python scripts/<script>.py ARGV`` in an empty folder: one error line naming ``shown``, exit 2, nothing made."""
     work = tmp_path / "work"
@@ -123,7 +130,7 @@ def refuses(tmp_path: Path, script: str, argv: list[str], shown: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
     proc = subprocess.run(
         [sys.executable, str(REPO / "scripts" / f"{script}.py"), *argv],
-        cwd=work, env=env, capture_output=True, text=True, timeout=120,
+        cwd=work, env=env, capture_output=True, text=True, timeout=60, preexec_fn=_bounded,
     )  # fmt: skip
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-2000:]
