@@ -10,14 +10,11 @@ full product is ``slow``.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import runpy
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import run_in_process
 
 REPO = Path(__file__).resolve().parents[1]
 DECODERS = sorted(path.stem for path in (REPO / "conf" / "decoding").glob("*.yaml"))
@@ -33,19 +30,8 @@ REFUSED: dict[tuple[str, str], str] = {}
 def run_defaults(tmp_path: Path, monkeypatch, decoder: str, preset: str) -> tuple[int, str, Path]:
     """``python run.py model=PRESET decoding=DECODER`` (one image) in this process: (status, stderr, folder)."""
     out = tmp_path / f"{decoder}-{preset}"
-    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
-    monkeypatch.setattr(
-        sys, "argv", ["run.py", f"model={preset}", f"decoding={decoder}", *SIZE, f"hydra.run.dir={out}"]
-    )
-    monkeypatch.chdir(REPO)
-    stdout, stderr = io.StringIO(), io.StringIO()
-    status = 0
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        try:
-            runpy.run_path(str(REPO / "run.py"), run_name="__main__")
-        except SystemExit as exc:
-            status = exc.code if isinstance(exc.code, int) else 1
-    return status, stderr.getvalue(), out
+    status, _, stderr = run_in_process([f"model={preset}", f"decoding={decoder}", *SIZE], out, monkeypatch, base=())
+    return status, stderr, out
 
 
 def check_defaults(tmp_path, monkeypatch, decoder: str, preset: str) -> None:
