@@ -65,6 +65,15 @@ def integer(
     return int(value)
 
 
+def capped(name: str, value, low: int, high: int | None, note: str = "", nullable: bool = False) -> int:
+    """:func:`integer` >= ``low`` (its message), then <= ``high``: the upper bound of a value that sets work or
+    memory, named with both bounds."""
+    value = integer(name, value, low, note=note, nullable=nullable)
+    if high is not None and value > high:
+        raise refuse(name, value, f"an integer in [{low}, {high}]", note, nullable)
+    return value
+
+
 def real(
     name: str,
     value,

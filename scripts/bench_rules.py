@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from frozen_rules import FrozenComposed, FrozenReference, FrozenRelaxation  # noqa: E402
 
-from lantern import rng  # noqa: E402
-from lantern.cli.main import ArgumentParser  # noqa: E402
+from lantern import checks, rng  # noqa: E402
+from lantern.cli.main import ArgumentParser, run_or_exit  # noqa: E402
 from lantern.decoding.compile import inductor_options  # noqa: E402
 from lantern.decoding.tree.draft import chain  # noqa: E402
 from lantern.decoding.tree.verify import _relax_chain  # noqa: E402
@@ -161,9 +161,13 @@ def main(argv=None) -> None:
         help="cpu: the process's CPU time (what a loaded machine's preemption does not inflate; all threads summed)",
     )
     args = parser.parse(argv)
+    # What sets the run's length and threads, before any work (10^12 reps would never end).
+    run_or_exit(
+        lambda: (checks.capped("--reps", args.reps, 1, 10**6), checks.capped("--threads", args.threads, 1, 256))
+    )
     names = args.cases.split(",")
     if not set(names) <= set(CASES):
-        print(f"error: --cases must be among {','.join(CASES)}", file=sys.stderr)
+        print(f"error: --cases={args.cases!r}: expected a comma-separated list of {','.join(CASES)}", file=sys.stderr)
         raise SystemExit(2)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

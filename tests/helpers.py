@@ -202,10 +202,10 @@ TINY = (
 )
 
 
-def run_in_process(overrides: list[str], out: Path, monkeypatch) -> tuple[int, str, str]:
-    """``python run.py TINY... overrides`` in this process: (exit status, stdout, stderr)."""
+def run_in_process(overrides: list[str], out: Path, monkeypatch, base=TINY) -> tuple[int, str, str]:
+    """``python run.py BASE... overrides`` (``TINY`` unless given) in this process: (exit status, stdout, stderr)."""
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
-    argv = ["run.py", *TINY, f"hydra.run.dir={out}", *overrides]
+    argv = ["run.py", *base, f"hydra.run.dir={out}", *overrides]
     monkeypatch.setattr(sys, "argv", argv)
     monkeypatch.chdir(REPO)
     stdout, stderr = io.StringIO(), io.StringIO()

@@ -23,15 +23,24 @@ from collections.abc import Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from lantern import checks
+from lantern.decoding.ar import ATTENTION
+from lantern.decoding.compile import COMPILE_MODES
 from lantern.errors import ConfigError
 from lantern.results.report import parse_prompts
 from lantern.run import tracking
 from lantern.run.assets.check import check_assets
 from lantern.run.dry_build import dry_build
 
+# Upper bounds on what sets work or memory, far above every preset's need: the largest grid (Emu3 at 720 px,
+# 90 x 90 = 8100 tokens) and codebook (Emu3: 32768 codes) any model here decodes; a million images (a protocol
+# pins at most 30k). A larger value is a typo that would run for days or allocate past any memory.
+MAX_TOKENS = 16384
+MAX_CODES = 65536
+MAX_IMAGES = 1_000_000
+
 # LANTERN's knobs, checked where a decoder lacks them too (no default there to take a kind from): name -> check.
 NULLABLE_KNOBS = {
-    "k": lambda v: checks.optional(checks.integer, "k", v, 1, note="LANTERN's neighbours"),
+    "k": lambda v: checks.optional(checks.capped, "k", v, 1, MAX_CODES, note="LANTERN's neighbours"),
     "delta": lambda v: checks.optional(checks.probability, "delta", v, note="LANTERN's TV budget"),
     "lambda": lambda v: checks.optional(checks.real, "lambda", v, 1, note="LANTERN++'s cap"),
 }
@@ -39,8 +48,41 @@ NULLABLE_KNOBS = {
 # Knobs of more than one kind (so their default's kind does not bind them): name -> check.
 OWN_KIND = {"report.prompts": parse_prompts}  # a count or image indices
 
-# Top-level integers of every run, checked here so the first message about them is about them.
-TOP_LEVEL_INTEGERS = {"num_images": 1, "batch_size": 1, "seed": 0, "warmup": 0, "speedup_every": 1}
+# Top-level integers of every run, checked here so the first message about them is about them: name -> (low, high).
+TOP_LEVEL_INTEGERS = {
+    "num_images": (1, MAX_IMAGES),
+    "batch_size": (1, 4096),
+    "seed": (0, 2**63 - 1),  # the key of image i is (seed, i) in an int64
+    "warmup": (0, 1000),  # untimed batches before the timed ones
+    "speedup_every": (1, None),  # a larger value only times the baseline less often
+}
+
+# Decoder knobs (top-level, from conf/decoding) that size each step's work: name -> (low, high, what), checked
+# whenever present (a null keeps its decoder's default). The decoders check their own relations (a tree that
+# fits its window); these bounds come first so no constructor meets a value it would allocate or loop on.
+WORK_KNOBS = {
+    "window": (1, MAX_TOKENS, "draft tokens per target forward"),
+    "tree_width": (1, MAX_TOKENS, "SJD-PAC's children per node"),
+    "tree_depth": (1, MAX_TOKENS, "SJD-PAC's tree levels"),
+    "gsd_radius": (0, MAX_CODES, "GSD's ranks either side of a draft"),
+}
+
+# Prompt counts (a prompt set builds its list when instantiated): dotted key -> its low bound.
+PROMPT_COUNTS = ("prompts.count", "model.default_prompts.count", "model.train_prompts.count")
+
+NAME_MAX = 128
+DTYPES = ("float32", "bfloat16", "float16")
+
+# The bounded rule's search (conf/semantics/bounded.yaml): dotted key -> (low, high); null keeps its default.
+# and the neighbour table's width (a table of V x k_max entries).
+RULE_KNOBS = {
+    "decoding.acceptance.scan": (1, MAX_CODES),
+    "decoding.acceptance.rounds": (1, 1000),
+    "model.neighbours.k_max": (1, MAX_CODES),
+}
+
+# The draft structure's sizes (conf/draft): key -> (low, high).
+DRAFT_KNOBS = {"depth": (1, MAX_TOKENS), "top_k": (1, MAX_CODES), "nodes": (1, MAX_TOKENS)}
 
 
 def resolve(cfg: DictConfig) -> dict:
@@ -85,16 +127,70 @@ def check_kind(key: str, value, default) -> None:
         raise checks.refuse(key, value, "a number", note=f"default {default!r}")
 
 
+def named(tree, prefix: str = "") -> list[tuple[str, object]]:
+    """Every (dotted key, value) of a key called ``name`` in a resolved config."""
+    if not isinstance(tree, dict):
+        return []
+    found = [(f"{prefix}name", tree["name"])] if "name" in tree else []
+    return found + [hit for key, value in tree.items() for hit in named(value, f"{prefix}{key}.")]
+
+
+def check_names(resolved: dict) -> None:
+    """A knob called ``name`` (a model's, a prompt set's, a decoder's, a file of the world folder) names a thing,
+    never a path: 1 to 128 printable characters, no ``/`` or ``\\``, not starting with ``.`` (so never ``..``)."""
+    for key, value in named(resolved):
+        text = value if isinstance(value, str) else ""
+        if value is not None and (
+            not text or len(text) > NAME_MAX or not text.isprintable() or "/" in text or "\\" in text or text[0] == "."
+        ):
+            expected = f"a name of 1 to {NAME_MAX} printable characters, no / or \\, not starting with '.'"
+            raise checks.refuse(key, value, expected, "a name, not a path")
+
+
 def check_knobs(resolved: dict) -> None:
     """Raise ConfigError for a non-finite number anywhere or a bad top-level ``k``/``delta``/``lambda``."""
     found = non_finite(resolved)
     if found:
         key, value = min(found, key=lambda item: item[0].count("."))  # a top-level knob before its copies
         raise checks.refuse(key, value, "a finite number")
-    for name, low in TOP_LEVEL_INTEGERS.items():
-        checks.integer(name, resolved.get(name, low), low)
+    for name, (low, high) in TOP_LEVEL_INTEGERS.items():
+        checks.capped(name, resolved.get(name, low), low, high)
     for name, check in NULLABLE_KNOBS.items():
         check(resolved.get(name))
+    # Whatever decoder and baseline are built (an AR decoder reads them; LANTERN with speedup_baseline=null
+    # builds none), a run records them: a value no decoder accepts is refused here.
+    checks.choice("attention", resolved.get("attention", ATTENTION[0]), ATTENTION)
+    checks.choice("compile", resolved.get("compile", COMPILE_MODES[0]), COMPILE_MODES)
+    checks.choice("dtype", resolved.get("dtype", DTYPES[0]), DTYPES, note="the model's weights and activations")
+    check_device(resolved.get("device", "cpu"))
+
+
+def check_work(resolved: dict) -> None:
+    """Upper bounds on the knobs that size work or memory (after the kind check of command-line values, so
+    ``draft.depth=deep`` is named as a word where a number belongs) and every ``name`` knob."""
+    for name, (low, high, what) in WORK_KNOBS.items():
+        checks.optional(checks.capped, name, resolved.get(name), low, high, note=what)
+    bounds = {**dict.fromkeys(PROMPT_COUNTS, (1, MAX_IMAGES)), **RULE_KNOBS}
+    for key, (low, high) in bounds.items():
+        value = resolved
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        checks.optional(checks.capped, key, value, low, high)
+    check_names(resolved)
+    draft = resolved.get("draft")
+    for name, (low, high) in DRAFT_KNOBS.items():
+        if isinstance(draft, dict) and draft.get(name) is not None:
+            checks.capped(f"draft.{name}", draft[name], low, high)
+
+
+def check_device(value) -> None:
+    """``value`` as a torch device name (``cpu``, ``cuda``, ``cuda:1``, ``mps``), before a model is built."""
+    import torch
+
+    try:
+        torch.device(value)
+    except (RuntimeError, TypeError, ValueError):
+        raise checks.refuse("device", value, "a torch device such as cpu, cuda, cuda:0 or mps") from None
 
 
 def value_overrides(overrides: Sequence[str], groups: set[str]) -> tuple[list[str], list[str]]:
@@ -146,14 +242,17 @@ def check_overrides(cfg: DictConfig, overrides: Sequence[str]) -> None:
 
 
 def check_run_config(cfg: DictConfig, overrides: Sequence[str] = ()) -> dict:
-    """All the checks above, for a run's composed ``cfg`` and its command-line ``overrides``; returns the
-    resolved config."""
+    """All the checks above, for a run's composed ``cfg`` and its command-line ``overrides``, then every
+    object a run builds from knobs alone built with stand-ins for its files (:func:`dry_build`), whichever
+    decoder and baseline run; returns the resolved config."""
     resolved = resolve(cfg)
     check_knobs(resolved)
     tracking.check_tracker((resolved.get("job") or {}).get("tracker"))  # W&B names, before any work
     check_assets(resolved)  # files a preset reads from paths.assets: there, and as pinned or locked
     if overrides:
         check_overrides(cfg, overrides)
+    check_work(resolved)
+    dry_build(resolved)
     return resolved
 
 
@@ -189,7 +288,7 @@ def check_sweep_jobs(config: DictConfig) -> None:
             HydraConfig.instance().set_config(cfg)  # what check_overrides reads, as in a job
             with open_dict(cfg):
                 del cfg["hydra"]
-            dry_build(check_run_config(cfg, [o for o in job if not o.startswith("hydra")]))
+            check_run_config(cfg, [o for o in job if not o.startswith("hydra")])
         except Exception as exc:  # noqa: BLE001 - user errors become one line; anything else is a bug
             message = hydra_message(exc) or user_message(exc)
             if message is None:

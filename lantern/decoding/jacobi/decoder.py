@@ -200,8 +200,8 @@ class JacobiDecoder:
     @torch.inference_mode()
     def generate(self, model: Target, condition: Condition, keys: torch.Tensor) -> DecodeResult:
         """Decode all image tokens for ``condition`` (B prompts) with per-sample RNG ``keys`` (B,)."""
+        self.check_model(model.config)  # first: a decoder may fit its window to the model (SJD-PAC's default)
         cfg, sampling, width = model.config, self.sampling, self.window
-        self.check_model(cfg)
         cond_len, num_tokens = cfg.cls_token_num, cfg.num_image_tokens
         inputs = ModelInputs.of(model, condition, sampling)
         batch, device = inputs.batch, inputs.device

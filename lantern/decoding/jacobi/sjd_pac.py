@@ -32,6 +32,8 @@ from lantern.decoding.jacobi.pac_step import distinct_draws, pac_step
 from lantern.decoding.jacobi.pac_tree import ProactiveTree
 from lantern.models.sampling import SamplingConfig
 
+RELEASED_WINDOW = 64  # the released max_num_new_tokens (L)
+
 
 @register
 @dataclass(frozen=True)
@@ -59,16 +61,26 @@ class SjdPacDecoder(JacobiDecoder):
 
     step_function = staticmethod(pac_step)
 
-    def __init__(self, sampling: SamplingConfig, *, tree: ProactiveTree, **kwargs):
+    def __init__(self, sampling: SamplingConfig, *, tree: ProactiveTree, fit: bool = False, **kwargs):
         if not isinstance(tree, ProactiveTree):
             raise checks.refuse("tree", tree, "a lantern.decoding.jacobi.pac_tree.ProactiveTree")
         super().__init__(sampling, window=tree.window, test=tree, **kwargs)
+        self.fit = fit  # the window is the released L, or the image's tokens where fewer (set per model)
+
+    def _fit(self, tokens: int) -> None:
+        """``fit``: L = min(the released 64, the image's ``tokens``); the same tree (refused if it no longer fits)."""
+        window = min(RELEASED_WINDOW, tokens)
+        if window != self.window:
+            self.test = ProactiveTree(self.test.width, self.test.depth, window)
+            self.window = window
 
     @property
     def max_accepted(self) -> int:
         return self.test.columns
 
     def check_model(self, config) -> None:
+        if self.fit:
+            self._fit(config.num_image_tokens)
         super().check_model(config)
         if self.test.width > config.vocab_size:
             raise checks.refuse("tree_width", self.test.width, f"an integer in [1, {config.vocab_size}]", "the codes")
@@ -92,9 +104,10 @@ class SjdPacDecoder(JacobiDecoder):
 
 
 def sjd_pac(
-    sampling: SamplingConfig, *, window: int = 64, tree_width: int = 3, tree_depth: int = 3, **kwargs
+    sampling: SamplingConfig, *, window: int | None = None, tree_width: int = 3, tree_depth: int = 3, **kwargs
 ) -> SjdPacDecoder:
-    """SJD-PAC with the released code's defaults: L = 64 nodes, a 3-ary tree of depth 3 (13 nodes), a 51-node chain."""
-    tree = ProactiveTree(tree_width, tree_depth, window)
+    """SJD-PAC with the released code's defaults: L = 64 nodes, a 3-ary tree of depth 3 (13 nodes), a 51-node chain.
+    ``window=None``: the released 64, or the image's tokens on a smaller image (the record says which ran)."""
+    tree = ProactiveTree(tree_width, tree_depth, RELEASED_WINDOW if window is None else window)
     name, label = kwargs.pop("name", "sjd_pac"), kwargs.pop("label", "SJD-PAC")
-    return SjdPacDecoder(sampling, tree=tree, name=name, label=label, **kwargs)
+    return SjdPacDecoder(sampling, tree=tree, fit=window is None, name=name, label=label, **kwargs)

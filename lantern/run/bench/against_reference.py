@@ -96,10 +96,11 @@ class Plan:
 
 def plan_from(images, runs, check_images, seed, threads, deltas, reference, out, argv=()) -> Plan:
     """A checked :class:`Plan`; every value is checked before anything is built (ConfigError: bad input)."""
-    images = checks.integer("--images", images, 1)
-    runs = checks.integer("--runs", runs, 0, note="0 = no timing: the conversion and greedy checks only")
-    check_images = checks.integer("--check-images", check_images, 0)
-    seed, threads = checks.integer("--seed", seed, 0), checks.integer("--threads", threads, 1)
+    # Upper bounds far past any benchmark's need: a larger value is a typo that would run for days.
+    images = checks.capped("--images", images, 1, 10_000)
+    runs = checks.capped("--runs", runs, 0, 1000, note="0 = no timing: the conversion and greedy checks only")
+    check_images = checks.capped("--check-images", check_images, 0, 10_000)
+    seed, threads = checks.integer("--seed", seed, 0), checks.capped("--threads", threads, 1, 256)
     values = []
     for part in str(deltas).split(","):
         try:

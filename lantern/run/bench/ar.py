@@ -61,13 +61,18 @@ def run_ar_bench(args) -> list[dict]:
     ``generate()`` on the same weights when ``args.llamagen_repo`` is a local checkout of it."""
     from lantern.models.devices import resolve_device
 
-    checks.integer("--runs", args.runs, 1)
-    checks.integer("--warmup", args.warmup, 0)
-    checks.integer("--grid", args.grid, 1)
-    checks.integer("--vocab", args.vocab, 2)
-    checks.integer("--threads", args.threads, 0)
+    # Upper bounds where a value sets work or memory (a 128 x 128 grid, a 65536-code vocabulary at most).
+    checks.capped("--runs", args.runs, 1, 1000)
+    checks.capped("--warmup", args.warmup, 0, 1000)
+    checks.capped("--grid", args.grid, 1, 128)
+    checks.capped("--vocab", args.vocab, 2, 65536)
+    if checks.is_number(args.top_k) and args.top_k > args.vocab:  # below 0: the sampling settings say so
+        raise checks.refuse("--top-k", args.top_k, f"an integer in [0, {args.vocab}]", "0 = off")
+    checks.capped("--threads", args.threads, 0, 256)
     for batch in args.batch_sizes:
-        checks.integer("--batch-sizes", batch, 1)
+        checks.capped("--batch-sizes", batch, 1, 4096)
+    if args.llamagen_repo is not None:
+        checks.path("--llamagen-repo", args.llamagen_repo, "folder", note="a local LlamaGen checkout")
     device = resolve_device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -313,8 +313,9 @@ def plan_from(
     composed and its decoder built (with stand-ins for the files it reads) before anything is timed."""
     from lantern.run.dry_build import dry_build
 
-    images, runs = checks.integer("--images", images, 1), checks.integer("--runs", runs, 1)
-    seed, threads = checks.integer("--seed", seed, 0), checks.integer("--threads", threads, 1)
+    # Upper bounds far past any benchmark's need (10^12 images filled the memory with prompts).
+    images, runs = checks.capped("--images", images, 1, 10_000), checks.capped("--runs", runs, 1, 1000)
+    seed, threads = checks.integer("--seed", seed, 0), checks.capped("--threads", threads, 1, 256)
     split = lambda text: tuple(part for part in text.split(",") if part)  # noqa: E731
     drafts = tuple(p.stem for p in (REPO_ROOT / "conf" / "draft").glob("*.yaml"))
     models = tuple(p.stem for p in (REPO_ROOT / "conf" / "model").glob("*.yaml"))
