@@ -668,3 +668,25 @@ def test_a_lossy_row_without_a_measured_tv_says_so_and_lossless_rows_keep_a_dash
     assert "| lossy, TV not measured |" in lines["ZipAR-4"] and "| lossy, TV not measured |" in lines["ZipAR-2"]
     assert "TV not measured" not in lines["EAGLE exact (chain, deterministic)"] and "| 0.000 / 0.000 |" in lines["AR"]
     assert "lossy, TV not measured" in to_latex(build_table(load_records([tmp_path])))
+
+
+def test_a_latency_run_from_another_checkout_and_thread_count_joins_but_other_weights_do_not(tmp_path):
+    """Inputs join by role, file name and content, not by folder; threads change a quality run's time only."""
+
+    def inputs(folder, digest):
+        return {f"{folder}/worlds/gpt.safetensors": {"role": "target", "sha256": digest * 64}}
+
+    def env(threads):
+        return {"environment": {"device": "cpu", "device_name": "cpu A (2 cores)", "num_threads": threads}}
+
+    quality, latency, other = (tmp_path / name for name in ("quality", "latency", "other"))
+    for folder in (quality, latency, other):
+        folder.mkdir()
+    lantern = tree("lantern", draft="chain", k=1000, delta=0.1)
+    record(quality, "lantern", lantern, latency_s_per_image=0.04, inputs=inputs("/a", "1"), **env(1))
+    record(latency, "lantern", lantern, latency_s_per_image=0.6, speedup=1.1, inputs=inputs("/b", "1"), **env(2))
+    record(other, "lantern", lantern, latency_s_per_image=0.6, speedup=1.1, inputs=inputs("/b", "2"), **env(2))
+    joined = build_table(load_records([quality]), latency=load_records([latency]))
+    assert joined.rows[0]["speedup"] == 1.1 and joined.rows[0]["latency_run"] == str(latency / "lantern")
+    apart = build_table(load_records([quality]), latency=load_records([other]))
+    assert apart.rows[0]["speedup"] is None and any("no latency run" in note for note in apart.notes)

@@ -39,8 +39,9 @@ JOIN_KEYS = (
     ("device_name", "environment"),
     ("num_threads", "environment"),
 )
-# A latency run lends its timing to a quality run of the same method at any image count and batch size.
-LATENCY_IGNORED = ("num_images", "batch_size")
+# A latency run lends its timing to a quality run of the same method at any image count, batch size and thread
+# count: those change how long the quality run took, which a joined table does not show, not what it measured.
+LATENCY_IGNORED = ("num_images", "batch_size", "num_threads")
 
 
 # Inputs that make two runs' images comparable: the model's weights and the prompts (a drafter, neighbour
@@ -49,11 +50,13 @@ JOIN_ROLES = ("target", "tokenizer", "text_encoder", "prompts")
 
 
 def model_inputs(inputs: Mapping | None) -> dict | None:
-    """``{path: sha256}`` of the inputs in :data:`JOIN_ROLES` (None when the record lists no inputs)."""
+    """``{"role/file name": sha256}`` of the inputs in :data:`JOIN_ROLES` (None when the record lists no
+    inputs). Keyed by role and file name, not by folder: the same files in another checkout, or in a
+    moved one, are the same inputs."""
     if not inputs:
         return None
     return {
-        path: entry.get("sha256")
+        f"{entry.get('role')}/{Path(path).name}": entry.get("sha256")
         for path, entry in sorted(inputs.items())
         if isinstance(entry, Mapping) and entry.get("role") in JOIN_ROLES
     }

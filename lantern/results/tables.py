@@ -373,7 +373,8 @@ def input_notes(records: list[RunRecord]) -> list[str]:
             sets.setdefault(json.dumps(hashes, sort_keys=True), []).append(record)
     lines = []
     for key, members in sets.items():
-        shown = ", ".join(f"{Path(path).name} {str(digest)[:12]}" for path, digest in json.loads(key).items())
+        named = sorted((Path(path).name, str(digest)) for path, digest in json.loads(key).items())  # by file name
+        shown = ", ".join(f"{name} {digest[:12]}" for name, digest in named)
         who = f" ({len(members)} of {len(records)} runs, first {members[0].run_dir})" if len(sets) > 1 else ""
         lines.append(f"Inputs (sha256): {shown}{who}.")
     return lines
