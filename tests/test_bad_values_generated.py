@@ -63,8 +63,6 @@ BUILT_LATE = (
     "model.neighbours.codebook.",  # the random codebook's shape (the bundle's)
     "model.timing.",  # scripts/gpu_check.py --tiny only
     "metrics.",  # metric weights and reference folders: GenerationJob checks them before the first image
-    "protocol.prompts.sha256",  # a protocol's pins: compared with the files when they are read, not as text
-    "protocol.reference.sha256",
     "protocol.metrics.",
 )
 

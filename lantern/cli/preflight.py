@@ -18,6 +18,7 @@ builds each job's sampling settings, draft structure and decoder with stand-ins 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 
 from omegaconf import DictConfig, OmegaConf
@@ -241,12 +242,21 @@ def check_overrides(cfg: DictConfig, overrides: Sequence[str]) -> None:
         check_kind(key, value, default)
 
 
+def check_pins(tree, prefix: str = "protocol.") -> None:
+    """Every ``sha256`` pin of a protocol: null or 64 hex digits, as text, before its file is read."""
+    for key, value in (tree or {}).items() if isinstance(tree, dict) else ():
+        if key == "sha256" and value is not None and not re.fullmatch(r"[0-9a-f]{64}", str(value)):
+            raise checks.refuse(prefix + key, value, "64 lowercase hex digits or null", "a file's sha256 pin")
+        check_pins(value, f"{prefix}{key}.")
+
+
 def check_run_config(cfg: DictConfig, overrides: Sequence[str] = ()) -> dict:
     """All the checks above, for a run's composed ``cfg`` and its command-line ``overrides``, then every
     object a run builds from knobs alone built with stand-ins for its files (:func:`dry_build`), whichever
     decoder and baseline run; returns the resolved config."""
     resolved = resolve(cfg)
     check_knobs(resolved)
+    check_pins(resolved.get("protocol"))
     tracking.check_tracker((resolved.get("job") or {}).get("tracker"))  # W&B names, before any work
     check_assets(resolved)  # files a preset reads from paths.assets: there, and as pinned or locked
     if overrides:

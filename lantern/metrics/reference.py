@@ -30,7 +30,7 @@ def centre_square(image: Image.Image, size: int) -> Image.Image:
 @writes_under("--out")
 def make_reference(images: Path, out: Path, size: int, progress: bool = True) -> int:
     """Write every image of ``images`` into ``out`` as a ``size`` px PNG; return how many."""
-    size = checks.integer("--size", size, 8)
+    size = checks.capped("--size", size, 8, 4096, note="the side of a square in px: the generators make at most 1024")
     if not images.is_dir():
         raise ConfigError(f"image folder not found: {str(images)!r}")
     files = sorted(p for p in images.iterdir() if p.suffix.lower() in SUFFIXES)

@@ -402,6 +402,9 @@ def make_tables(
     folder = Path(out) if out else Path(runs[0])
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"--out={str(folder)!r} is a file; give a folder (the tables are written into it)")
+    for path in latency or []:  # checked with the flags, before the runs are read
+        if not Path(path).exists():
+            raise ConfigError(f"--latency={str(path)!r}: expected an existing run or sweep folder, or a metrics.json")
     repeated: list[str] = []
     records = load_records(runs, repeated)  # every record validated before anything is written
     timed = load_records(latency) if latency else None

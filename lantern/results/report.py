@@ -88,6 +88,9 @@ class ReportData:
     longest: int = 1  # the longest run on any map (one colour scale for all)
 
 
+MAX_GRID = 10_000  # the grid's rows at most: each row is every method's image on one page
+
+
 def parse_prompts(value, key: str = "report.prompts") -> int | list[int]:
     """``report.prompts``: a count (the first N images) or image indices (a list, or text ``3,5,7``);
     ConfigError otherwise."""
@@ -97,13 +100,15 @@ def parse_prompts(value, key: str = "report.prompts") -> int | list[int]:
     try:
         if isinstance(value, (list, tuple)):
             chosen = [int(v) for v in value]
-            if chosen and min(chosen) >= 0:
+            if chosen and min(chosen) >= 0 and len(chosen) <= MAX_GRID:
                 return chosen
-        elif not isinstance(value, bool) and int(value) >= 0 and float(value) == int(value):
+        elif not isinstance(value, bool) and 0 <= int(value) <= MAX_GRID and float(value) == int(value):
             return int(value)
     except (TypeError, ValueError):
         pass
-    raise ConfigError(f"{key}={value!r}: expected a count >= 0 or image indices >= 0 (e.g. [0,3,7])")
+    raise ConfigError(
+        f"{key}={value!r}: expected a count in [0, {MAX_GRID}] or at most {MAX_GRID} image indices >= 0 (e.g. [0,3,7])"
+    )
 
 
 def chosen_prompts(prompts: int | Sequence[int], available: int) -> list[int]:

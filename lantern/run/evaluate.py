@@ -111,6 +111,6 @@ def eval_recon(args) -> dict:
 
 def evaluate(args) -> dict:
     """``eval_world`` as the script runs it: the world verified, then ``samples`` or ``recon``."""
-    checks.integer("--batch-size", args.batch_size, 1)
+    checks.capped("--batch-size", args.batch_size, 1, 1024, note="images per Inception batch")
     verify_world(args.world)
     return eval_samples(args) if args.mode == "samples" else eval_recon(args)

@@ -27,6 +27,10 @@ def ship(world: str, specs: list[str], data: str = DATA) -> Path:
             raise checks.refuse("--file", spec, "NAME=SOURCE=COMMAND")
         parsed.append((parts[0], checks.path("--file SOURCE", parts[1]), parts[2]))
     world = Path(world)
+    if world.exists() and not world.is_dir():
+        raise checks.refuse("--world", str(world), "a folder")
+    if not parsed and not world.is_dir():  # nothing to ship: only an existing world's manifest is rewritten
+        raise checks.refuse("--world", str(world), "an existing world folder (or a --file to ship into a new one)")
     world.mkdir(parents=True, exist_ok=True)
     manifest_path = world / MANIFEST_NAME
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {"files": {}}

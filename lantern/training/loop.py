@@ -45,26 +45,32 @@ from lantern.training.checkpoint import (
 
 CONFIG_NAME = "config.yaml"
 LOG_NAME = "log.jsonl"
+# Upper bounds of the shared knobs that set work or memory: more steps than any job here needs (the largest
+# run is ~10^5), a batch no CPU or GPU here holds, more threads than any machine has.
+MAX_STEPS, MAX_BATCH, MAX_THREADS = 10**7, 2**16, 1024
 StepFn = Callable[[Any], tuple[torch.Tensor, Mapping[str, Any]]]
 BatchFactory = Callable[[int, int], Iterable[Any]]
 
 
 def check_trainer_knobs(cfg: Mapping[str, Any]) -> None:
     """The knobs every training job shares, checked before any data is read or folder made: ``steps``,
-    ``batch_size``, ``ckpt_every``, ``log_every``, ``num_threads`` >= 1, ``warmup_steps``, ``seed`` >= 0, a
+    ``batch_size``, ``ckpt_every``, ``log_every``, ``num_threads`` >= 1, ``warmup_steps``, ``seed`` >= 0 (each
+    below its cap), ``progress`` a bool, a
     finite ``lr`` > 0, ``min_lr_ratio`` in [0, 1], ``weight_decay`` >= 0 and ``grad_clip`` > 0 or null
     (those present in ``cfg``)."""
-    for name, low in (
-        ("steps", 1),
-        ("batch_size", 1),
-        ("ckpt_every", 1),
-        ("log_every", 1),
-        ("num_threads", 1),
-        ("warmup_steps", 0),
-        ("seed", 0),
+    for name, low, high in (
+        ("steps", 1, MAX_STEPS),
+        ("batch_size", 1, MAX_BATCH),
+        ("ckpt_every", 1, MAX_STEPS),
+        ("log_every", 1, MAX_STEPS),
+        ("num_threads", 1, MAX_THREADS),
+        ("warmup_steps", 0, MAX_STEPS),
+        ("seed", 0, 2**63 - 1),
     ):
         if cfg.get(name) is not None:
-            checks.integer(name, cfg[name], low)
+            checks.capped(name, cfg[name], low, high)
+    if "progress" in cfg:
+        checks.flag("progress", cfg["progress"])
     if "lr" in cfg:
         checks.real("lr", cfg["lr"], 0, low_open=True)
     if "min_lr_ratio" in cfg:

@@ -248,7 +248,7 @@ def run_gpu_check(args) -> list[dict]:
             "--dtype float32 --compile none --tiny"
         )
     device = resolve_device(args.device)
-    checks.integer("--images", args.images, 2)
+    checks.capped("--images", args.images, 2, 1000, note="timed images per mode, after two warm-up images")
     targets = [checks.choice("--targets", t, TARGETS) for t in args.targets.split(",")]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

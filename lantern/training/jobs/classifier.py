@@ -20,6 +20,7 @@ from lantern.results.provenance import environment
 from lantern.training.classifier import ClassifierObjective, training_batch
 from lantern.training.loop import (
     DEFAULT_RESUME_IGNORE,
+    MAX_BATCH,
     EpochBatches,
     Trainer,
     check_trainer_knobs,
@@ -33,11 +34,12 @@ RESUME_IGNORE = (*DEFAULT_RESUME_IGNORE, "epochs", "eval_batch_size", "device")
 
 def _check(cfg: DictConfig) -> None:
     """Every value before any data is read."""
-    for name in ("epochs", "batch_size", "width", "num_threads", "eval_batch_size", "ckpt_every", "log_every"):
-        checks.integer(name, cfg[name], 1)
-    checks.optional(checks.integer, "steps", cfg.steps, 1)
-    for name in ("max_shift", "train_limit", "warmup_steps"):
-        checks.integer(name, cfg[name], 0)
+    checks.capped("epochs", cfg.epochs, 1, 10**4)
+    checks.capped("width", cfg.width, 1, 1024, note="channels of the first stage; the last has 4x")
+    checks.capped("eval_batch_size", cfg.eval_batch_size, 1, MAX_BATCH)
+    checks.capped("max_shift", cfg.max_shift, 0, 28, note="px of a 28 px image")
+    checks.capped("train_limit", cfg.train_limit, 0, 10**7, note="images; 0: all of the split")
+    checks.flag("augment", cfg.augment)
     checks.real("lr", cfg.lr, 0, low_open=True)
     checks.real("weight_decay", cfg.weight_decay, 0)
     checks.probability("label_smoothing", cfg.label_smoothing, one=False)

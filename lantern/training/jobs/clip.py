@@ -33,6 +33,7 @@ from lantern.training.clip import (
 )
 from lantern.training.loop import (
     DEFAULT_RESUME_IGNORE,
+    MAX_BATCH,
     EpochBatches,
     Trainer,
     check_trainer_knobs,
@@ -57,10 +58,18 @@ ARCHITECTURE = (
 
 def _check(cfg: DictConfig) -> None:
     """Every value before any data is read."""
-    for name in ("steps", "batch_size", "num_threads", "eval_batch_size", "ckpt_every", "log_every"):
-        checks.integer(name, cfg[name], 1)
-    for name in ("max_shift", "train_limit", "eval_limit", "score_images", "warmup_steps"):
-        checks.integer(name, cfg[name], 0)
+    checks.capped("eval_batch_size", cfg.eval_batch_size, 1, MAX_BATCH)
+    for name in ("embed_dim", "vision_width", "vision_head_width", "text_width"):
+        checks.capped(name, cfg[name], 1, 4096, note="channels")
+    for name in ("vision_layers", "text_layers", "text_heads"):
+        checks.capped(name, cfg[name], 1, 64)
+    checks.capped("patch_size", cfg.patch_size, 1, 32, note="px of the 32 px images")
+    checks.capped("context_length", cfg.context_length, 1, 512, note="caption tokens")
+    checks.capped("max_shift", cfg.max_shift, 0, 28, note="px of a 28 px image")
+    for name in ("train_limit", "eval_limit", "score_images"):
+        checks.capped(name, cfg[name], 0, 10**7, note="images")
+    checks.flag("augment", cfg.augment)
+    checks.flag("same_class_targets", cfg.same_class_targets)
     checks.real("lr", cfg.lr, 0, low_open=True)
     checks.real("weight_decay", cfg.weight_decay, 0)
     checks.real("grad_clip", cfg.grad_clip, 0, low_open=True)

@@ -12,9 +12,10 @@ from omegaconf import DictConfig
 
 from lantern import checks
 from lantern.errors import ConfigError
+from lantern.models.drafter import CONDITION_INPUTS
 from lantern.training.checkpoint import CHECKPOINT_NAME, DEFAULT_RESUME_IGNORE, check_resume_config
 from lantern.training.drafter_features import FEATURE_DTYPES
-from lantern.training.loop import check_trainer_knobs
+from lantern.training.loop import MAX_BATCH, check_trainer_knobs
 from lantern.training.shards import ShardStore
 
 STAGES = ("data", "features", "train", "export", "all")
@@ -38,7 +39,7 @@ def check_config(cfg: DictConfig) -> None:
     checks.choice("stage", cfg.stage, STAGES)
     checks.choice("data", cfg.data, DATA_KINDS)
     if cfg.data == "self" or cfg.num_samples is not None:
-        checks.integer("num_samples", cfg.num_samples, 2)
+        checks.capped("num_samples", cfg.num_samples, 2, 10**7)
     checks.integer("generation.batch_size", cfg.generation.batch_size, 1)
     checks.integer("generation.seed", cfg.generation.seed, 0)
     checks.integer("features.batch_size", cfg.features.batch_size, 1)
@@ -54,8 +55,9 @@ def check_config(cfg: DictConfig) -> None:
     checks.real("drafter.ce_weight", drafter.ce_weight, 0)
     if drafter.taps is not None and not all(checks.is_number(t) and int(t) == t for t in drafter.taps):
         raise checks.refuse("drafter.taps", list(drafter.taps), "a list of layer indices or null")
-    checks.integer("eval_batch_size", cfg.eval_batch_size, 1)
-    checks.integer("top_k", cfg.top_k, 1)
+    checks.capped("eval_batch_size", cfg.eval_batch_size, 1, MAX_BATCH)
+    checks.capped("top_k", cfg.top_k, 1, 1000, note="the report's top-k agreement")
+    checks.choice("compare_condition_input", cfg.compare_condition_input, CONDITION_INPUTS)
     if len(cfg.betas) != 2:
         raise checks.refuse("betas", list(cfg.betas), "two numbers in [0, 1)")
     for beta in cfg.betas:

@@ -7,10 +7,11 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from lantern import checks
 from lantern.errors import writes_under
 from lantern.files import sha256_file
 from lantern.models.checkpoint import load_weights
-from lantern.models.llamagen.gpt import Transformer, gpt_config
+from lantern.models.llamagen.gpt import GPT_PRESETS, Transformer, gpt_config
 from lantern.models.vq_model import VQModel, vq_config
 from lantern.models.world.fashion_mnist import FashionMNISTImages
 from lantern.training.fashion import caption_table, tokenize
@@ -21,8 +22,20 @@ WEIGHTS_NAME = "gpt.safetensors"
 
 
 @writes_under("out_dir")
-def train(cfg: DictConfig) -> dict:
+def _check(cfg: DictConfig) -> None:
+    """Every knob, then the tokenizer's file, before anything is loaded or written."""
     check_trainer_knobs(cfg)
+    checks.capped("resolution", cfg.resolution, 1, 1024, note="px of the square images")
+    checks.optional(checks.capped, "max_train_images", cfg.max_train_images, 0, 10**7, note="0: all")
+    checks.capped("text_max_length", cfg.text_max_length, 1, 512, note="caption tokens; MiniLM has 512 positions")
+    checks.probability("cond_dropout", cfg.cond_dropout)
+    checks.choice("preset", cfg.preset, GPT_PRESETS)
+    vq_config(cfg.vq_preset)
+    checks.path("vq_weights", cfg.vq_weights)
+
+
+def train(cfg: DictConfig) -> dict:
+    _check(cfg)
     config = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     torch.set_num_threads(int(cfg.num_threads))
     out_dir = Path(cfg.out_dir)

@@ -14,10 +14,11 @@ from lantern.errors import ConfigError, writes_under
 from lantern.files import save_png, write_json_atomic
 from lantern.models.bundle import to_uint8
 from lantern.models.checkpoint import load_weights
+from lantern.models.devices import resolve_device
 from lantern.models.vq_model import VQModel, vq_config
 from lantern.models.world.fashion_mnist import NUM_CLASSES, FashionMNISTImages
 from lantern.results.provenance import environment
-from lantern.training.loop import EpochBatches, Trainer, check_trainer_knobs, training_summary, warmup_cosine
+from lantern.training.loop import MAX_BATCH, EpochBatches, Trainer, check_trainer_knobs, training_summary, warmup_cosine
 from lantern.training.vq import VQObjective, evaluate_vq, image_batch
 
 WEIGHTS_NAME = "vq.safetensors"
@@ -68,17 +69,21 @@ def train(cfg: DictConfig) -> dict:
     """Train (or resume) the tokenizer described by ``cfg``, export it and write the report; returns it."""
     check_trainer_knobs(cfg)
     checks.probability("restart.until_fraction", cfg.restart.until_fraction)
+    checks.capped("resolution", cfg.resolution, 1, 1024, note="px of the square images")
+    checks.capped("eval_batch_size", cfg.eval_batch_size, 1, MAX_BATCH)
+    checks.capped("recon_images", cfg.recon_images, 1, 1000, note="test images in recon.png")
+    checks.flag("channels_last", cfg.channels_last)
     config = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
-    torch.set_num_threads(int(cfg.num_threads))
-    device = torch.device(cfg.device)
-    out_dir = Path(cfg.out_dir)
-    train = FashionMNISTImages.from_folder(cfg.data_root, "train", cfg.resolution)
-    test = FashionMNISTImages.from_folder(cfg.test_root, "test", cfg.resolution)
     vq_cfg = vq_config(cfg.preset, **config["vq_overrides"])
     if cfg.resolution % vq_cfg.downsample:
         raise ConfigError(
             f"resolution {cfg.resolution} is not divisible by the preset's downsample {vq_cfg.downsample}"
         )
+    device = resolve_device(cfg.device)
+    torch.set_num_threads(int(cfg.num_threads))
+    out_dir = Path(cfg.out_dir)
+    train = FashionMNISTImages.from_folder(cfg.data_root, "train", cfg.resolution)
+    test = FashionMNISTImages.from_folder(cfg.test_root, "test", cfg.resolution)
 
     torch.manual_seed(cfg.seed)
     model = VQModel(vq_cfg).to(device)
