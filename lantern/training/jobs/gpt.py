@@ -21,7 +21,6 @@ from lantern.training.loop import EpochBatches, Trainer, check_trainer_knobs, wa
 WEIGHTS_NAME = "gpt.safetensors"
 
 
-@writes_under("out_dir")
 def _check(cfg: DictConfig) -> None:
     """Every knob, then the tokenizer's file, before anything is loaded or written."""
     check_trainer_knobs(cfg)
@@ -34,6 +33,7 @@ def _check(cfg: DictConfig) -> None:
     checks.path("vq_weights", cfg.vq_weights)
 
 
+@writes_under("out_dir")
 def train(cfg: DictConfig) -> dict:
     _check(cfg)
     config = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
