@@ -69,6 +69,7 @@ class RunRecord(BaseModel):
     top_p: float
     cfg_scale: float
     cfg_interval: float | None = None
+    entropy_temperature: list[float] | None = None  # [t0, alpha, theta] of the entropy-driven temperature; null: off
     dtype: str | None = None  # the target's weights
     inputs: dict[str, dict[str, Any]] | None = None  # every file read: path -> role, sha256, bytes
     tokens_per_image: int | None = None
