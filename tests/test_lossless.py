@@ -100,6 +100,7 @@ CLAIMS = {  # what each shipped decoder config claims with its defaults; a new c
     "ar": True,
     "eagle": True,
     "cool_sd": False,
+    "entropy_aware": False,
     "sjd": True,
     "lantern": False,
     "lantern_pp": False,
