@@ -169,7 +169,7 @@ class Composed:
     def relax(self, p, tokens, valid, q, depth=None) -> Relaxed:
         """``p'`` for rows of nodes (each row on its own: rows of several nodes, of any depths ``depth`` (R,),
         may come in one call)."""
-        return self.relaxation.relax(p, tokens, valid, q, self.candidates, depth=depth)
+        return self.relaxation.relax(p, tokens, valid, q, self.candidates, depth)
 
     def node(
         self,
