@@ -88,12 +88,11 @@ def walk_tree(
         tokens = draft.candidates[rows, current]  # (B, K)
         valid = alive[:, None] & (tokens >= 0)
         node_p, node_q = p[rows, current], draft.q[rows, current]  # (B, V) each
-        depth = torch.full((batch,), level, dtype=torch.long, device=device)  # (B,) the candidates' draft depth
-        extra = {}
+        extra = {"depth": torch.full((batch,), level, dtype=torch.long, device=device)}  # (B,) draft depth
         if ahead is not None and level < ahead[1].shape[1]:
-            extra = {"relaxed": Relaxed(*(part[:, level] for part in ahead))}
+            extra["relaxed"] = Relaxed(*(part[:, level] for part in ahead))
         elif lazy:
-            extra = {"relaxed": _relax_reached(rule, node_p, tokens, valid, node_q, alive, depth, level)}
+            extra["relaxed"] = _relax_reached(rule, node_p, tokens, valid, node_q, alive, extra["depth"], level)
         outcome = rule.node(
             node_p,
             tokens,
@@ -103,7 +102,6 @@ def walk_tree(
             None if races is None else races[:, level],
             sampling,
             audit,
-            depth=depth,
             **extra,
         )
         got = outcome.chosen >= 0
