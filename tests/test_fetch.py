@@ -241,7 +241,7 @@ def test_the_real_presets_fail_in_seconds_here_and_list(tmp_path):
         "t2i_XL_stage1_256.pt",
         "flan-t5-xl",
         "llamagen_drafter",
-        "captions_val2017.json",
+        "captions_val2017_longest.json",
         "ViT-B-32.pt",
         "HPS_v2.1",
     ):
