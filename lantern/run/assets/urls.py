@@ -93,7 +93,7 @@ def network_reason(exc: Exception) -> str:
 
     if isinstance(exc, requests.ConnectTimeout):
         return f"no connection within {TIMEOUTS.connect:g} s"
-    if isinstance(exc, (requests.ReadTimeout, requests.Timeout)):
+    if isinstance(exc, (requests.ReadTimeout, requests.Timeout)) or _timed_out(exc):
         return f"no answer for {TIMEOUTS.read:g} s (--read-timeout)"
     return type(exc).__name__
 
@@ -112,9 +112,20 @@ def head_size(url: str, hosts: Iterable[str]) -> int | None:
         ) from exc
 
 
+def _timed_out(exc: BaseException) -> bool:
+    import requests
+    import urllib3
+
+    inner = exc.args[0] if exc.args else None
+    return isinstance(exc, (requests.Timeout, urllib3.exceptions.TimeoutError)) or isinstance(
+        inner, urllib3.exceptions.TimeoutError
+    )
+
+
 def get_resume(url: str, hosts: Iterable[str], staged: Path, progress: bool) -> None:
     """GET ``url`` into ``staged``, appending from its size with ``Range``; retries while attempts bring bytes."""
     import requests
+    import urllib3
 
     reason = "no attempt"
     for _ in range(RETRIES + 1):
@@ -122,9 +133,9 @@ def get_resume(url: str, hosts: Iterable[str], staged: Path, progress: bool) -> 
         stalled = False
         try:
             done = _attempt(url, hosts, staged, have, progress)
-        except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as exc:
+        except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
             done, reason = False, f"{network_reason(exc)} at {_size(staged)} bytes"
-            stalled = isinstance(exc, requests.Timeout)
+            stalled = _timed_out(exc)
         else:
             reason = f"the connection ended at {_size(staged)} bytes"
         if done:
@@ -140,7 +151,7 @@ def _size(path: Path) -> int:
 
 def _attempt(url: str, hosts: Iterable[str], staged: Path, have: int, progress: bool) -> bool:
     """One GET from byte ``have``; True once the file is complete."""
-    headers = {"Range": f"bytes={have}-"} if have else {}
+    headers = {"Accept-Encoding": "identity", **({"Range": f"bytes={have}-"} if have else {})}  # the bytes as stored
     with request("GET", url, hosts, headers=headers, stream=True) as reply:
         if reply.status_code == 416 and have:  # nothing past what is staged: complete
             return True
@@ -154,7 +165,7 @@ def _attempt(url: str, hosts: Iterable[str], staged: Path, have: int, progress: 
             open(staged, "ab" if have else "wb") as handle,
             tqdm(total=total, initial=have, unit="B", unit_scale=True, desc=staged.name, disable=not progress) as bar,
         ):
-            for chunk in reply.iter_content(CHUNK):
+            while chunk := reply.raw.read1(CHUNK):  # what has arrived, so a stall keeps every byte received
                 handle.write(chunk)
                 bar.update(len(chunk))
             handle.flush()
