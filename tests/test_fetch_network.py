@@ -28,6 +28,15 @@ def server():
 
 
 @pytest.fixture
+def online(monkeypatch):
+    """huggingface_hub read HF_HUB_OFFLINE (the suite sets it) at import: these tests talk to the loopback hub."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+
+
+@pytest.fixture
 def fast():
     """Short timeouts for the test (restored after)."""
     before = urls.TIMEOUTS
@@ -69,7 +78,7 @@ def test_default_timeouts_fail_a_hung_server_within_60_seconds():
     assert urls.Timeouts().connect + urls.Timeouts().read < 60
 
 
-def test_a_hung_hub_fails_within_the_read_timeout_in_one_line(server, tmp_path, monkeypatch, fast):
+def test_a_hung_hub_fails_within_the_read_timeout_in_one_line(server, tmp_path, monkeypatch, fast, online):
     release = threading.Event()
     server.routes["/org/weights/resolve/main/config.json"] = hang(release)
     port = server.server_address[1]
