@@ -43,6 +43,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         pass
 
     def _head(self, send_body: bool) -> None:
+        self.server.requested.append(self.path)
         path = self.path.split("?")[0].replace(f"/resolve/{COMMIT}/", "/resolve/main/")  # the branch's one commit
         if path in self.server.routes:
             return self.server.routes[path](self, send_body)
@@ -106,6 +107,7 @@ def serving():
     """The server, running (a generator: a test module's fixture yields from it)."""
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     httpd.files, httpd.drop_once, httpd.served, httpd.routes = dict(FILES), set(), [], {}
+    httpd.requested = []  # every path asked for, as asked
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     stop = threading.Timer(120, httpd.shutdown)  # bounded: it stops itself whatever the test does

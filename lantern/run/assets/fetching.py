@@ -78,12 +78,18 @@ def fetch(resolved: dict, say: Say = print, progress: bool = True) -> list[Asset
     holder = _holding(root, say)
     try:
         lock = Lock(root)
-        for round_ in range(3):  # checksum lists, then what they pin; index files, then their shards
+        for round_ in range(6):  # checksum lists, then what they pin; index files or patterns, then their files
             sources = [pinned(a, lock) for a in assets if a.kind != "derived"]
             missing = _verify_present([f for a in sources for f in files_of(a, root, lock)], root, lock, say)
+            lists = {a.checksum_file().relative for a in sources if a.checksums}
+            waiting = {f.asset for f in missing if f.relative in lists}  # its files wait for its checksum list
+            missing = [f for f in missing if f.relative in lists or f.asset not in waiting]
             pending = [a for a in sources if _unexpanded(a, root, lock)]
             if not missing and not pending:
                 break
+            if round_ == 5:
+                first = (missing or pending[0].listed_files(root))[0]
+                raise AssetError(f"{first.source.describe()} is still missing after five rounds; rerun to resume")
             if round_ == 0:
                 _preflight(missing, pending, root)
             _get_all(missing, root, lock, progress, say)

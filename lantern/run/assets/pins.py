@@ -49,7 +49,9 @@ def _contradictions(file: AssetFile, size: int, sha256: str, md5: str | None) ->
     if file.sha256_prefix is not None and not sha256.startswith(file.sha256_prefix):
         found.append(("sha256_prefix", f"has sha256 {sha256[:16]}...; its published prefix is {file.sha256_prefix}"))
     if file.md5 is not None and md5 is not None and md5 != file.md5:
-        found.append(("md5", f"has md5 {md5}; the registry's pin says {file.md5}"))
+        found.append(
+            ("md5", f"has md5 {md5}; its md5 pin (the registry's or upstream's checksum list) says {file.md5}")
+        )
     return found
 
 
