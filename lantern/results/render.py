@@ -45,9 +45,16 @@ NOTE_INTERVALS = (
 )
 NOTE_LATENCY = (
     "Latency: decode time per image, mean [interquartile range over batches]. Speed-up: AR time / decoder time "
-    "[interquartile range of per-batch ratios]; AR ms/image is the AR time it was measured against (interleaved "
-    "in the same run, or the named AR run of the same setting)."
+    "[interquartile range of per-batch ratios]; vs compiled AR: over our AR compiled like the decoder, whose time is "
+    "AR ms/image (interleaved in the same run, or the named AR run of the same setting); vs reference AR: over the "
+    "papers' own loop, eager (transformers' or LlamaGen's generate(), timed on the same batches; baseline=both), "
+    "whose time is reference AR ms/image."
 )
+
+
+def _speedup_cell(value, spread, times: str) -> str:
+    """A speed-up as ``1.23x [q1, q3]``, ``-`` where there is none."""
+    return "-" if _number(value, 2) == "-" else f"{value:.2f}{times}" + _range(spread, 2)
 
 
 def _tv_cell(row: dict) -> str:
@@ -154,15 +161,17 @@ def shown(table: Table, root: Path | None = None, times: str = "x") -> pd.DataFr
     paper = bool(data[list(PAPER_TITLES)].notna().any().any())  # the published block, when one was attached
     rows = []
     for row in data.to_dict("records"):
-        speedup = (
-            "-" if _number(row["speedup"], 2) == "-" else f"{row['speedup']:.2f}{times}" + _range(row["speedup_iqr"], 2)
-        )
+        speedup = _speedup_cell(row["speedup"], row["speedup_iqr"], times)
         tv = _tv_cell(row)
         out = {
             "method": row["method"],
             "tau": _number(row["tau"], 2),
             "latency ms/image [IQR]": _number(row["latency_ms"], 1) + _range(row["latency_iqr_ms"], 1),
-            "speed-up [IQR]": speedup,
+            "speed-up vs compiled AR [IQR]": speedup,
+            "speed-up vs reference AR [IQR]": _speedup_cell(
+                row["speedup_reference"], row["speedup_reference_iqr"], times
+            ),
+            "reference AR ms/image": _number(row["reference_ms"], 1),
             "AR ms/image": _number(row["baseline_ms"], 1),
         }
         if stepped:  # AR's forwards over the decoder's, and speed-up over it (records with target_steps)
@@ -235,7 +244,7 @@ def to_latex(table: Table, failed: list[dict] | None = None, root: Path | None =
     data = shown(table, root, times=r"$\times$").drop(columns=["run", "latency run"], errors="ignore")
     escaped = data.copy()
     for column in escaped.columns:
-        if column != "speed-up [IQR]" and column != "throughput speed-up":
+        if not column.startswith("speed-up") and column != "throughput speed-up":
             escaped[column] = escaped[column].map(_tex)
     escaped.columns = [_tex(c) for c in escaped.columns]
     styler = escaped.style.hide(axis="index")
@@ -252,7 +261,12 @@ def _tex(text: str) -> str:
 def to_csv(table: Table) -> str:
     """The table as CSV with raw numbers (``DataFrame.to_csv``; ranges as ``[q1, q3]``)."""
     data = frame(table)
-    for column in ("latency_iqr_ms", "speedup_iqr", *(c for c in data.columns if c.endswith("_ci"))):
+    for column in (
+        "latency_iqr_ms",
+        "speedup_iqr",
+        "speedup_reference_iqr",
+        *(c for c in data.columns if c.endswith("_ci")),
+    ):
         data[column] = data[column].map(lambda v: json.dumps(v) if isinstance(v, list) else v)
     return data.to_csv(index=False)
 

@@ -41,6 +41,9 @@ COLUMNS = (
     "speedup",
     "speedup_iqr",
     "baseline_ms",
+    "speedup_reference",
+    "speedup_reference_iqr",
+    "reference_ms",
     "fid",
     "clip_score",
     "delta",
@@ -201,6 +204,18 @@ def _speed(record: RunRecord, settings: DecoderSettings, runs: _Runs, notes: lis
         "baseline": source,
         "latency_batch": record.get("batch_size"),
         "latency_run": record.run_dir,
+        **reference_cells(record),
+    }
+
+
+def reference_cells(record: RunRecord) -> dict:
+    """The speed-up over the reference-grade AR (the papers' loop, timed in the same run; version 5 records),
+    its spread and the reference's ms/image; None where the run timed no reference."""
+    latency = record.get("reference_latency_s_per_image")
+    return {
+        "speedup_reference": record.get("speedup_reference"),
+        "speedup_reference_iqr": record.get("speedup_reference_iqr"),
+        "reference_ms": None if latency is None else 1000 * latency,
     }
 
 
@@ -261,6 +276,7 @@ def build_table(records: list[RunRecord], latency: list[RunRecord] | None = None
                 **{
                     key: speed[key] for key in ("latency_ms", "latency_iqr_ms", "speedup", "speedup_iqr", "baseline_ms")
                 },
+                **{key: speed[key] for key in ("speedup_reference", "speedup_reference_iqr", "reference_ms")},
                 **quality_cells(record),
                 "protocol": record.protocol,
                 "protocol_subset": record.protocol_subset,
