@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from lantern.errors import ConfigError
+from lantern.results import batch_sweep
 from lantern.results.published import attach_published
 from lantern.results.record import LOSSY_UNMEASURED, RunRecord
 from lantern.results.tables import COLUMNS, Table, build_table
@@ -158,6 +159,8 @@ def shown(table: Table, root: Path | None = None, times: str = "x") -> pd.DataFr
     extra = {name for name in OPTIONAL_QUALITY if data[name].notna().any()}  # columns only where some row has one
     protocols = bool(data["protocol"].notna().any())
     stepped = bool(data["step_compression"].notna().any())
+    batched = batch_sweep.is_batch_sweep(data)
+    referenced = bool(data["speedup_reference"].notna().any())
     paper = bool(data[list(PAPER_TITLES)].notna().any().any())  # the published block, when one was attached
     rows = []
     for row in data.to_dict("records"):
@@ -168,12 +171,15 @@ def shown(table: Table, root: Path | None = None, times: str = "x") -> pd.DataFr
             "tau": _number(row["tau"], 2),
             "latency ms/image [IQR]": _number(row["latency_ms"], 1) + _range(row["latency_iqr_ms"], 1),
             "speed-up vs compiled AR [IQR]": speedup,
-            "speed-up vs reference AR [IQR]": _speedup_cell(
-                row["speedup_reference"], row["speedup_reference_iqr"], times
-            ),
-            "reference AR ms/image": _number(row["reference_ms"], 1),
-            "AR ms/image": _number(row["baseline_ms"], 1),
         }
+        if referenced:  # rows timed beside the reference-grade AR too (baseline=both)
+            reference = _speedup_cell(row["speedup_reference"], row["speedup_reference_iqr"], times)
+            out.update(
+                {"speed-up vs reference AR [IQR]": reference, "reference AR ms/image": _number(row["reference_ms"], 1)}
+            )
+        out["AR ms/image"] = _number(row["baseline_ms"], 1)
+        if batched:  # +experiment=batch_sweep: each row's batch, throughput and memory
+            out.update(batch_sweep.shown_cells(row))
         if stepped:  # AR's forwards over the decoder's, and speed-up over it (records with target_steps)
             out["step compression"] = _number(row["step_compression"], 2)
             out["latency / step"] = _number(row["latency_per_step"], 2)
@@ -224,7 +230,7 @@ def notes(table: Table, failed: list[dict] | None = None, root: Path | None = No
             f"(latency run column); tau, FID, CLIP and TV from the quality runs (run column); {own}. "
             "Per-sample seeds make a sample the same at any batch size."
         )
-    lines += table.notes
+    lines += table.notes + (batch_sweep.batch_notes(data) if batch_sweep.is_batch_sweep(data) else [])
     for job in failed or []:
         lines.append(f"FAILED job {_short_run(job['run'], root)} ({' '.join(job['overrides'])}): {job['error']}")
     return lines
@@ -388,6 +394,9 @@ def write_tables(
         for suffix, text in texts.items():
             (scratch / names[suffix]).write_text(text, encoding="utf-8")
         pareto_plot(table, scratch / names["png"])
+        if batch_sweep.is_batch_sweep(frame(table)):  # speed-up against batch size, a line per method
+            names["batch_png"] = f"{stem}_batch.png"
+            batch_sweep.batch_plot(frame(table), scratch / names["batch_png"])
         for name in names.values():
             with open(scratch / name, "rb+") as handle:
                 os.fsync(handle.fileno())

@@ -28,6 +28,7 @@ from pathlib import Path
 from lantern.decoding.api import DecoderSettings
 from lantern.errors import ConfigError
 from lantern.results.baselines import LATENCY_IGNORED, first_difference, model_inputs, record_setting
+from lantern.results.batch_sweep import batch_cells
 from lantern.results.published import PAPER
 from lantern.results.record import RECORD_NAME, RunRecord, read_record
 from lantern.results.spread import quartiles
@@ -74,6 +75,9 @@ COLUMNS = (
     "protocol_subset",
     "step_compression",
     "latency_per_step",
+    "images_per_s",
+    "peak_memory_mb",
+    "decoder",
     *PAPER,
 )
 # Quality figures a record may carry, each with an optional ``{name}_ci`` interval (lantern.metrics.intervals),
@@ -290,6 +294,7 @@ def build_table(records: list[RunRecord], latency: list[RunRecord] | None = None
                 "latency_run": speed["latency_run"],
                 **throughput,
                 **step_cells(record, speed["speedup"]),
+                **batch_cells(record, settings),
                 "_order": (settings.order(), record.run_dir),
             }
         )
