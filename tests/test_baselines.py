@@ -98,7 +98,7 @@ def test_the_worlds_reference_without_llamagens_code_is_one_error_line(tmp_path)
     proc, record = run(tmp_path, "world", "num_images=1", "decoding=ar", "baseline=both", env=env)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and record is None, proc.stderr[-2000:]
-    assert lines[0].startswith("error: no reference_code given") and "FoundationVision/LlamaGen" in lines[0]
+    assert lines[0].startswith("error: no speedup_reference.code given") and "FoundationVision/LlamaGen" in lines[0]
 
 
 def test_a_version_4_record_still_reads(both, tmp_path):

@@ -175,5 +175,5 @@ def test_a_missing_llamagen_checkout_is_one_error(tmp_path, monkeypatch):
     monkeypatch.setenv(ENV_VAR, str(tmp_path / "none"))
     with pytest.raises(ConfigError, match="expected a local checkout of FoundationVision/LlamaGen"):
         llamagen_folder()
-    with pytest.raises(ConfigError, match="reference_code="):
+    with pytest.raises(ConfigError, match="speedup_reference.code="):
         llamagen_folder(str(tmp_path))

@@ -18,8 +18,6 @@ SHOWN = (
     "tau",
     "step compression",
     "speed-up vs compiled AR [IQR]",
-    "speed-up vs reference AR [IQR]",
-    "reference AR ms/image",
     "latency / step",
     "FID",
     "CLIP",

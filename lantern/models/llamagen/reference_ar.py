@@ -2,7 +2,7 @@
 
 The papers that build on LlamaGen time its eager ``autoregressive/models/generate.py`` loop (gpt-fast's
 shape, no ``torch.compile``). It is imported from a local checkout of FoundationVision/LlamaGen, never copied
-here: ``reference_code=PATH`` (a ``baseline=`` knob), else ``$LANTERN_LLAMAGEN``, else ``../ref/LlamaGen``
+here: ``speedup_reference.code=PATH`` (with ``baseline=both``), else ``$LANTERN_LLAMAGEN``, else ``../ref/LlamaGen``
 beside the repository. Its ``Transformer`` has our state-dict layout, so our weights load strictly; one thing
 is set from outside: its ``CaptionEmbedder`` always makes a 120-row ``uncond_embedding`` buffer, so a t2i
 model with another condition length (the world: 16) gets a buffer of its own length before loading.
@@ -29,11 +29,11 @@ def llamagen_folder(given=None) -> Path:
     """The checkout: ``given``, else ``$LANTERN_LLAMAGEN``, else ``../ref/LlamaGen`` beside the repository.
     ConfigError (one line, naming where it looked) when none holds LlamaGen's generate()."""
     if given is not None:
-        folder = checks.path("reference_code", given, "folder", EXPECTED)
-        where = f"reference_code={checks.shown(os.fspath(given), 400)}"
+        folder = checks.path("speedup_reference.code", given, "folder", EXPECTED)
+        where = f"speedup_reference.code={checks.shown(os.fspath(given), 400)}"
     else:
         folder = Path(os.environ.get(ENV_VAR) or DEFAULT_FOLDER)
-        where = f"no reference_code given, ${ENV_VAR} {'set' if os.environ.get(ENV_VAR) else 'unset'}, {folder}"
+        where = f"no speedup_reference.code given, ${ENV_VAR} {'set' if os.environ.get(ENV_VAR) else 'unset'}, {folder}"
     if not (folder / ENTRY).is_file():
         raise ConfigError(
             f"{where}: expected {EXPECTED} (the reference-grade AR of LlamaGen; docs/speed.md says how to get it)"
