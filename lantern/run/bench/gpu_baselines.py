@@ -10,22 +10,25 @@ from __future__ import annotations
 import statistics
 
 import torch
+from hydra.utils import instantiate
 
 from lantern.errors import ConfigError
 from lantern.models.condition import Condition
 from lantern.models.sampling import SamplingConfig
 from lantern.rng import keys_tensor
+from lantern.run.compose import compose_config
 from lantern.run.timing import peak_memory_mb, timed
 
 
-def llamagen_reference(model, code):
-    """LlamaGen's own generate() over ``model``'s weights (a LlamaGen GPT), or None and why not."""
-    from lantern.models.llamagen.reference_ar import LlamaGenReference
-
-    if not hasattr(model.config, "caption_dim"):  # not a LlamaGen GPT: its reference is transformers' (run.py)
-        return None, "not a LlamaGen target: time its reference with run.py baseline=both model.gpt_ckpt=FOLDER"
+def family_reference(target, code):
+    """The reference-grade AR of ``target`` (its model config's ``reference_ar``, built on its weights), or None and
+    why not. The world and the random GPT-XL are LlamaGen targets: LlamaGen's own generate() (a checkout)."""
+    node = compose_config(target.overrides).model.get("reference_ar")
+    if node is None:
+        return None, "the model names no reference-grade AR"
+    bundle = type("Bundle", (), {"target": target.model, "name": target.name})()
     try:
-        return LlamaGenReference(type("Bundle", (), {"target": model})(), code), None
+        return instantiate(node)(bundle=bundle, code=code), None
     except ConfigError as exc:
         return None, str(exc)
 
@@ -33,7 +36,7 @@ def llamagen_reference(model, code):
 def reference_row(target, args, device, sampling: SamplingConfig, engine_s: float) -> dict:
     """The reference-grade AR's row: median seconds per image over ``args.images`` images (after one warm-up),
     its speed relative to the engine-grade AR and whether its greedy codes equal ours (or why it is absent)."""
-    reference, why = llamagen_reference(target.model, getattr(args, "llamagen", None))
+    reference, why = family_reference(target, getattr(args, "llamagen", None))
     if reference is None:
         return {"mode": "ar reference", "skipped": why}
     conditions = target.conditions
