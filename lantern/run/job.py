@@ -193,6 +193,7 @@ class GenerationJob:
                 "images": len(batch),
                 "seconds": seconds,
                 "timed": bool(timed),
+                "baseline_seconds": None,  # as records before version 5 have it, with or without a baseline
             }
             for key, baseline in baselines.items():
                 entry[key] = results[key][1] if key in results else None
