@@ -16,6 +16,7 @@ from lantern.errors import CheckpointError
 from lantern.models.emu3 import bundle, hf
 from lantern.models.emu3.condition import NEGATIVE, POSITIVE
 from lantern.models.emu3.model import Emu3Target
+from lantern.models.emu3.reference_ar import image_syntax
 from lantern.models.emu3.vocab import visual_token_name
 from lantern.models.sampling import SamplingConfig
 from lantern.models.target import Target
@@ -69,23 +70,6 @@ def test_teacher_forced_logits_match_emu3forconditionalgeneration_with_cfg_and_p
     print(f"teacher-forced max |diff|: {diff:.2e}, with CFG 3: {guided_diff:.2e}")
 
 
-def constrained(start: int, config):
-    """BAAI's Emu3PrefixConstrainedLogitsHelper for one square image after a prompt of ``start`` ids."""
-    visual = list(range(config.code_offset, config.code_offset + config.num_codes))
-    width, rows = config.grid_size, config.grid_size
-
-    def allowed(batch_id, input_ids):
-        offset = input_ids.shape[0] - (start - 1)  # from <|image token|>, as their offset_cache
-        if offset % (width + 1) == 0:
-            return [config.eol_id]
-        tail = {1: config.eof_id, 2: config.eoi_id, 3: config.eos_id}
-        if offset - (width + 1) * rows in tail:
-            return [tail[offset - (width + 1) * rows]]
-        return [config.pad_id] if offset > (width + 1) * rows + 3 else visual
-
-    return allowed
-
-
 @pytest.mark.parametrize("cfg_scale", [1.0, 3.0])
 def test_greedy_ar_equals_emu3forconditionalgeneration_generate_with_baai_processors(emu3, cfg_scale):
     """Emu3ForConditionalGeneration.generate with UnbatchedClassifierFreeGuidanceLogitsProcessor over the negative
@@ -101,7 +85,7 @@ def test_greedy_ar_equals_emu3forconditionalgeneration_generate_with_baai_proces
     negative = torch.tensor([ours.config.null_ids])
     for row, prompt in enumerate(PROMPTS):
         ids = torch.tensor([model_bundle.conditioner.ids(prompt)])
-        processors = [transformers.PrefixConstrainedLogitsProcessor(constrained(ids.shape[1], ours.config), 1)]
+        processors = [transformers.PrefixConstrainedLogitsProcessor(image_syntax(ids.shape[1], ours.config), 1)]
         if cfg_scale != 1.0:
             cfg = transformers.UnbatchedClassifierFreeGuidanceLogitsProcessor(
                 cfg_scale, reference, unconditional_ids=negative
