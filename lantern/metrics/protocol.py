@@ -229,7 +229,7 @@ class Protocol:
             raise ConfigError(f"the speed part of protocol {name} measures no quality: set metrics=none")
 
 
-def _check_folder(key: str, path, resolution: int, count: int | None, name: str) -> None:
+def _check_folder(key: str, path, resolution: int | None, count: int | None, name: str) -> None:
     """A reference folder holds the protocol's number of images, the first at its resolution (another
     protocol's folder is refused)."""
     folder = Path(str(path))
@@ -241,6 +241,8 @@ def _check_folder(key: str, path, resolution: int, count: int | None, name: str)
     if count is not None and len(images) != count:
         raise ConfigError(f"{key}={str(path)!r} holds {len(images)} images; protocol {name} compares with {count}")
     first = images[0]
+    if resolution is None:  # a raw set (SJD's val2017): sizes vary
+        return
     from PIL import Image
 
     with Image.open(first) as image:
