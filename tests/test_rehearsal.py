@@ -36,13 +36,15 @@ PROTOCOLS = sorted(
 # Janus, Emu3, Anole and class-conditional LlamaGen families.
 FULL = [
     Case("llamagen_t2i_xl_256", "lantern_coco17_5k", "lantern"),
-    Case("lumina_mgpt_7b_768", "sjd_coco17_5k", "sjd_pac"),
+    Case("lumina_mgpt_7b_768", "sjd_coco17_5k", "ar"),
     Case("llamagen_t2i_xl_256", "llamagen_coco14_30k", "ar"),
     Case("janus_pro_1b", "parti", "sjd"),
     Case("emu3_gen", "parti", "ar"),
     Case("anole_7b", "parti", "lantern"),
     Case("llamagen_c2i_b_256", None, "ar"),
 ]
+# SJD-PAC's own decoder on its table's target (2,353 tokens an image: slow on a CPU).
+MORE = [Case("lumina_mgpt_7b_768", "sjd_coco17_5k", "sjd_pac")]
 # Protocols that pin an image size run only the presets that make it; parti runs every text-to-image preset.
 SIZES = {"lantern_coco17_5k": 256, "llamagen_coco14_30k": 256, "sjd_coco17_5k": 768}
 
@@ -54,6 +56,17 @@ def test_the_rehearsal_covers_every_real_preset_and_every_protocol_with_assets()
     assert {case.preset for case in SLOW} == set(REAL)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="sjd_coco17_5k pins Lumina-mGPT's 768 px; Emu3-Gen makes 720 px, so SJD-PAC's Emu3 table is refused",
+)
+def test_sjd_pacs_emu3_table_composes_under_its_protocol():
+    """``+experiment=sjd_pac_table model=emu3_gen`` (docs/gpu_quickstart.md): the protocol must admit the model's
+    image size, or the run stops at its preflight. Known to fail until the protocol states the size per model."""
+    resolved = compose(["+experiment=sjd_pac_table", "model=emu3_gen", "published.model=Emu3"])
+    assert resolved["protocol"]["image"]["size"] in (None, resolved["model"]["image_size"])
+
+
 def drafting(preset: str) -> str:
     """The preset's decoder for a fetch: LANTERN where a drafter is released (it fetches the drafter too)."""
     return (
@@ -63,16 +76,23 @@ def drafting(preset: str) -> str:
     )
 
 
+def _preset(preset: str) -> tuple[bool, int]:
+    """(conditions on captions, image size) of a preset, read from its YAML (no composition at collection)."""
+    node = yaml.safe_load((REPO / f"conf/model/{preset}.yaml").read_text())
+    bundle = node["bundle"]
+    size = (bundle.get("gpt") or bundle.get("target"))["image_size"]
+    return "class_prompts" not in node["default_prompts"]["_target_"], int(size)
+
+
 def _slow_cases() -> list[Case]:
     cases = []
     for preset in REAL:
-        node = compose([f"model={preset}"])
-        conditional = "class" not in str(node["model"]["default_prompts"].get("_target_", ""))
+        captions, size = _preset(preset)
         cases.append(Case(preset, None, drafting(preset)))
-        for protocol in PROTOCOLS if conditional else ():
-            if SIZES.get(protocol, node["model"]["image_size"]) == node["model"]["image_size"]:
+        for protocol in PROTOCOLS if captions else ():
+            if SIZES.get(protocol, size) == size:
                 cases.append(Case(preset, protocol, drafting(preset)))
-    return cases
+    return cases + MORE
 
 
 SLOW = _slow_cases()
@@ -89,13 +109,15 @@ def replicas(tmp_path_factory):
     return Replicas(tmp_path_factory.mktemp("replicas"))
 
 
-def rehearse(case: Case, root: Path, replicas: Replicas, hub: Hub) -> Stage:
-    """The three commands of ``docs/gpu_quickstart.md`` for ``case``, each checked as a user would see it."""
+def rehearse(case: Case, root: Path, replicas: Replicas, hub: Hub, table_here: bool = True) -> Stage:
+    """The three commands of ``docs/gpu_quickstart.md`` for ``case``, each checked as a user would see it (the
+    table in this process unless ``table_here`` is false: the script is the same, its imports paid once)."""
     stage = Stage(root, case, replicas, hub)
     stage.prepare()
-    for step in (stage.fetch, stage.run, stage.table):
+    steps = (("fetch", stage.fetch), ("run", stage.run), ("table", lambda: stage.table(in_process=table_here)))
+    for name, step in steps:
         proc = step()
-        assert proc.returncode == 0, f"{case.name}: {step.__name__} failed:\n{proc.stderr[-3000:]}"
+        assert proc.returncode == 0, f"{case.name}: {name} failed:\n{proc.stderr[-3000:]}"
     return stage
 
 
@@ -126,7 +148,7 @@ def check_record(stage: Stage) -> None:
 
 @pytest.mark.parametrize("case", FULL, ids=lambda case: case.name)
 def test_fetch_run_table(case, tmp_path, replicas, hub):
-    stage = rehearse(case, tmp_path, replicas, hub)
+    stage = rehearse(case, tmp_path, replicas, hub, table_here=case != FULL[0])  # Table 2: every step a subprocess
     check_record(stage)
 
 
