@@ -188,35 +188,35 @@ def test_every_real_preset_lists_only_what_its_replicas_hold_and_fetches(tmp_pat
                 line,
             )
         fetching.fetch(resolved, say=lambda _: None, progress=False)
-        fetched = [p for p in stage.store.rglob("*") if p.is_file() and ".partial" not in p.parts]
-        assert len(fetched) > 2, preset
+        lock = json.loads((stage.store / "assets.lock.json").read_text())["files"]
+        assert lock, preset
+        for relative, entry in lock.items():  # every file came from a replica, at the listed commit
+            source = entry["source"]
+            assert source.startswith("http://127.0.0.1") or source in served, (preset, relative, source)
+            assert (stage.store / relative).exists(), (preset, relative)
 
 
 def test_a_replica_that_differs_from_upstreams_listing_fails_the_rehearsal(tmp_path, replicas, hub):
     """Upstream without the tokenizer the registry asks for, or with one weights file where the registry asks for
     an index and its shards: the fetch is one error line naming the missing file, and no run follows."""
-    case = Case("lumina_mgpt_7b_768", None, "ar")
-    stage = Stage(tmp_path / "tokenizer", case, replicas, hub)
-    stage.prepare()
-    repo = hub.repos["Alpha-VLLM/Lumina-mGPT-7B-768"]
-    kept = dict(repo.files)
-    try:
-        del repo.files["tokenizer.json"]
+
+    def tokenizer_gone(files: dict) -> None:
+        del files["tokenizer.json"]
+
+    def one_weights_file(files: dict) -> None:
+        shards = sorted(name for name in files if name.startswith("model"))
+        files["model.safetensors"] = files[shards[0]]
+        for name in shards:
+            del files[name]
+
+    for change, missing in ((tokenizer_gone, "tokenizer.json"), (one_weights_file, "model.safetensors.index.json")):
+        stage = Stage(tmp_path / change.__name__, Case("lumina_mgpt_7b_768", None, "ar"), replicas, hub)
+        stage.prepare()  # serves the replica as upstream lists it; then it is changed
+        change(hub.repos["Alpha-VLLM/Lumina-mGPT-7B-768"].files)
         proc = stage.fetch()
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-        assert "tokenizer.json" in proc.stderr and proc.stderr.startswith("error: ")
-        shards = [name for name in repo.files if name.startswith("model")]
-        for name in shards:
-            del repo.files[name]
-        repo.files["model.safetensors"] = kept["model-00001-of-00002.safetensors"]
-        stage = Stage(tmp_path / "single", case, replicas, hub)
-        stage.prepare()
-        repo.files.update({"tokenizer.json": kept["tokenizer.json"]})
-        proc = stage.fetch()
-        assert proc.returncode == 2 and "model.safetensors.index.json" in proc.stderr, proc.stderr
-    finally:
-        repo.files.clear()
-        repo.files.update(kept)
+        assert proc.stderr.startswith("error: ") and missing in proc.stderr, proc.stderr
+        assert not (stage.store / "Alpha-VLLM/Lumina-mGPT-7B-768" / missing).exists()
 
 
 def test_every_replica_holds_exactly_its_listing_at_its_revision(replicas):
