@@ -36,14 +36,18 @@ class Row:
         return self.name.startswith("<")
 
 
-def _pin(file: AssetFile, lock: Lock) -> str:
+def _pin(file: AssetFile, lock: Lock, checksums: str | None = None) -> str:
     size, sha, where = expected(file, lock)
     if sha:
         return f"sha256 {sha[:12]}... ({where})"
+    if checksums and file.md5 is None and file.source.file != checksums:
+        return f"md5 from upstream's {checksums} (verified, fetched first); locked on first fetch"
     pins = [f"{k} {getattr(file, k)}" for k in ("md5", "sha256_prefix") if getattr(file, k)]
     if pins:
         state = "verified" if {"md5", "sha256_prefix"} & file.verified else "unverified"
         return ", ".join(pins) + f" ({state}); locked on first fetch"
+    if file.source is not None and file.source.url is None:
+        return "the hub's size and LFS sha256 at fetch; locked on first fetch"
     return "unpinned: locked on first fetch"
 
 
@@ -82,7 +86,7 @@ def _source_rows(asset: Asset, root: Path, lock: Lock) -> list[Row]:
                 name,
                 relative,
                 _size(asset, file, number == 0, len(files) + len(rules), lock),
-                _pin(file, lock) if file is not None else "locked on first fetch",
+                _pin(file, lock, asset.checksums) if file is not None else "locked on first fetch",
                 file is not None and (root / file.relative).exists(),
                 asset.licence,
             )
