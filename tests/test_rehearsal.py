@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 from fixtures.hub import pins
-from fixtures.hub.rehearsal import REPO, Case, Stage, compose
+from fixtures.hub.rehearsal import REPO, Case, Stage, compose, pinned_size
 from fixtures.hub.replicas import Replicas, commit_of, hub_names, listings
 from fixtures.hub.server import Hub, environment
 
@@ -45,8 +45,6 @@ FULL = [
 ]
 # SJD-PAC's own decoder on its table's target (2,353 tokens an image: slow on a CPU).
 MORE = [Case("lumina_mgpt_7b_768", "sjd_coco17_5k", "sjd_pac")]
-# Protocols that pin an image size run only the presets that make it; parti runs every text-to-image preset.
-SIZES = {"lantern_coco17_5k": 256, "llamagen_coco14_30k": 256, "sjd_coco17_5k": 768}
 
 
 def test_the_rehearsal_covers_every_real_preset_and_every_protocol_with_assets():
@@ -90,7 +88,7 @@ def _slow_cases() -> list[Case]:
         captions, size = _preset(preset)
         cases.append(Case(preset, None, drafting(preset)))
         for protocol in PROTOCOLS if captions else ():
-            if SIZES.get(protocol, size) == size:
+            if pinned_size(protocol) in (None, size):  # a protocol that pins a size runs the presets that make it
                 cases.append(Case(preset, protocol, drafting(preset)))
     return cases + MORE
 
