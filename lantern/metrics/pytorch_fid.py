@@ -93,8 +93,12 @@ class PytorchFIDInception:
         total = shared_features.count(images)
         with tqdm(total=total, desc="pytorch-fid", unit="img", disable=not progress, dynamic_ncols=True) as bar:
             for batch in iter_batches(images, batch_size):
-                pixels = torch.stack([torch.from_numpy(np.ascontiguousarray(im)).permute(2, 0, 1) for im in batch])
-                pool = net(pixels.to(device).float() / 255.0)[0]  # (B, 2048, 1, 1)
-                chunks.append(pool.squeeze(3).squeeze(2).cpu().numpy().astype(np.float64))
+                # Images of several sizes (a raw reference set: SJD's val2017) go one at a time, as pytorch-fid's
+                # batch 1 runs them; the network resizes each to 299 on its own, so batching changes nothing else.
+                groups = [batch] if len({im.shape for im in batch}) == 1 else [[im] for im in batch]
+                for group in groups:
+                    pixels = torch.stack([torch.from_numpy(np.ascontiguousarray(im)).permute(2, 0, 1) for im in group])
+                    pool = net(pixels.to(device).float() / 255.0)[0]  # (B, 2048, 1, 1)
+                    chunks.append(pool.squeeze(3).squeeze(2).cpu().numpy().astype(np.float64))
                 bar.update(len(batch))
         return np.concatenate(chunks)  # (N, 2048)
