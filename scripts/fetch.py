@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 
 from lantern import REPO_ROOT
-from lantern.cli.main import run_or_exit
+from lantern.cli.main import run_or_exit, use_cache_folder
 
 
 def compose_run_config(overrides: list[str]) -> dict:
@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> None:
         if unknown:
             raise ConfigError(f"unknown option {unknown[0]!r}; options: --list, --no-progress (and run.py overrides)")
         resolved = compose_run_config(overrides)
+        use_cache_folder(resolved)  # the hashes of what is fetched and checked, under paths.cache
         if show:
             print("\n".join(fetching.listing(resolved)))
         else:

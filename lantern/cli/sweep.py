@@ -7,6 +7,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from lantern.cli.main import use_cache_folder
 from lantern.cli.preflight import check_sweep_jobs
 from lantern.errors import ConfigError
 from lantern.files import write_json_atomic
@@ -45,6 +46,7 @@ class SweepTable(Callback):
         self._lock = None
 
     def on_multirun_start(self, config, **kwargs) -> None:
+        use_cache_folder(config)  # the jobs' preflight hashes the files it checks
         try:
             check_launcher(config)
             check_sweep_jobs(config)  # every job's config, before any folder is made
