@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 
@@ -35,6 +36,27 @@ TINY_WORDS = tuple(
     "watermark username blurry , .".split()
 )
 CODEBOOK_KEY = "vqmodel.quantize.embedding.weight"  # as transformers 5 stores it
+RESCALE = 1.0 / 0.00392156862745098  # postprocess's 1 / rescale_factor of the released preprocessor config (255.0)
+
+
+def release_pixels(images: torch.Tensor) -> torch.Tensor:
+    """VQ output (B, 3, H, W) ~[-1, 1] -> pixels (B, H, W, 3) uint8 as BAAI's processor and transformers'
+    ``Emu3ImageProcessor.postprocess`` make them from the released config (mean = std = 0.5, rescale 1/255):
+    ``(x + 1) / 2`` in fp32, times 255 in fp64 cast back to fp32, clipped to [0, 255] and truncated. This is
+    ``127.5 x + 127.5`` truncated, one level below LlamaGen's ``127.5 x + 128`` in about half the values."""
+    unit = (images.float() + 1.0) / 2.0  # (B, 3, H, W): the unnormalised image, in fp32 as numpy keeps it
+    pixels = (unit.double() * RESCALE).float().clamp(0.0, 255.0)  # numpy: fp64 product, fp32 result, then clip
+    return pixels.permute(0, 2, 3, 1).to(torch.uint8)  # truncation toward zero, as numpy's astype(uint8)
+
+
+@dataclass
+class Emu3Bundle(ModelBundle):
+    """A :class:`ModelBundle` whose pixels are the release's (:func:`release_pixels`)."""
+
+    @torch.inference_mode()
+    def decode_images(self, codes: torch.Tensor) -> torch.Tensor:
+        """Codes (B, N) -> pixels (B, H, W, 3) uint8, one image at a time (see :meth:`ModelBundle.decode_images`)."""
+        return torch.cat([release_pixels(self.vq.decode_codes(codes[i : i + 1])) for i in range(codes.shape[0])])
 
 
 def grid_of(target: Mapping, vq: Mapping) -> int:
@@ -73,7 +95,7 @@ def folder_parts(folder: str, target: Mapping, tokenizer) -> tuple[Emu3Config, M
 
 def random_bundle(
     name: str, target: Mapping, vq: Mapping, init_seed=0, device="cpu", dtype="float32", gpt_ckpt: str | None = None
-) -> ModelBundle:
+) -> Emu3Bundle:
     """The seeded random tiny Emu3 (no files): target, VQ and a word-level tokenizer over its vocabulary.
     ``gpt_ckpt`` (an HF folder of the same architecture and vocabulary), when given, replaces target and VQ."""
     device, dtype = resolve_device(device), resolve_dtype(dtype)
@@ -88,12 +110,12 @@ def random_bundle(
         model, state = hf.load_target(folder, config)
         vq_model = load_vq(folder_vq, state, folder_source(folder))
     conditioner = Emu3Conditioner.for_model(tokenizer, config, device=device)
-    return shared.finish_family_bundle(ModelBundle, name, model, vq_model, conditioner, device, dtype)
+    return shared.finish_family_bundle(Emu3Bundle, name, model, vq_model, conditioner, device, dtype)
 
 
 def load_bundle(
     name: str, gpt_ckpt: str | None, target: Mapping, device: str = "cpu", dtype: str = "float32"
-) -> ModelBundle:
+) -> Emu3Bundle:
     """An Emu3 target, its VQ and its tokenizer from one HF ``Emu3ForConditionalGeneration`` folder."""
     folder = shared.require_folder(
         gpt_ckpt, hf.ARCHITECTURE, "config.json, weights with model.vqmodel.*, tokenizer.json"
@@ -104,7 +126,7 @@ def load_bundle(
     model, state = hf.load_target(folder, config)
     vq_model = load_vq(vq, state, folder_source(folder))
     conditioner = Emu3Conditioner.for_model(tokenizer, config, device=device)
-    return shared.finish_family_bundle(ModelBundle, name, model, vq_model, conditioner, device, dtype)
+    return shared.finish_family_bundle(Emu3Bundle, name, model, vq_model, conditioner, device, dtype)
 
 
 # ----- drafters and neighbours -----------------------------------------------------------------------------
