@@ -156,9 +156,7 @@ def random_drafter(target, vq, init_seed=0, device="cpu", dtype="float32", path=
 def load_drafter(path, gpt_ckpt, target: Mapping, vq: Mapping, device="cpu", dtype="float32", name="anole_7b"):
     """The drafter at ``path`` for the target folder ``gpt_ckpt`` (whose ``config.json`` alone is read here):
     LANTERN's ``jadohu/anole_drafter`` folder or one ``scripts/train_drafter.py`` exported."""
-    require_drafter(
-        path, "LANTERN's jadohu/anole_drafter folder, or one scripts/train_drafter.py exported", "ar, sjd and gsd"
-    )
+    require_drafter(path, "LANTERN's jadohu/anole_drafter folder, or one scripts/train_drafter.py exported")
     require_folder(gpt_ckpt, hf.ARCHITECTURE)
     cls_token_num = checks.integer("model.cls_token_num", target["cls_token_num"], 2)
     config = hf.check_folder(gpt_ckpt, _grid(target, vq_config(vq)), cls_token_num)

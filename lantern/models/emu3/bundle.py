@@ -137,7 +137,7 @@ def random_drafter(target, vq, init_seed=0, device="cpu", dtype="float32", path=
 
 def load_drafter(path, gpt_ckpt, target: Mapping, device="cpu", dtype="float32", name="emu3_gen"):
     """The drafter at ``path`` for the target folder ``gpt_ckpt`` (its config.json and tokenizer.json read)."""
-    shared.require_drafter(path, "a drafter folder scripts/train_drafter.py exported", "ar, sjd, gsd and zipar")
+    shared.require_drafter(path, "a drafter folder scripts/train_drafter.py exported")
     folder = shared.require_folder(gpt_ckpt, hf.ARCHITECTURE)
     config, _ = folder_parts(folder, target, load_tokenizer(tokenizer_file(folder)))
     return load_drafter_for(path, config, name, device, dtype)

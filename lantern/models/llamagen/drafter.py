@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import torch
 
-from lantern.errors import ConfigError
+from lantern.models.bundle import require_drafter
 from lantern.models.devices import resolve_device, resolve_dtype
 from lantern.models.drafter import Drafter, DrafterConfig, load_drafter_for
 from lantern.models.llamagen import hf_layout
@@ -38,12 +38,11 @@ def load_drafter(
 ) -> Drafter:
     """Build the drafter for the LlamaGen target described by ``gpt``/``vq`` (model-config nodes) and load ``path``
     (:func:`~lantern.models.drafter.load_drafter_for`: a file or an HF-layout folder)."""
-    if path is None:
-        raise ConfigError(
-            "no drafter checkpoint given: pass model.drafter_ckpt=PATH (a drafter trained with "
-            "scripts/train_drafter.py, an HF-layout folder, or the LANTERN release's drafter for LlamaGen-XL t2i); "
-            "decoding=ar, sjd, gsd and zipar need no drafter"
-        )
+    require_drafter(
+        path,
+        "a drafter trained with scripts/train_drafter.py, an HF-layout folder, or the LANTERN release's drafter "
+        "for LlamaGen-XL t2i",
+    )
     target, _ = configs(gpt, vq)
     return load_drafter_for(path, target, gpt["preset"], device, dtype, norm_eps, condition_input)
 
