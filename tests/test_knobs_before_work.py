@@ -5,7 +5,7 @@ folder, and no weights read; the dry twins themselves read nothing."""
 from __future__ import annotations
 
 import pytest
-from helpers import run_in_process
+from helpers import REPO, run_in_process
 
 from lantern.cli.preflight import check_run_config
 from lantern.errors import ConfigError
@@ -74,3 +74,20 @@ def test_a_folder_preset_is_checked_without_its_folder_being_read(tmp_path):
     with pytest.raises(ConfigError, match="model.bundle.template='chat': expected one of janus_pro"):
         check_run_config(compose_config([*base, "decoding=ar", "model.bundle.template=chat"]))
     check_run_config(compose_config([*base, "decoding=ar"]))  # nothing in the folder is read by the preflight
+
+
+PRESETS = sorted(p.stem for p in (REPO / "conf" / "model").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("model", PRESETS)
+def test_every_presets_nodes_pass_their_dry_twins_as_shipped(tmp_path, model):
+    """The twins accept what every preset states (its files given as paths that exist: nothing is read), the GPU
+    check's ``timing`` node included, so a refusal is always about a value the user changed."""
+    from omegaconf import OmegaConf
+
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "file").write_bytes(b"")
+    raw = OmegaConf.to_container(compose_config([f"model={model}"]), resolve=False)["model"]
+    kinds = {"gpt_ckpt": "folder", "vq_ckpt": "file", "text_encoder_path": "folder", "drafter_ckpt": "folder"}
+    given = [f"model.{key}={tmp_path / kind}" for key, kind in kinds.items() if key in raw]
+    check_run_config(compose_config([f"model={model}", *given]))  # decoding=lantern: its drafter and codebook too
