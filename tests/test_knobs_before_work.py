@@ -11,7 +11,7 @@ from lantern.cli.preflight import check_run_config
 from lantern.errors import ConfigError
 from lantern.run.compose import compose_config
 
-WORLD = ("wandb.mode=disabled", "speedup_baseline=null", "num_images=2", "warmup=0")
+WORLD = ("wandb.mode=disabled", "speedup_baseline=null", "num_images=2", "warmup=0")  # num_images=1 overrides it
 
 
 @pytest.fixture
@@ -37,8 +37,9 @@ def no_weights(monkeypatch):
             "GPT vocabulary 4096 does not match the VQ codebook size 2048",
         ),
         (["model.drafter.condition_input=label"], "model.drafter.condition_input='label': expected one of"),
+        (["metrics=world", "num_images=1"], "num_images=1: metrics.fid needs at least 2 images"),
     ],
-    ids=["fid-batch", "clip-batch", "text-length", "vocabulary", "drafter-input"],
+    ids=["fid-batch", "clip-batch", "text-length", "vocabulary", "drafter-input", "too-few-for-fid"],
 )
 def test_a_bad_knob_is_refused_before_any_weights_are_read(tmp_path, monkeypatch, no_weights, overrides, expected):
     status, out, err = run_in_process(overrides, tmp_path / "run", monkeypatch, base=WORLD)

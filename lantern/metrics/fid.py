@@ -347,6 +347,8 @@ class FID:
         self.extractor = SharedInception(device) if extractor is None else extractor
         self._reference = None
 
+    min_images = 2  # a covariance needs two feature vectors (the preflight compares num_images)
+
     def check(self, prompts: Sequence, labels: Sequence[int] | None = None) -> None:
         """Before the first image: the feature network loads and the reference set is there (a folder
         must hold PNGs); the reference is kept for :meth:`__call__`."""

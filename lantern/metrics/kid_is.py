@@ -99,6 +99,8 @@ class _InceptionMetric:
 class KID(_InceptionMetric):
     """The run's ``kid`` (and ``kid_std``, ``kid_ci``) against a reference set's Inception features."""
 
+    min_images = 2  # the unbiased MMD needs two images on each side (the preflight compares num_images)
+
     def __init__(
         self,
         reference_name: str,
@@ -182,6 +184,11 @@ class InceptionScore(_InceptionMetric):
     """The run's ``inception_score`` (and ``inception_score_std``, ``_ci``) from the shared Inception pass."""
 
     owner = "inception_score"
+
+    @property
+    def min_images(self) -> int:
+        """One image in each of the ``splits`` chunks (the preflight compares num_images)."""
+        return self.splits
 
     def __init__(
         self,

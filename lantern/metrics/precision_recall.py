@@ -168,6 +168,7 @@ class PrecisionRecall:
         extractor=None,
     ) -> None:
         self.k = checks.capped("metrics.precision_recall.k", k, 1, MAX_K, note="nearest neighbours of each image")
+        self.min_images = self.k + 1  # each image's k-th neighbour among the others (the preflight compares)
         self.inclusive = checks.flag("metrics.precision_recall.inclusive", inclusive)
         self.reference = reference
         self.reference_name = knobs.name("metrics.precision_recall.reference_name", reference_name)

@@ -113,6 +113,10 @@ def dry_model_and_metrics(resolved: dict) -> None:
     reads = any(isinstance((d or {}).get("acceptance"), dict) and "neighbours" in d["acceptance"] for d in decoders)
     if reads and isinstance(neighbours.get("codebook"), dict):
         dry_instantiate(neighbours["codebook"], "model.neighbours.codebook")
+    count = resolved.get("num_images")
     for name, node in (resolved.get("metrics") or {}).items():
-        if isinstance(node, dict):
-            dry_instantiate(node, f"metrics.{name}")
+        if not isinstance(node, dict):
+            continue
+        least = getattr(dry_instantiate(node, f"metrics.{name}"), "min_images", 1)  # what the figure needs
+        if isinstance(count, int) and count < least:
+            raise ConfigError(f"num_images={count}: metrics.{name} needs at least {least} images (or metrics=none)")
