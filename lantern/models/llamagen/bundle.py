@@ -65,7 +65,10 @@ def dry_config(prefix: str) -> Callable[[Mapping], GPTConfig]:
         overrides_of(f"{prefix}.gpt", gpt, (f.name for f in fields(GPTConfig)))
         overrides_of(f"{prefix}.vq", vq, (f.name for f in fields(VQConfig)))
         gpt_cfg, vq_cfg = configs(gpt, vq)
-        _check_vocabulary(gpt_cfg, vq_cfg)
+        try:
+            _check_vocabulary(gpt_cfg, vq_cfg)
+        except ConfigError as exc:
+            raise ConfigError(f"{prefix}.gpt: {exc}") from None
         return gpt_cfg
 
     return config_of
