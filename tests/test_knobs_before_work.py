@@ -92,3 +92,18 @@ def test_every_presets_nodes_pass_their_dry_twins_as_shipped(tmp_path, model):
     kinds = {"gpt_ckpt": "folder", "vq_ckpt": "file", "text_encoder_path": "folder", "drafter_ckpt": "folder"}
     given = [f"model.{key}={tmp_path / kind}" for key, kind in kinds.items() if key in raw]
     check_run_config(compose_config([f"model={model}", *given]))  # decoding=lantern: its drafter and codebook too
+
+
+def forbidden_loader(**knobs):
+    raise AssertionError("a loader without a dry twin was run by the preflight")
+
+
+def test_a_model_loader_without_a_dry_twin_is_never_run_by_the_preflight():
+    """A family that adds a loader and no twin is checked when it loads, not loaded twice; a metric's constructor
+    (which reads nothing) is run."""
+    from lantern.run.dry_build import dry_instantiate
+
+    node = {"_target_": f"{__name__}.forbidden_loader", "size": 3, "part": {"_target_": f"{__name__}.forbidden_loader"}}
+    assert dry_instantiate(node, "model.bundle", twins_only=True) is None
+    with pytest.raises(AssertionError, match="without a dry twin"):
+        dry_instantiate(node, "metrics.mine")

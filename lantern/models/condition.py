@@ -65,6 +65,9 @@ class ClassConditioner:
         return Condition(values, torch.ones(len(prompts), 1, dtype=torch.bool, device=self.device))
 
 
+ClassConditioner.dry = ClassConditioner  # building one reads nothing: it is its own dry twin (lantern.models.dry)
+
+
 class TextConditioner:
     """Caption prompts for text-conditional models, encoded by a :class:`TextEncoder` (left-padded)."""
 

@@ -5,7 +5,9 @@ The twin takes the loader's arguments, reads no weights and builds no module: it
 (:data:`SIZES`), checks that the paths it is given exist, refuses a missing drafter where one is needed, and builds
 the family's config dataclasses, so the relations between sizes (heads that split the width, a grid that divides
 the image, a vocabulary that matches the codebook) are checked as the loader would check them.
-``lantern.run.dry_build`` calls the twins of a run's model and metric nodes from the preflight.
+``lantern.run.dry_build`` calls the twins of a run's model and metric nodes from the preflight. A model node whose
+loader has no twin is not called there at all (its knobs are then checked only when it loads): a new family's
+loaders declare theirs, as the families here do (a class that reads nothing, like ``ClassConditioner``, is its own).
 """
 
 from __future__ import annotations

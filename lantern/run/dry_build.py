@@ -51,19 +51,23 @@ def dry_build(resolved: dict) -> None:
     dry_model_and_metrics(resolved)
 
 
-def dry_instantiate(node, key: str):
+def dry_instantiate(node, key: str, twins_only: bool = False):
     """``node`` (a resolved config node at ``key``) built as Hydra builds it, but with each target that has a dry
-    twin (``.dry``, :mod:`lantern.models.dry`) replaced by it: nothing read, no weights. A bad knob is the
-    ConfigError its twin or constructor raises; a target that does not import is one naming its key."""
+    twin (``.dry``, :mod:`lantern.models.dry`) replaced by it: nothing read, no weights. ``twins_only`` (the model's
+    nodes, whose loaders read weights): a target without a twin is not called at all (a loader a family added
+    without one is checked when it loads, never run twice). A bad knob is the ConfigError its twin or
+    constructor raises; a target that does not import is one naming its key."""
     import functools
 
     from hydra.utils import get_object
 
     if isinstance(node, list):
-        return [dry_instantiate(value, f"{key}[{i}]") for i, value in enumerate(node)]
+        return [dry_instantiate(value, f"{key}[{i}]", twins_only) for i, value in enumerate(node)]
     if not isinstance(node, dict):
         return node
-    values = {name: dry_instantiate(value, f"{key}.{name}") for name, value in node.items() if name[:1] != "_"}
+    values = {
+        name: dry_instantiate(value, f"{key}.{name}", twins_only) for name, value in node.items() if name[:1] != "_"
+    }
     target = node.get("_target_")
     if target is None:
         return values
@@ -71,8 +75,10 @@ def dry_instantiate(node, key: str):
         found = get_object(str(target))
     except Exception:  # noqa: BLE001 - Hydra raises several kinds for a name that does not import
         raise ConfigError(f"{key}._target_={target!r}: not an importable class or function") from None
-    build = getattr(found, "dry", found)
-    args = [dry_instantiate(value, f"{key}._args_") for value in node.get("_args_") or ()]
+    build = getattr(found, "dry", None if twins_only else found)
+    if build is None:
+        return functools.partial(_unchecked) if node.get("_partial_") else None
+    args = [dry_instantiate(value, f"{key}._args_", twins_only) for value in node.get("_args_") or ()]
     try:
         if not node.get("_partial_"):
             return build(*args, **values)
@@ -81,6 +87,11 @@ def dry_instantiate(node, key: str):
     except ConfigError as exc:
         raise ConfigError(_qualified(str(exc), key, values)) from None
     return functools.partial(build, *args, **values)
+
+
+def _unchecked(*args, **kwargs) -> None:
+    """What a partial node without a dry twin becomes in a model's dry build: nothing is called."""
+    return None
 
 
 def _qualified(message: str, key: str, values: dict) -> str:
@@ -108,11 +119,11 @@ def dry_model_and_metrics(resolved: dict) -> None:
     if any(isinstance(d, dict) and "drafter" in d for d in decoders) and isinstance(model.get("drafter"), dict):
         nodes.append("drafter")
     for name in nodes:
-        dry_instantiate(model[name], f"model.{name}")
+        dry_instantiate(model[name], f"model.{name}", twins_only=True)
     neighbours = model.get("neighbours") or {}
     reads = any(isinstance((d or {}).get("acceptance"), dict) and "neighbours" in d["acceptance"] for d in decoders)
     if reads and isinstance(neighbours.get("codebook"), dict):
-        dry_instantiate(neighbours["codebook"], "model.neighbours.codebook")
+        dry_instantiate(neighbours["codebook"], "model.neighbours.codebook", twins_only=True)
     count = resolved.get("num_images")
     for name, node in (resolved.get("metrics") or {}).items():
         if not isinstance(node, dict):
