@@ -70,7 +70,7 @@ def test_a_folder_preset_is_checked_without_its_folder_being_read(tmp_path):
     base = ["model=janus_pro_1b", f"model.gpt_ckpt={folder}", "decoding=lantern"]
     with pytest.raises(ConfigError, match="no drafter checkpoint given: .* sjd_pac, sjd_pp and zipar need no drafter"):
         check_run_config(compose_config(base))
-    with pytest.raises(ConfigError, match=r"model.drafter.path='.*nowhere': expected an existing file or folder"):
+    with pytest.raises(ConfigError, match=r"model.drafter_ckpt='.*nowhere': expected an existing file or folder"):
         check_run_config(compose_config([*base, f"model.drafter_ckpt={tmp_path / 'nowhere'}"]))
     with pytest.raises(ConfigError, match="model.bundle.template='chat': expected one of janus_pro"):
         check_run_config(compose_config([*base, "decoding=ar", "model.bundle.template=chat"]))
