@@ -24,7 +24,7 @@ from __future__ import annotations
 import sys
 
 from lantern import REPO_ROOT
-from lantern.cli.main import run_or_exit
+from lantern.cli.main import run_or_exit, use_cache_folder
 
 
 def compose_run_config(overrides: list[str]) -> dict:
@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> None:
             )
         urls.set_timeouts(**_timeouts(timed))
         resolved = compose_run_config(overrides)
+        use_cache_folder(resolved)  # the hashes of what is fetched and checked, under paths.cache
         if show:
             print("\n".join(fetching.listing(resolved)))
         else:

@@ -6,6 +6,7 @@ the prefix-constrained image syntax), and the VQ decodes as their ``decode_image
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from family_helpers import check_greedy_chain_equals_ar_in_one_graph
@@ -125,6 +126,38 @@ def test_vq_decode_equals_emu3forconditionalgenerations_decode_image_tokens(emu3
     assert ours.shape == (2, 3, PIXELS, PIXELS)
     assert torch.equal(ours, theirs)
     assert torch.equal(model_bundle.codebook(), reference.model.vqmodel.quantize.embedding.weight)
+
+
+def released_postprocess(images: torch.Tensor) -> np.ndarray:
+    """transformers' Emu3ImageProcessor.postprocess with the released preprocessor config (BAAI/Emu3-Gen-hf,
+    BAAI/Emu3-VisionTokenizer: mean = std = 0.5, rescale_factor 1/255), as their generation example calls it."""
+    processor = transformers.Emu3ImageProcessor(
+        image_mean=[0.5] * 3, image_std=[0.5] * 3, rescale_factor=0.00392156862745098
+    )
+    made = processor.postprocess(list(images.float()), return_tensors="PIL.Image.Image")["pixel_values"]
+    return np.stack([np.asarray(image) for image in made])  # (B, H, W, 3) uint8
+
+
+def test_pixels_equal_the_released_postprocess_on_random_values():
+    from lantern.models.bundle import to_uint8
+
+    generator = torch.Generator().manual_seed(0)
+    images = torch.rand(4, 3, 16, 16, generator=generator) * 2.6 - 1.3  # (B, 3, H, W), past [-1, 1] both ways
+    images[0, 0, 0, :4] = torch.tensor([-1.0, 1.0, 0.0, -1 / 255])  # the ends, the middle, a level's edge
+    theirs = released_postprocess(images)
+    assert theirs.shape == (4, 16, 16, 3) and theirs.dtype == np.uint8
+    assert np.array_equal(bundle.release_pixels(images).numpy(), theirs)
+    unsaturated = (images.abs() < 1).permute(0, 2, 3, 1).numpy()
+    off = (to_uint8(images).numpy().astype(int) - theirs)[unsaturated]  # LlamaGen's rounding: one level above
+    assert set(np.unique(off)) <= {0, 1} and 0.3 < off.mean() < 0.7, off.mean()
+
+
+@torch.inference_mode()
+def test_the_bundles_pngs_are_the_released_postprocess_of_their_decode(emu3):
+    reference, model_bundle, _ = emu3
+    codes = torch.randint(0, CODES, (2, GRID * GRID), generator=torch.Generator().manual_seed(5))
+    decoded = reference.model.decode_image_tokens(model_bundle.target.image_stream(codes), height=GRID, width=GRID)
+    assert np.array_equal(model_bundle.decode_images(codes).numpy(), released_postprocess(decoded))
 
 
 def test_prompts_follow_baais_template_and_the_negative_prompt_is_cfgs_context(emu3):

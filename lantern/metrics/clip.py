@@ -30,6 +30,7 @@ import torch
 from lantern import checks
 from lantern.errors import CheckpointError, ConfigError, LanternError
 from lantern.files import note_input
+from lantern.metrics import knobs
 from lantern.metrics.bootstrap import MEAN_RESAMPLES, interval_settings, mean_fields
 from lantern.metrics.features import run_images
 from lantern.models.checkpoint import unreadable_reason
@@ -156,8 +157,8 @@ class CLIPScore:
     ):
         if convention not in CONVENTIONS:
             raise checks.refuse("metrics.clip.convention", convention, "one of " + ", ".join(CONVENTIONS))
-        self.pretrained, self.model, self.convention = pretrained, model, convention
-        self.model_config, self.batch_size, self.device = model_config, batch_size, device
+        self.pretrained, self.model, self.convention = pretrained, knobs.name("metrics.clip.model", model), convention
+        self.model_config, self.batch_size, self.device = model_config, knobs.batch_size("clip", batch_size), device
         self.interval_resamples, self.interval_seed = interval_settings(interval_resamples, interval_seed, "clip")
         self._loaded = None
 
@@ -214,3 +215,6 @@ class CLIPScore:
             "clip_convention": self.convention,
             "clip_model": self.model,
         }
+
+
+CLIPScore.dry = knobs.dry_metric(CLIPScore, "clip", files=("pretrained", "model_config"))

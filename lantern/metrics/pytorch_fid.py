@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from lantern.errors import CheckpointError, ConfigError
 from lantern.metrics import features as shared_features
+from lantern.metrics import knobs
 from lantern.metrics.features import ImageSource, iter_batches
 from lantern.models.checkpoint import read_state_dict
 from lantern.models.devices import resolve_device
@@ -102,3 +103,6 @@ class PytorchFIDInception:
                     chunks.append(pool.squeeze(3).squeeze(2).cpu().numpy().astype(np.float64))
                 bar.update(len(batch))
         return np.concatenate(chunks)  # (N, 2048)
+
+
+PytorchFIDInception.dry = knobs.dry_metric(PytorchFIDInception, "fid.extractor", files=("weights",))
