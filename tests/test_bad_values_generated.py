@@ -123,7 +123,7 @@ CASES = generated_cases()
 def stand_ins(folder: Path) -> dict[str, str]:
     """Files in the formats the metric and protocol options read, for their mandatory paths (``???``) and the
     asset places their presets point at: a weights file, an image folder, COCO captions, a PartiPrompts TSV, a
-    caption file."""
+    caption file, and the papers' own lists (LANTERN's JSON list, LlamaGen's CSV)."""
     (folder / "images").mkdir()
     (folder / "images" / "000000.png").write_bytes(b"")  # never opened: a dry build only stats paths
     (folder / "weights.pt").write_bytes(b"stand-in weights")
@@ -131,10 +131,15 @@ def stand_ins(folder: Path) -> dict[str, str]:
     (folder / "captions.json").write_text(json.dumps({"annotations": annotations}))
     (folder / "captions.txt").write_text("a white sneaker\na long dress\n")
     (folder / "parti.tsv").write_text("Prompt\tCategory\n" + "".join(f"prompt {i}\tAnimals\n" for i in range(8)))
+    (folder / "longest.json").write_text(json.dumps([f"a photo of thing {i}" for i in range(8)]))
+    (folder / "coco_captions.csv").write_text("Prompt\n" + "".join(f"a photo of thing {i}\n" for i in range(8)))
     return {kind: str(folder / name) for kind, name in (("file", "weights.pt"), ("folder", "images"))} | {
         "lantern.run.prompts.coco_captions": str(folder / "captions.json"),
         "lantern.run.prompts.parti_prompts": str(folder / "parti.tsv"),
         "lantern.run.prompts.caption_file": str(folder / "captions.txt"),
+        "lantern.run.paper_prompts.json_list": str(folder / "longest.json"),
+        "lantern.run.paper_prompts.llamagen_csv": str(folder / "coco_captions.csv"),
+        "lantern.run.paper_prompts.coco_paper_captions": str(folder / "captions.json"),
     }
 
 
