@@ -24,6 +24,7 @@ own k nearest neighbours (repeats included), and shifted to the estimate
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -73,7 +74,11 @@ class VGG16Features:
     def __init__(self, weights: str, layer: str = "fc2", device: str = "cpu") -> None:
         self.weights, self.device = weights, device
         self.layer = checks.choice("metrics.precision_recall.layer", layer, LAYERS)
-        self.net_id = f"vgg16-{self.layer}-pil-bilinear-{VGG_SIZE}"
+
+    @functools.cached_property
+    def net_id(self) -> str:
+        """The network, layer, preprocessing and the weights' digest (the feature cache's key)."""
+        return shared_features.weights_net_id(f"vgg16-{self.layer}-pil-bilinear-{VGG_SIZE}", self.weights)
 
     def network(self) -> torch.nn.Module:
         """The loaded network (CheckpointError naming the file if it is not torchvision's VGG16)."""

@@ -13,6 +13,7 @@ Unlike clean-fid's, this resize aliases when it shrinks large images, which is w
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -72,10 +73,13 @@ def build_network(weights: str | os.PathLike, device: str | torch.device = "cpu"
 class PytorchFIDInception:
     """pytorch-fid's features as a lazy extractor (loaded once per process, path and device)."""
 
-    net_id = NET_ID
-
     def __init__(self, weights: str, device: str = "cpu") -> None:
         self.weights, self.device = weights, device
+
+    @functools.cached_property
+    def net_id(self) -> str:
+        """The network, its preprocessing and its weights' digest (the caches' key)."""
+        return shared_features.weights_net_id(NET_ID, self.weights)
 
     def network(self) -> torch.nn.Module:
         device = resolve_device(self.device) if isinstance(self.device, str) else torch.device(self.device)
