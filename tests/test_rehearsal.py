@@ -54,13 +54,9 @@ def test_the_rehearsal_covers_every_real_preset_and_every_protocol_with_assets()
     assert {case.preset for case in SLOW} == set(REAL)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sjd_coco17_5k pins Lumina-mGPT's 768 px; Emu3-Gen makes 720 px, so SJD-PAC's Emu3 table is refused",
-)
 def test_sjd_pacs_emu3_table_composes_under_its_protocol():
     """``+experiment=sjd_pac_table model=emu3_gen`` (docs/gpu_quickstart.md): the protocol must admit the model's
-    image size, or the run stops at its preflight. Known to fail until the protocol states the size per model."""
+    image size (Emu3-Gen: 720 px), or the run stops at its preflight."""
     resolved = compose(["+experiment=sjd_pac_table", "model=emu3_gen", "published.model=Emu3"])
     assert resolved["protocol"]["image"]["size"] in (None, resolved["model"]["image_size"])
 
