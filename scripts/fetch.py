@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def task() -> None:
         from lantern.errors import ConfigError
-        from lantern.run.assets import fetching, urls
+        from lantern.run.assets import fetching, listing, urls
 
         if unknown:
             raise ConfigError(
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
         resolved = compose_run_config(overrides)
         use_cache_folder(resolved)  # the hashes of what is fetched and checked, under paths.cache
         if show:
-            print("\n".join(fetching.listing(resolved)))
+            print("\n".join(listing.listing(resolved)))
         else:
             fetching.fetch(resolved, progress=not quiet)
 

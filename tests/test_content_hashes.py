@@ -157,9 +157,8 @@ def test_a_protocols_prompt_file_edited_in_place_is_refused_or_recorded_anew(tmp
     from lantern.metrics.protocol import Protocol, prompt_list_sha256
     from lantern.run.compose import compose_config
 
-    captions = tmp_path / "captions_val2017.json"
-    annotations = [{"image_id": i, "id": i, "caption": f"a photo of thing {i}"} for i in range(4)]
-    captions.write_text(json.dumps({"annotations": annotations}))
+    captions = tmp_path / "captions_val2017_longest.json"  # LANTERN's published list: a JSON list of captions
+    captions.write_text(json.dumps([f"a photo of thing {i}" for i in range(4)]))
     reference = tmp_path / "reference"
     reference.mkdir()
     for i in range(3):

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from fetch_helpers import BIG, COMMIT, FILES, REPO, Handler, serving, sha
 
-from lantern.run.assets import fetching
+from lantern.run.assets import fetching, listing
 from lantern.run.assets.store import AssetError
 
 
@@ -78,7 +78,7 @@ def setup(tmp_path, server, monkeypatch):
 
 def test_fetch_lists_downloads_verifies_and_locks(setup):
     root, server = setup
-    lines = fetching.listing(resolved(root))
+    lines = listing.listing(resolved(root))
     assert len(lines) == 5 and all("missing" in line for line in lines[1:])
     assert any("hf://org/weights@main/model.bin" in line for line in lines)
     fetching.fetch(resolved(root), say=lambda _: None, progress=False)
@@ -90,7 +90,7 @@ def test_fetch_lists_downloads_verifies_and_locks(setup):
     assert lock["derived/a.txt"]["recipe"] and lock["derived/a.txt"]["inputs"] == {
         "data": lock["plain/data.zip"]["sha256"]
     }
-    assert all("present" in line for line in fetching.listing(resolved(root))[1:])
+    assert all("present" in line for line in listing.listing(resolved(root))[1:])
     served = len(server.served)
     fetching.fetch(resolved(root), say=lambda _: None, progress=False)  # everything there: nothing downloaded
     assert len(server.served) == served

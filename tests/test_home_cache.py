@@ -50,7 +50,8 @@ class Hub(http.server.BaseHTTPRequestHandler):
         pass
 
     def _answer(self, body: bool) -> None:
-        data = FILES.get(self.path.split("?")[0])
+        path = self.path.split("?")[0].replace(f"/resolve/{COMMIT}/", "/resolve/main/")  # main's one commit
+        data = FILES.get(path)
         self.send_response(200 if data is not None else 404)
         data = data or b""
         self.send_header("Content-Length", str(len(data)))

@@ -157,7 +157,7 @@ def test_every_real_preset_lists_only_what_its_replicas_hold_and_fetches(tmp_pat
     completes into an empty store (in this process: the scripts' own functions, one preset after another)."""
     from huggingface_hub import constants
 
-    from lantern.run.assets import fetching
+    from lantern.run.assets import fetching, listing
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
@@ -175,7 +175,7 @@ def test_every_real_preset_lists_only_what_its_replicas_hold_and_fetches(tmp_pat
             for rev in (r.commit, *r.branches)
             for name in r.files
         }
-        for line in fetching.listing(resolved)[1:]:
+        for line in listing.listing(resolved)[1:]:
             source = line.split(" | ")[0].split(": ", 1)[1]
             assert source.startswith(("recipe ", "http://127.0.0.1")) or source in served or "<" in source, (
                 preset,

@@ -1,6 +1,7 @@
 """Before a run does any work: every asset it reads at its registry place is there and matches its verified
-pins and lock entry (hashes are remembered by size and mtime, :func:`lantern.files.sha256_cached`, so a large file
-is hashed once). The loaders then record the same sha256 of every file they read in the run's record."""
+pins and lock entry (a hash is remembered under the file's size, times and inode and trusted only while a
+digest of sampled blocks of its bytes still matches, :func:`lantern.files.sha256_cached`, so a large file is hashed
+once). The loaders then record the same sha256 of every file they read in the run's record."""
 
 from __future__ import annotations
 

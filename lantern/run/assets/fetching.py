@@ -40,13 +40,6 @@ def plan(resolved: dict) -> tuple[Path, list[Asset]]:
     return Path(root), with_inputs([asset for _, asset in needed(resolved, registry)], registry)
 
 
-def listing(resolved: dict) -> list[str]:
-    """One line per file: asset, source, size, pin, destination, and whether it is there (no network)."""
-    from lantern.run.assets.listing import lines
-
-    return lines(*plan(resolved))
-
-
 def _holding(root: Path, say: Say) -> FolderLock:
     try:
         return FolderLock(root, what="asset folder").acquire()

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from lantern.run.assets.fetching import files_of, pinned
+from lantern.run.assets.fetching import files_of, pinned, plan
 from lantern.run.assets.registry import Asset, AssetFile
 from lantern.run.assets.store import Lock, expected
 
@@ -123,3 +123,8 @@ def lines(root: Path, assets: list[Asset]) -> list[str]:
             f"  {row.asset}: {source} | {row.size} | {row.pin} | {root / row.relative} | {there} | {row.licence}"
         )
     return text
+
+
+def listing(resolved: dict) -> list[str]:
+    """One line per file: asset, source, size, pin, destination, and whether it is there (no network)."""
+    return lines(*plan(resolved))
