@@ -92,7 +92,7 @@ class FrozenRelaxation(NeighbourRelaxation):
 class FrozenComposed(Composed):
     """``Composed`` at 4df88c0."""
 
-    def node(self, p, tokens, valid, q, u, noise, sampling, audit=True, relaxed=None) -> NodeOutcome:
+    def node(self, p, tokens, valid, q, u, noise, sampling, audit=True, relaxed=None, depth=None) -> NodeOutcome:
         if relaxed is None:
             relaxed = self.relax(p, tokens, valid, q)
         drawn = race(relaxed.target, noise, sampling)  # (R,) y ~ p' (the argmax when greedy)
@@ -111,8 +111,10 @@ class FrozenComposed(Composed):
 class FrozenReference(LanternReference):
     """``LanternReference.node`` and its sampled TV audit at 4df88c0 (the rest, unchanged, is inherited)."""
 
-    def node(self, p, tokens, valid, q, u, noise, sampling: SamplingConfig, audit: bool = True) -> NodeOutcome:
-        """Siblings in order on the modified distribution (see the module docstring)."""
+    def node(
+        self, p, tokens, valid, q, u, noise, sampling: SamplingConfig, audit: bool = True, depth=None
+    ) -> NodeOutcome:
+        """Siblings in order on the modified distribution (see the module docstring); ``depth`` is not read."""
         if self.candidates == "sampled":
             return self._sampled(p, tokens, valid, q, u, audit)
         # Deterministic (the greedy walk goes through :meth:`select_path` instead). On the all-reject

@@ -99,6 +99,8 @@ def test_ar_and_the_reference_at_delta_zero_on_a_chain_are_lossless(world):
 CLAIMS = {  # what each shipped decoder config claims with its defaults; a new config must be added here
     "ar": True,
     "eagle": True,
+    "cool_sd": False,
+    "entropy_aware": False,
     "sjd": True,
     "lantern": False,
     "lantern_pp": False,

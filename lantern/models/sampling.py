@@ -3,6 +3,12 @@
 Order (as in LlamaGen): CFG on fp32 logits, then temperature, then top-k, then top-p, then softmax.
 Temperature 0 means greedy: the distribution is one-hot at the argmax, so every consumer (AR
 sampling, acceptance rules) treats greedy as sampling from a degenerate distribution.
+
+``entropy_temperature`` (Ma et al., NeurIPS 2025, arXiv 2510.09012; krennic999/ARsample ``sample``): a
+temperature per position driven by the entropy ``H`` (nats) of the filtered law, ``T = temperature * (t0
+exp(-H / alpha) + theta)``; as released, top-k and top-p then run first (at temperature 1), the entropy is
+measured on what they keep, and the temperature divides the kept logits. It changes the target's law for every
+decoder alike (AR too), so it is a sampling setting, recorded with the others.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ class SamplingConfig:
     cfg_scale: float = 1.0
     cfg_interval: int = -1
     cfg_below_one: str = "conditional"
+    entropy_temperature: tuple[float, float, float] | None = None  # (t0, alpha, theta); None: off
 
     def __post_init__(self):
         # Integral floats from the command line become ints (torch.topk needs an int).
@@ -46,6 +53,7 @@ class SamplingConfig:
             "cfg_interval": checks.integer("cfg_interval", self.cfg_interval, -1, note="-1 = guide every token"),
             "cfg_below_one": checks.choice("cfg_below_one", self.cfg_below_one, CFG_BELOW_ONE),
         }
+        values["entropy_temperature"] = _entropy_temperature(self.entropy_temperature)
         for name, value in values.items():
             object.__setattr__(self, name, value)
 
@@ -69,6 +77,23 @@ class SamplingConfig:
         """Whether token ``step`` (0 = the token sampled from the prefill) is guided."""
         last = self.last_guided_token
         return self.uses_cfg and (last is None or step <= last)
+
+
+ENTROPY_TEMPERATURE = (2.5, 3.0, 0.6)  # ARsample's sample(): 2.5 * exp(-H / 3) + 0.6
+
+
+def _entropy_temperature(value) -> tuple[float, float, float] | None:
+    """``(t0, alpha, theta)`` as floats, t0 >= 0, alpha > 0, theta > 0 (so the temperature stays positive)."""
+    if value is None:
+        return None
+    note = "(t0, alpha, theta): T = temperature * (t0 exp(-H / alpha) + theta); the release: [2.5, 3.0, 0.6]"
+    items = list(value) if isinstance(value, (list, tuple)) or hasattr(value, "__len__") else None
+    if items is None or isinstance(value, str) or len(items) != 3 or not all(checks.is_number(v) for v in items):
+        raise checks.refuse("entropy_temperature", value, "null or three numbers [t0, alpha, theta]", note)
+    t0 = checks.real("entropy_temperature[0]", items[0], 0, 1e3, note=note)
+    alpha = checks.real("entropy_temperature[1]", items[1], 0, 1e3, low_open=True, note=note)
+    theta = checks.real("entropy_temperature[2]", items[2], 0, 1e3, low_open=True, note=note)
+    return (t0, alpha, theta)
 
 
 def combine_cfg(logits: torch.Tensor, scale: float) -> torch.Tensor:
@@ -123,8 +148,21 @@ def probabilities(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
     """
     if config.greedy:
         return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    if config.entropy_temperature is not None:
+        return entropy_tempered(logits, config)
     logits = filter_logits(logits / config.temperature, config.top_k, config.top_p)
     return logits.softmax(-1)
+
+
+def entropy_tempered(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    """The entropy-driven temperature's law (..., V): top-k/top-p at temperature 1, then ``T = temperature * (t0
+    exp(-H / alpha) + theta)`` per position from the entropy ``H`` of what they keep (ARsample's ``sample``)."""
+    t0, alpha, theta = config.entropy_temperature
+    kept = filter_logits(logits, config.top_k, config.top_p)  # (..., V)
+    law = kept.softmax(-1)
+    entropy = -torch.special.xlogy(law, law).sum(-1, keepdim=True)  # (..., 1) nats
+    temperature = config.temperature * (t0 * torch.exp(-entropy / alpha) + theta)
+    return (kept / temperature).softmax(-1)
 
 
 def verification_probabilities(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:

@@ -32,6 +32,7 @@ JOIN_KEYS = (
     ("top_p", "record"),
     ("cfg_scale", "record"),
     ("cfg_interval", "record"),
+    ("entropy_temperature", "record"),  # null or absent: off
     ("dtype", "record"),
     ("compile", "record"),
     ("attention", "config"),

@@ -25,6 +25,10 @@ Version 5 adds the reference-grade AR beside the engine-grade one (:mod:`lantern
 ``baseline_cost_s`` (what timing each baseline cost outside the decoder's steps). ``speedup`` stays the
 speed-up over the engine-grade AR (ours, compiled like the decoder), as in every earlier version; a record
 of an older version reads with these fields absent.
+Version 6 adds ``entropy_temperature`` (``[t0, alpha, theta]`` of the entropy-driven temperature, or null: off;
+a setting, joined on like ``temperature``) and the Jacobi decoders' ``settings.acceptance`` (the window test's
+name: ``exact``, ``greedy``, ``gsd``, ``entropy_aware``); older records read with ``entropy_temperature`` null
+and their window test named from ``settings.grouping``.
 """
 
 from __future__ import annotations
@@ -41,8 +45,8 @@ from lantern.decoding.api import DecoderSettings, settings_from_json, settings_f
 from lantern.errors import LanternError
 from lantern.files import write_json_atomic
 
-SCHEMA_VERSION = 5
-KNOWN_VERSIONS = (0, 1, 2, 3, 4, 5)
+SCHEMA_VERSION = 6
+KNOWN_VERSIONS = (0, 1, 2, 3, 4, 5, 6)
 SETTINGS_REQUIRED = 4  # the first version whose records must carry the decoder's typed settings
 LOSSY_UNMEASURED = "lossy, TV not measured"  # the record's and tables' words for a lossy run without a TV
 RECORD_NAME = "metrics.json"
@@ -75,6 +79,7 @@ class RunRecord(BaseModel):
     top_p: float
     cfg_scale: float
     cfg_interval: float | None = None
+    entropy_temperature: list[float] | None = None  # [t0, alpha, theta] of the entropy-driven temperature; null: off
     dtype: str | None = None  # the target's weights
     inputs: dict[str, dict[str, Any]] | None = None  # every file read: path -> role, sha256, bytes
     tokens_per_image: int | None = None

@@ -8,7 +8,9 @@ the relaxation fixes the law ``p'`` the node samples from before anything random
 test is lossless for ``p'``. A rule that chooses among whole paths instead (the authors' greedy LANTERN)
 sets the optional :attr:`Rule.walk` hook, and the walk asks it once per step. A rule whose law at a node
 is fixed before the walk reaches it sets :attr:`Rule.relax`: a walk that knows which node every level
-tests (a chain) may then relax all of them in one call and hand each level its row.
+tests (a chain) may then relax all of them in one call and hand each level its row. Every call also says the
+draft depth of the candidates it tests (``depth`` (R,): 0 for a step's first draft token), which a rule whose
+law changes with depth (Cool-SD's annealed weights) reads and every other rule ignores.
 
 Configs build a :class:`RuleSpec` (``lantern.rules.factory``); a decoder asks it for the rule of the
 candidates it drafts (``sampled``, ``deterministic`` or ``greedy``) and for the settings its records keep.
@@ -90,8 +92,8 @@ class Rule(Protocol):
     candidates: str  # the kind of candidates it tests: sampled, deterministic or greedy
     # Optional: ``walk(draft, p) -> PathChoice`` for rules that choose among whole paths; None otherwise.
     walk: Callable | None
-    # Optional: ``relax(p, tokens, valid, q) -> Relaxed``, the node's law as a function of its own inputs
-    # only (row by row), for rules whose node accepts it back as ``relaxed``; None otherwise.
+    # Optional: ``relax(p, tokens, valid, q, depth) -> Relaxed``, the node's law as a function of its own
+    # inputs only (row by row), for rules whose node accepts it back as ``relaxed``; None otherwise.
     relax: Callable | None
 
     def node(
@@ -105,20 +107,23 @@ class Rule(Protocol):
         sampling: SamplingConfig,
         audit: bool,
         relaxed: Relaxed | None = None,
+        depth: torch.Tensor | None = None,
     ) -> NodeOutcome:
         """Test the candidates ``tokens`` (R, K) (``valid`` marks real ones) of one node against ``p`` (R, V).
 
         ``q`` (R, V) the drafter law they came from; ``u`` (R, K) one uniform per sibling; ``noise`` (R, V)
         the exponentials of the node's own draw (None when greedy); ``audit``: measure the realised TV
         where that costs a pass over the vocabulary; ``relaxed``: what :attr:`relax` gave for these rows
-        (computed here when None; only passed to rules that set :attr:`relax`).
+        (computed here when None; only passed to rules that set :attr:`relax`); ``depth`` (R,) the draft
+        depth of the candidates (0: a step's first draft token; None: 0).
         """
         ...
 
 
 class Relaxation(Protocol):
-    def relax(self, p, tokens, valid, q, kind: str) -> Relaxed:
-        """The law ``p'`` the node samples from, fixed before the node's draws."""
+    def relax(self, p, tokens, valid, q, kind: str, depth: torch.Tensor | None = None) -> Relaxed:
+        """The law ``p'`` the node samples from, fixed before the node's draws; ``depth`` (R,) the draft depth
+        of the candidates (None: 0)."""
         ...
 
 
@@ -134,7 +139,7 @@ class CandidateTest(Protocol):
 class NoRelaxation:
     """``p' = p``: the exact rules."""
 
-    def relax(self, p, tokens, valid, q, kind: str) -> Relaxed:
+    def relax(self, p, tokens, valid, q, kind: str, depth=None) -> Relaxed:
         gain = torch.zeros(tokens.shape, dtype=p.dtype, device=p.device)
         return Relaxed(target=p, tv=p.new_zeros(p.shape[0]), gain=gain)
 
@@ -161,9 +166,10 @@ class Composed:
         if hook is not None:
             hook(device)
 
-    def relax(self, p, tokens, valid, q) -> Relaxed:
-        """``p'`` for rows of nodes (each row on its own: rows of several nodes may come in one call)."""
-        return self.relaxation.relax(p, tokens, valid, q, self.candidates)
+    def relax(self, p, tokens, valid, q, depth=None) -> Relaxed:
+        """``p'`` for rows of nodes (each row on its own: rows of several nodes, of any depths ``depth`` (R,),
+        may come in one call)."""
+        return self.relaxation.relax(p, tokens, valid, q, self.candidates, depth)
 
     def node(
         self,
@@ -176,9 +182,10 @@ class Composed:
         sampling: SamplingConfig,
         audit: bool = True,
         relaxed: Relaxed | None = None,
+        depth: torch.Tensor | None = None,
     ) -> NodeOutcome:
         if relaxed is None:
-            relaxed = self.relax(p, tokens, valid, q)
+            relaxed = self.relax(p, tokens, valid, q, depth)
         # (R,) y ~ p' (the argmax when greedy). A test of sampled candidates never uses it: after a rejection
         # the token comes from its residual, so that pass over the vocabulary is skipped.
         drawn = None if self.candidates == "sampled" else race(relaxed.target, noise, sampling)

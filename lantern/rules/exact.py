@@ -222,6 +222,11 @@ class ExactWindowTest:
         """The test's knobs for records (None: the exact test has none)."""
         return None
 
+    def acceptance(self, greedy: bool) -> str:
+        """The rule's name in records (``acceptance``): ``exact``, or ``greedy`` at temperature 0; a record's
+        ``lossless`` is true for these two (:data:`lantern.decoding.api.LOSSLESS_ACCEPTANCE`)."""
+        return "greedy" if greedy else "exact"
+
     def __call__(self, p, drafts, q, law, u, greedy: bool, audit: bool) -> WindowVerdict:
         """Test drafts (B, W) under target laws ``p`` (B, W, V), recorded laws ``q`` (B, W, V) and uniforms
         ``u`` (B, W); ``law`` (B, W, V) or None is what the drafts actually follow."""

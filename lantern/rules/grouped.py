@@ -136,6 +136,9 @@ class GroupedTest(ExactWindowTest):
     def describe(self) -> dict:
         return self.grouping.describe()
 
+    def acceptance(self, greedy: bool) -> str:
+        return "gsd"  # greedy too: a draft whose group holds the argmax passes, so it is not greedy decoding
+
     def __call__(self, p, drafts, q, law, u, greedy: bool, audit: bool) -> WindowVerdict:
         batch, width = drafts.shape
         rows_p, rows_x = p.flatten(0, 1), drafts.flatten()  # (B*W, V), (B*W,)

@@ -142,8 +142,10 @@ class LanternReference:
 
     # ------------------------------------------------------------------ one tree node
 
-    def node(self, p, tokens, valid, q, u, noise, sampling: SamplingConfig, audit: bool = True) -> NodeOutcome:
-        """Siblings in order on the modified distribution (see the module docstring)."""
+    def node(
+        self, p, tokens, valid, q, u, noise, sampling: SamplingConfig, audit: bool = True, depth=None
+    ) -> NodeOutcome:
+        """Siblings in order on the modified distribution (see the module docstring); the same at every ``depth``."""
         if self.candidates == "sampled":
             return self._sampled(p, tokens, valid, q, u, audit)
         # Deterministic (the greedy walk goes through :meth:`select_path` instead). On the all-reject

@@ -138,9 +138,12 @@ class NeighbourRelaxation:
             return torch.full_like(px, math.inf)
         return (self.lam - 1.0) * px
 
-    def relax(self, p: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor, q: torch.Tensor, kind: str) -> Relaxed:
+    def relax(
+        self, p: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor, q: torch.Tensor, kind: str, depth=None
+    ) -> Relaxed:
         """``p'`` for a node with target ``p`` (R, V), candidates ``tokens`` (R, K) (``valid`` marks real
-        ones) and drafter ``q`` (R, V); ``kind`` is ``sampled``, ``deterministic`` or ``greedy``."""
+        ones) and drafter ``q`` (R, V); ``kind`` is ``sampled``, ``deterministic`` or ``greedy``; the same at
+        every ``depth``."""
         self.table.check(p)
         if kind == "sampled":
             return self.transport(p, q, valid.any(dim=1), tokens.shape[1])

@@ -127,6 +127,7 @@ class GenerationJob:
             "batch_size": self.batch_size,
             "seed": self.seed,
             **{key: getattr(sampling, key) for key in ("temperature", "top_k", "top_p", "cfg_scale", "cfg_interval")},
+            "entropy_temperature": None if sampling.entropy_temperature is None else list(sampling.entropy_temperature),
             "dtype": str(self.bundle.target.input_embeddings().dtype).removeprefix("torch."),
         }
 

@@ -47,16 +47,19 @@ class JacobiSettings(DecoderSettings):
     init: str = "random"
     reuse: float | None = None
     candidates: str = "sampled"
-    grouping: dict | None = None
+    grouping: dict | None = None  # the window test's knobs (GSD's grouping, the entropy-aware rule's strength)
     coupling: str = "none"  # older records have none: they are plain SJD
+    acceptance: str | None = None  # the window test's name (its ``acceptance``); older records: from ``grouping``
 
     def method(self) -> str:
         text = f"{self.label} W={self.window} {self.init}" + (f" reuse={self.reuse}" if self.reuse else "")
         if self.coupling != "none":
             text += f" coupling={self.coupling}"
-        if self.grouping:
-            g = self.grouping
+        g = self.grouping or {}
+        if "gsd_radius" in g:
             text += f" r={g['gsd_radius']} p={g['gsd_p_thr']} d={g['gsd_d_thr']}"
+        else:
+            text += "".join(f" {key}={value}" for key, value in g.items())
         return text + (" (greedy)" if self.candidates == "greedy" else "")
 
     def order(self) -> tuple:
@@ -72,8 +75,10 @@ class JacobiSettings(DecoderSettings):
         )
 
     def record(self) -> dict:
-        exact = self.grouping is None
-        acceptance = ("greedy" if self.candidates == "greedy" else "exact") if exact else "gsd"
+        acceptance = self.acceptance
+        if acceptance is None:  # a record written before the field: its test was SJD's or GSD's
+            exact = self.grouping is None
+            acceptance = ("greedy" if self.candidates == "greedy" else "exact") if exact else "gsd"
         flat = {
             "acceptance": acceptance,
             "draft": "jacobi",
@@ -158,6 +163,7 @@ class JacobiDecoder:
             coupling=self.redraw.coupling,
             candidates="greedy" if self.sampling.greedy else "sampled",
             grouping=self.test.describe(),
+            acceptance=self.test.acceptance(self.sampling.greedy),
         )
 
     def _context(self, model: Target, rows: int, batch: int, capacity: int, device) -> JacobiContext:

@@ -88,11 +88,11 @@ def walk_tree(
         tokens = draft.candidates[rows, current]  # (B, K)
         valid = alive[:, None] & (tokens >= 0)
         node_p, node_q = p[rows, current], draft.q[rows, current]  # (B, V) each
-        extra = {}
+        extra = {"depth": torch.full((batch,), level, dtype=torch.long, device=device)}  # (B,) draft depth
         if ahead is not None and level < ahead[1].shape[1]:
-            extra = {"relaxed": Relaxed(*(part[:, level] for part in ahead))}
+            extra["relaxed"] = Relaxed(*(part[:, level] for part in ahead))
         elif lazy:
-            extra = {"relaxed": _relax_reached(rule, node_p, tokens, valid, node_q, alive, level)}
+            extra["relaxed"] = _relax_reached(rule, node_p, tokens, valid, node_q, alive, extra["depth"], level)
         outcome = rule.node(
             node_p,
             tokens,
@@ -142,6 +142,7 @@ def _relax_chain(
         tokens.reshape(batch * depth, -1),
         (tokens >= 0).reshape(batch * depth, -1),
         draft.q[:, :depth].reshape(batch * depth, vocab),
+        torch.arange(depth, device=p.device).repeat(batch),  # (B*D,) row b*D + d tests depth d
     )
     return (
         relaxed.target.view(batch, depth, vocab),
@@ -150,19 +151,19 @@ def _relax_chain(
     )
 
 
-def _relax_reached(rule: Rule, p, tokens, valid, q, alive: torch.Tensor, level: int) -> Relaxed:
-    """The relaxed law of the nodes at ``level`` (``p``, ``q`` (B, V), candidates ``tokens`` (B, K)), computed
-    only if some row is ``alive`` there (level 0: always); otherwise ``p`` unrelaxed, which no live row reads.
-    On a chain at batch 1 every level past the first rejection is skipped: a chain(3) at tau 2.5 relaxes
-    about two of its three nodes a step."""
+def _relax_reached(rule: Rule, p, tokens, valid, q, alive: torch.Tensor, depth: torch.Tensor, level: int) -> Relaxed:
+    """The relaxed law of the nodes at ``level`` (``p``, ``q`` (B, V), candidates ``tokens`` (B, K), draft depth
+    ``depth`` (B,)), computed only if some row is ``alive`` there (level 0: always); otherwise ``p`` unrelaxed,
+    which no live row reads. On a chain at batch 1 every level past the first rejection is skipped: a chain(3)
+    at tau 2.5 relaxes about two of its three nodes a step."""
     if level == 0:
-        return rule.relax(p, tokens, valid, q)
+        return rule.relax(p, tokens, valid, q, depth)
 
-    def relax(p, tokens, valid, q):
-        relaxed = rule.relax(p, tokens, valid, q)
+    def relax(p, tokens, valid, q, depth):
+        relaxed = rule.relax(p, tokens, valid, q, depth)
         return relaxed.target.clone(), relaxed.tv, relaxed.gain  # a branch may not return its input (p' = p)
 
-    def skip(p, tokens, valid, q):
+    def skip(p, tokens, valid, q, depth):
         return p.clone(), p.new_zeros(p.shape[0]), p.new_zeros(tokens.shape)
 
-    return Relaxed(*torch.cond(alive.any(), relax, skip, (p, tokens, valid, q)))
+    return Relaxed(*torch.cond(alive.any(), relax, skip, (p, tokens, valid, q, depth)))
