@@ -7,7 +7,20 @@ nothing is reallocated while decoding. Keys are stored after RoPE.
 
 from __future__ import annotations
 
+import copy
+from typing import NamedTuple
+
 import torch
+
+
+class SlotWrites(NamedTuple):
+    """The slots (B, S) a forward writes, with (eagerly) every layer's flat write index computed once for all
+    layers (:meth:`KVCache.writes`): ``flat`` (B * H * S,) the row of each (row, head, slot) entry in a layer's
+    (B * H * max_len, hd) view. A copy of ``hd`` contiguous values per entry (``index_copy_``) costs about half
+    of a ``scatter_`` of the same entries at the world's shapes."""
+
+    slots: torch.Tensor
+    flat: torch.Tensor
 
 
 class KVCache:
@@ -26,6 +39,19 @@ class KVCache:
             raise ValueError(f"keys and values must be equal lists of 4-d tensors of one shape, got {sorted(shapes)}")
         self.keys = keys
         self.values = values
+        self.buffer: torch.Tensor | None = None  # see stacked()
+
+    def stacked(self) -> KVCache:
+        """This cache (contents copied) with every layer's keys and values as views of one buffer
+        (2 * n_layer, B, H, max_len, hd), for eager steps: :meth:`move` is then one gather and one scatter for
+        every layer instead of one each per layer and kind. Not for compiled steps: under ``torch.compile`` a
+        write into a view of one buffer becomes a copy of the whole buffer (see the class docstring)."""
+        buffer = torch.stack(self.keys + self.values)
+        count = len(self.keys)
+        clone = copy.copy(self)
+        clone.keys, clone.values = list(buffer[:count].unbind(0)), list(buffer[count:].unbind(0))
+        clone.buffer = buffer
+        return clone
 
     @classmethod
     def allocate(
@@ -69,6 +95,15 @@ class KVCache:
         """One layer's slots, handed to that layer's attention."""
         return LayerCache(self.keys[index], self.values[index])
 
+    def writes(self, slots: torch.Tensor) -> torch.Tensor | SlotWrites:
+        """``slots`` (B, S) as every layer of one forward writes them: eagerly a :class:`SlotWrites` (its flat
+        index computed once, not once a layer); compiled, ``slots`` itself (Inductor writes in place)."""
+        if torch.compiler.is_compiling() or not self.keys[0].is_contiguous():
+            return slots
+        batch, heads, width, _ = self.keys[0].shape
+        rows = torch.arange(batch * heads, device=slots.device).view(batch, heads, 1) * width  # (B, H, 1)
+        return SlotWrites(slots, (rows + slots[:, None, :]).reshape(-1))  # (B * H * S,)
+
     def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy slots ``src`` to ``dst`` in every layer's keys and values, per row: ``src``, ``dst`` are (B, n) long.
 
@@ -76,6 +111,12 @@ class KVCache:
         ``src`` and ``dst`` may overlap when ``dst <= src`` elementwise (values are gathered first).
         """
         batch, n_head, _, head_dim = self.keys[0].shape
+        if self.buffer is not None and not torch.compiler.is_compiling():  # eager, stacked: every layer at once
+            count = self.buffer.shape[0]
+            index = src[None, :, None, :, None].expand(count, batch, n_head, src.shape[1], head_dim)
+            target = dst[None, :, None, :, None].expand_as(index)  # (2 * n_layer, B, H, n, hd)
+            self.buffer.scatter_(3, target, self.buffer.gather(3, index))
+            return
         if not torch.compiler.is_compiling():  # eager: gather + scatter_, as in LayerCache.update
             index = src[:, None, :, None].expand(batch, n_head, src.shape[1], head_dim)  # (B, H, n, hd)
             target = dst[:, None, :, None].expand_as(index)
@@ -150,12 +191,22 @@ class LayerCache:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write ``k``, ``v`` (B, H, S, hd) at per-row ``slots`` (B, S) and return the first ``length`` slots.
 
-        Rows may write different slots (speculative rows accept different numbers of tokens).
+        Rows may write different slots (speculative rows accept different numbers of tokens). ``slots`` may be
+        a :class:`SlotWrites` (eager), whose flat index is used as it is.
         """
+        if isinstance(slots, SlotWrites):  # eager, prepared once a forward: contiguous rows of hd values
+            head_dim = k.shape[3]
+            self.k.view(-1, head_dim).index_copy_(0, slots.flat, k.reshape(-1, head_dim))
+            self.v.view(-1, head_dim).index_copy_(0, slots.flat, v.reshape(-1, head_dim))
+            if length == self.k.shape[2]:
+                return self.k, self.v
+            return self.k[:, :, :length], self.v[:, :, :length]
         if not torch.compiler.is_compiling():  # eager: a scatter_ costs a third of an index_put_
             index = slots[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])  # (B, H, S, hd)
             self.k.scatter_(2, index, k)
             self.v.scatter_(2, index, v)
+            if length == self.k.shape[2]:  # masks over the whole capacity (every tree step): no slicing
+                return self.k, self.v
             return self.k[:, :, :length], self.v[:, :, :length]
         # Compiled: an index_put_, which Inductor writes into the cache in place, whereas a scatter_ into a
         # step's input is computed into a copy of the whole cache and copied back.
@@ -171,6 +222,9 @@ class NoCache:
 
     def layer(self, index: int) -> NoCache:
         return self
+
+    def writes(self, slots: torch.Tensor) -> torch.Tensor:
+        return slots
 
     def update(
         self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from lantern.decoding.batch import repeat_rows, tree_attention_mask
+from lantern.decoding.batch import prefix_columns, repeat_rows, tree_attention_mask
 from lantern.models.drafter import Drafter
 from lantern.models.sampling import SamplingConfig, guided_logits_at, verification_probabilities
 from lantern.models.target import Target, prefix_causal_mask
@@ -111,6 +111,7 @@ class DraftSession:
         batch, rows = base.shape[0], root_feature.shape[0]
         self.groups = rows // batch
         self.valid = valid[:batch]  # (B, W) rows of one CFG half share the condition mask
+        self.prefix = prefix_columns(self.valid, base)  # (B, W) what every node of this draft sees before its own
         device = base.device
         self.features = torch.zeros(rows, max_entries, root_feature.shape[-1], dtype=root_feature.dtype, device=device)
         self.features[:, 0] = root_feature
@@ -132,7 +133,9 @@ class DraftSession:
         inherited = self.ancestors.gather(1, parents[:, :, None].expand(-1, -1, self.ancestors.shape[2]))
         self.ancestors[:, start:stop] = torch.maximum(self.ancestors[:, start:stop], inherited)
         # Entries not yet written (>= stop) are not ancestors of anything, so the full table is safe.
-        mask = tree_attention_mask(self.valid, self.base, self.ancestors[:, start:stop], offset=1)  # (B, 1, n, W)
+        mask = tree_attention_mask(
+            self.valid, self.base, self.ancestors[:, start:stop], offset=1, prefix=self.prefix
+        )  # (B, 1, n, W)
         slots = self.base[:, None] + torch.arange(start - 1, stop - 1, device=tokens.device)  # (B, n)
         positions = self.base[:, None] - 1 + depth  # drafter entry index of each node
         if self.zero_past_grid:  # entry 0 reads RoPE row 1, a condition row: zero
