@@ -7,7 +7,6 @@ nothing is reallocated while decoding. Keys are stored after RoPE.
 
 from __future__ import annotations
 
-import copy
 from typing import NamedTuple
 
 import torch
@@ -40,18 +39,19 @@ class KVCache:
         self.keys = keys
         self.values = values
         self.buffer: torch.Tensor | None = None  # see stacked()
+        self.rows: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # see writes()
 
     def stacked(self) -> KVCache:
-        """This cache (contents copied) with every layer's keys and values as views of one buffer
+        """This cache, its layers' keys and values moved (contents kept) into views of one buffer
         (2 * n_layer, B, H, max_len, hd), for eager steps: :meth:`move` is then one gather and one scatter for
-        every layer instead of one each per layer and kind. Not for compiled steps: under ``torch.compile`` a
-        write into a view of one buffer becomes a copy of the whole buffer (see the class docstring)."""
+        every layer instead of one each per layer and kind. In place, so whoever holds this cache sees the one
+        the steps write. Not for compiled steps: under ``torch.compile`` a write into a view of one buffer
+        becomes a copy of the whole buffer (see the class docstring)."""
         buffer = torch.stack(self.keys + self.values)
         count = len(self.keys)
-        clone = copy.copy(self)
-        clone.keys, clone.values = list(buffer[:count].unbind(0)), list(buffer[count:].unbind(0))
-        clone.buffer = buffer
-        return clone
+        self.keys, self.values = list(buffer[:count].unbind(0)), list(buffer[count:].unbind(0))
+        self.buffer, self.rows = buffer, None
+        return self
 
     @classmethod
     def allocate(
@@ -93,14 +93,20 @@ class KVCache:
 
     def layer(self, index: int) -> LayerCache:
         """One layer's slots, handed to that layer's attention."""
-        return LayerCache(self.keys[index], self.values[index])
+        if self.rows is None:
+            return LayerCache(self.keys[index], self.values[index])
+        return LayerCache(self.keys[index], self.values[index], *self.rows[index])
 
     def writes(self, slots: torch.Tensor) -> torch.Tensor | SlotWrites:
         """``slots`` (B, S) as every layer of one forward writes them: eagerly a :class:`SlotWrites` (its flat
         index computed once, not once a layer); compiled, ``slots`` itself (Inductor writes in place)."""
-        if torch.compiler.is_compiling() or not self.keys[0].is_contiguous():
+        if torch.compiler.is_compiling() or not all(t.is_contiguous() for t in self.keys + self.values):
             return slots
-        batch, heads, width, _ = self.keys[0].shape
+        batch, heads, width, head_dim = self.keys[0].shape
+        if self.rows is None:  # every layer's (B * H * max_len, hd) view, made once: the buffers never move
+            self.rows = [
+                (k.view(-1, head_dim), v.view(-1, head_dim)) for k, v in zip(self.keys, self.values, strict=True)
+            ]
         rows = torch.arange(batch * heads, device=slots.device).view(batch, heads, 1) * width  # (B, H, 1)
         return SlotWrites(slots, (rows + slots[:, None, :]).reshape(-1))  # (B * H * S,)
 
@@ -182,9 +188,10 @@ def row_head_index(batch: int, heads: int, device) -> tuple[torch.Tensor, torch.
 class LayerCache:
     """One layer's slice of a :class:`KVCache`; attention writes new keys and reads the prefix."""
 
-    def __init__(self, k: torch.Tensor, v: torch.Tensor):
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, k_rows: torch.Tensor | None = None, v_rows=None):
         self.k = k  # (B, H, L, hd)
         self.v = v
+        self.k_rows, self.v_rows = k_rows, v_rows  # (B * H * L, hd) views, when the cache made them (writes())
 
     def update(
         self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int
@@ -196,8 +203,10 @@ class LayerCache:
         """
         if isinstance(slots, SlotWrites):  # eager, prepared once a forward: contiguous rows of hd values
             head_dim = k.shape[3]
-            self.k.view(-1, head_dim).index_copy_(0, slots.flat, k.reshape(-1, head_dim))
-            self.v.view(-1, head_dim).index_copy_(0, slots.flat, v.reshape(-1, head_dim))
+            k_rows = self.k.view(-1, head_dim) if self.k_rows is None else self.k_rows
+            v_rows = self.v.view(-1, head_dim) if self.v_rows is None else self.v_rows
+            k_rows.index_copy_(0, slots.flat, k.reshape(-1, head_dim))
+            v_rows.index_copy_(0, slots.flat, v.reshape(-1, head_dim))
             if length == self.k.shape[2]:
                 return self.k, self.v
             return self.k[:, :, :length], self.v[:, :, :length]
