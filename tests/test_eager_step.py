@@ -5,12 +5,13 @@ skips of work no row needs (:func:`lantern.models.devices.needed`)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 from lantern import rng
 from lantern.decoding.batch import _scattered_tree, _tree_by_product, prefix_columns, tree_attention_mask
-from lantern.models.devices import needed
+from lantern.models.devices import needed, share
 from lantern.models.kv_cache import KVCache, SlotWrites
 from lantern.models.llama_parts import RMSNorm
 from lantern.models.llamagen.gpt import attention_bias
@@ -102,9 +103,112 @@ def test_several_streams_in_one_pass_are_the_single_streams():
 
 def test_work_is_skipped_only_eagerly_on_the_cpu():
     assert needed(torch.tensor([False, True])) and not needed(torch.zeros(3, dtype=torch.bool))
+    assert [share(torch.tensor(f)) for f in ([False, False], [True, True], [True, False])] == ["none", "all", "some"]
     assert (
         torch.compile(lambda flag: torch.where(flag, 1, 0) if needed(flag) else flag, fullgraph=True)(
             torch.zeros(2, dtype=torch.bool)
         ).dtype
         != torch.bool
     )  # compiled, the work is always in the graph
+
+
+def test_a_drafts_mask_rows_are_the_masks_its_ancestry_builds():
+    from types import SimpleNamespace
+
+    from lantern.decoding.tree.session import DraftSession
+    from lantern.models.sampling import SamplingConfig
+
+    class Model:
+        config = SimpleNamespace(cls_token_num=4)
+
+        def head(self, hidden):
+            return hidden[..., :8].float()
+
+        def embed_tokens(self, tokens):
+            return torch.zeros(*tokens.shape, 16)
+
+    class Recorder:
+        max_entries = 100
+
+        def __init__(self):
+            self.masks = []
+
+        def __call__(self, embeds, features, positions, slots, mask, cache):
+            self.masks.append(mask.clone())
+            return torch.ones_like(features)
+
+    generator = torch.Generator().manual_seed(4)
+    batch, width, entries = 2, 30, 12
+    valid = torch.rand(batch, width, generator=generator) > 0.3
+    base, decided = torch.tensor([6, 9]), torch.tensor([2, 3])
+    sessions = []
+    for eager in (True, False):
+        drafter = Recorder()
+        session = DraftSession(
+            Model(), drafter, None, SamplingConfig(), torch.randn(batch, 16), base, decided, valid, entries
+        )
+        if not eager:  # the compiled path: an ancestry table and the mask builder
+            session.eager = False
+            session.ancestors = torch.eye(entries).repeat(batch, 1, 1)
+        sessions.append((session, drafter))
+    count = 1
+    for n in (3, 4, 2):
+        parents = torch.randint(0, count, (batch, n), generator=generator)
+        tokens = torch.randint(0, 8, (batch, n), generator=generator)
+        for session, _ in sessions:
+            session.expand(tokens, parents)
+        count += n
+    (_, eager), (_, built) = sessions
+    assert len(eager.masks) == 3 and all(torch.equal(a, b) for a, b in zip(eager.masks, built.masks, strict=True))
+
+
+def test_the_dynamic_trees_ranking_and_masses_are_the_general_forms():
+    generator = torch.Generator().manual_seed(5)
+    scores = torch.randint(-3, 2, (4, 40), generator=generator).float()  # many ties
+    scores[:, ::7] = float("-inf")
+    descending = torch.sort(scores, dim=1, descending=True, stable=True).indices
+    assert torch.equal(descending, torch.sort(-scores, dim=1, stable=True).indices)  # ties keep node order
+    q = torch.softmax(torch.randn(3, 5, 50, generator=generator), -1)
+    q[..., :10] = 0.0  # children of zero mass: log q = -inf either way
+    top = q.topk(12, dim=-1)
+    assert torch.equal(torch.log(top.values), torch.log(q.gather(-1, top.indices)))
+
+
+@pytest.mark.parametrize("case", ["reference-dynamic", "exact-dynamic-sampled", "exact-static-guided-window"])
+def test_the_eager_shortcuts_emit_what_the_general_forms_emit(case, monkeypatch):
+    """End to end on a tiny model: the eager step (its shortcuts) against the same step with every shortcut off
+    (the general forms a compiled step runs, taken by making ``torch.compiler.is_compiling`` say so): the same
+    keys give the same codes, acceptance histograms and realised TV."""
+    from helpers import VOCAB, text_condition, tiny
+
+    from lantern.decoding.tree.decoder import SpeculativeDecoder
+    from lantern.decoding.tree.draft import DynamicTree, prior_tree
+    from lantern.models.sampling import SamplingConfig
+    from lantern.rng import keys_tensor
+    from lantern.rules.exact import ExactSampled
+    from lantern.rules.factory import lantern_reference
+    from lantern.rules.neighbours import CodebookNeighbours
+
+    torch.manual_seed(7)
+    table = CodebookNeighbours(codebook=torch.randn(VOCAB, 4), k_max=7)
+    sampled = SamplingConfig(temperature=1.0, cfg_scale=3.0)
+    sampling, structure, rule = {
+        "reference-dynamic": (sampled, DynamicTree(4, 3, 10), lantern_reference(4, 0.2, table)),
+        "exact-dynamic-sampled": (sampled, DynamicTree(4, 3, 10, "sampled"), ExactSampled()),
+        "exact-static-guided-window": (
+            SamplingConfig(temperature=1.0, top_k=20, cfg_scale=2.0, cfg_interval=5),
+            prior_tree(4, 4, 12, candidates="sampled"),
+            ExactSampled(),
+        ),
+    }[case]
+    model, drafter = tiny(seed=1)
+    decode = lambda: SpeculativeDecoder(sampling, drafter=drafter, draft=structure, acceptance=rule).generate(  # noqa: E731
+        model, text_condition(), keys_tensor(3, range(4))
+    )
+    eager = decode()
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    general = decode()
+    assert eager.per_sample["histogram"][:, 1:].sum() > 0, "the test should exercise accepted drafts"
+    assert torch.equal(eager.codes, general.codes)
+    assert torch.equal(eager.per_sample["histogram"], general.per_sample["histogram"])
+    assert torch.equal(eager.per_sample["tv_realised_sum"], general.per_sample["tv_realised_sum"])

@@ -43,3 +43,13 @@ def needed(flag: torch.Tensor) -> bool:
     if torch.compiler.is_compiling() or flag.device.type != "cpu":
         return True
     return bool(flag.any())
+
+
+def share(flag: torch.Tensor) -> str:
+    """``"none"``, ``"all"`` or ``"some"``: how many entries of ``flag`` (bool) are set, read as :func:`needed`
+    reads it (eagerly on the CPU, one read); ``"some"`` compiled or on a GPU. Where it says ``"all"`` a step may
+    drop its ``where(flag, ...)`` selections (they would pick every row's new value), where ``"none"`` the work."""
+    if torch.compiler.is_compiling() or flag.device.type != "cpu":
+        return "some"
+    count = int(flag.sum())
+    return "none" if count == 0 else "all" if count == flag.numel() else "some"

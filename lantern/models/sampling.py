@@ -86,10 +86,10 @@ def guided_logits(logits: torch.Tensor, config: SamplingConfig, step: int) -> to
     return logits.float().chunk(2, dim=0)[0]
 
 
-def guided_logits_at(logits: torch.Tensor, config: SamplingConfig, steps: torch.Tensor) -> torch.Tensor:
+def guided_logits_at(logits: torch.Tensor, config: SamplingConfig, steps: torch.Tensor | None) -> torch.Tensor:
     """CFG per position: ``logits`` (2B, S, V) or (B, S, V) -> (B, S, V), with ``steps`` (B, S) the token
-    index each position predicts (guided up to :attr:`SamplingConfig.last_guided_token`). Tensor steps,
-    so no host synchronisation.
+    index each position predicts (guided up to :attr:`SamplingConfig.last_guided_token`; unused, and may be
+    None, when every token is guided). Tensor steps, so no host synchronisation.
     """
     if not config.uses_cfg:
         return logits.float()

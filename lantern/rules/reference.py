@@ -45,7 +45,7 @@ import torch
 
 from lantern import checks
 from lantern.errors import ConfigError
-from lantern.models.devices import needed
+from lantern.models.devices import needed, share
 from lantern.models.sampling import SamplingConfig, race
 from lantern.rules.api import NodeOutcome, PathChoice, check_candidates
 from lantern.rules.exact import first, without
@@ -167,7 +167,8 @@ class LanternReference:
         reach = torch.ones(rows, dtype=p.dtype, device=p.device)  # (R,) probability that sibling s is tested
         gains, mass = [], []
         for slot, (live, read, zero) in enumerate(zip(valid.unbind(1), reads, zeroes.unbind(1), strict=True)):
-            if not needed(live):  # eager CPU: no row has this sibling (a node with fewer children): nothing changes
+            rows_live = share(live)  # eager CPU: "none" for a sibling no row has (nothing changes), "all" at batch 1
+            if rows_live == "none":
                 gains.append(torch.zeros_like(reach))
                 mass.append(torch.zeros_like(reach))
                 continue
@@ -178,10 +179,15 @@ class LanternReference:
             moved = torch.where(merged, cumulative, 0.0).amax(dim=1)  # (R,) S_m, 0 when nothing fits
             p_tilde = px + moved
             gains.append(moved)
+            index = torch.where(merged[:, :1], zero, alone[slot])  # m >= 1 iff the prefix is not empty
+            rejected = _renormalised(current.scatter(1, index, 0.0))
+            if rows_live == "all":  # every row tests this sibling: the selections below would take every new value
+                mass.append(reach * p_tilde)
+                reach, current = reach * (1 - p_tilde).clamp_min(0), rejected
+                continue
             mass.append(torch.where(live, reach * p_tilde, 0.0))  # (R,) the law's mass at x_s
             reach = torch.where(live, reach * (1 - p_tilde).clamp_min(0), reach)
-            index = torch.where(merged[:, :1], zero, alone[slot])  # m >= 1 iff the prefix is not empty
-            current = torch.where(live[:, None], _renormalised(current.scatter(1, index, 0.0)), current)
+            current = torch.where(live[:, None], rejected, current)
         # Every tested sibling is zero in the final law, so adding the siblings' masses onto it in one scatter
         # gives the same sums as adding them one by one first.
         law = (reach[:, None] * current).scatter_add(1, xs, torch.stack(mass, dim=1))  # (R, V)
