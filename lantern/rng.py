@@ -76,11 +76,25 @@ def uniform(keys: torch.Tensor, step, stream: int, n: int) -> torch.Tensor:
 
     Number ``j`` of row ``b`` depends only on ``(keys[b], step, stream, j)``.
     """
+    return uniforms(keys, step, ((stream, n),))[0]
+
+
+def uniforms(keys: torch.Tensor, step, streams) -> list[torch.Tensor]:
+    """:func:`uniform` of several ``streams`` ((stream, n), ...) at one ``step``, each (B, n): the same numbers,
+    hashed in one pass (the key and step are mixed once for all streams: a tree walk draws two streams a step)."""
     step = torch.as_tensor(step, dtype=torch.long, device=keys.device).expand(keys.shape)
     base = _mix32(keys & _MASK32)
     base = _mix32(base ^ (keys >> 32))
-    base = _mix32(base ^ (step & _MASK32))
-    base = _mix32(base ^ ((stream * _GOLDEN) & _MASK32))  # (B,); the stream's constant on the host
-    index = _mul32(torch.arange(n, device=keys.device, dtype=torch.long), _GOLDEN)  # (n,)
-    bits = _mix32(_mix32((base[:, None] + index[None, :]) & _MASK32) ^ base[:, None])  # (B, n)
-    return ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))
+    base = _mix32(base ^ (step & _MASK32))  # (B,)
+    sizes = [n for _, n in streams]
+    if len(streams) == 1:
+        per = _mix32(base ^ ((streams[0][0] * _GOLDEN) & _MASK32))[:, None]  # (B, 1); the stream's constant on the host
+        index = _mul32(torch.arange(sizes[0], device=keys.device, dtype=torch.long), _GOLDEN)[None, :]  # (1, n)
+    else:
+        constants = torch.tensor([(stream * _GOLDEN) & _MASK32 for stream, _ in streams], device=keys.device)
+        mixed = _mix32(base[:, None] ^ constants)  # (B, S) one base per stream
+        per = torch.cat([mixed[:, i : i + 1].expand(-1, n) for i, n in enumerate(sizes)], dim=1)  # (B, sum n)
+        numbers = _mul32(torch.arange(max(sizes), device=keys.device, dtype=torch.long), _GOLDEN)
+        index = torch.cat([numbers[:n] for n in sizes])[None, :]  # (1, sum n) each stream's own indices
+    bits = _mix32(_mix32((per + index) & _MASK32) ^ per)  # (B, sum n)
+    return list((((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))).split(sizes, dim=1))

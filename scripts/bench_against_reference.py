@@ -14,10 +14,13 @@ whose transformers is 4.45 and whose torch, hydra and ``lantern`` come from the 
 and their code is a snapshot of jadohu/LANTERN (``--reference PATH``, else ``$LANTERN_REFERENCE``, else
 ``../ref/LANTERN`` beside the repository). docs/against_reference.md has every step.
 
-It checks the conversion (our and their logits on the same inputs), then greedy equality (our AR and
-EAGLE-2 codes against theirs), then times AR, EAGLE-2 (dynamic tree, their default settings) and LANTERN
-under the authors' semantics (k 1000, ``--deltas``) in the world's sampling setting, interleaved image by
-image, eager and fp32 on both sides; it prints the table and writes OUT.md and OUT.json with ``--out``.
+It checks the conversion (our and their logits on the same inputs, and our and their drafter's prefill with
+their drafter reading our condition entries), then greedy equality (our AR and EAGLE-2 codes against theirs),
+then times AR, EAGLE-2 (dynamic tree, their default settings) and LANTERN under the authors' semantics
+(k 1000, ``--deltas``) in the world's sampling setting, interleaved image by image, eager and fp32 on both
+sides, with the same drafter computation on both (``--drafter-inputs ours``, the default); it prints the
+table (per image and per verification step, the phases of a step, tau on one footing; no ratio for a mode
+whose taus differ beyond noise) and writes OUT.md and OUT.json with ``--out``.
 
 Exit status: 2 with one ``error:`` line for a bad option (checked before anything is built, nothing
 written), including a ``--reference`` folder without their code. 0 with one ``skipped:`` line, nothing
@@ -44,6 +47,12 @@ def main() -> None:
     parser.add_argument("--deltas", default="0.1,0.4", help="LANTERN deltas (reference semantics, k 1000)")
     parser.add_argument("--reference", default=None, help="a snapshot folder of jadohu/LANTERN")
     parser.add_argument("--out", default=None, help="write OUT.md and OUT.json")
+    parser.add_argument(
+        "--drafter-inputs",
+        default="ours",
+        help="what their drafter reads at the condition entries: ours (the same computation as our drafter) "
+        "or released (code 0, unmasked, as their generate() feeds it)",
+    )
     args = parser.parse()
     plan = run_or_exit(
         lambda: plan_from(
@@ -56,6 +65,7 @@ def main() -> None:
             args.reference,
             args.out,
             sys.argv[1:],
+            args.drafter_inputs,
         )
     )
     report = run_or_exit(lambda: run(plan))

@@ -21,7 +21,7 @@ class RandomExpander:
     def _q(self, rows: int, count: int) -> torch.Tensor:
         return torch.softmax(6 * torch.randn(rows, count, VOCAB, generator=self.generator, dtype=torch.float64), -1)
 
-    def expand(self, tokens, parents):
+    def expand(self, tokens, parents, depth=None):
         return self._q(*tokens.shape)
 
 

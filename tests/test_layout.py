@@ -169,6 +169,9 @@ RUN_TOOLS_ON_LLAMAGEN = {
     # the authors' LANTERN code is LlamaGen's: the comparison with it is a LlamaGen tool by definition
     ("lantern.run.bench.against_reference", "lantern.models.llamagen.reference_code"),
     ("lantern.run.bench.against_reference", "lantern.models.llamagen.reference_layout"),
+    ("lantern.run.bench.against_reference", "lantern.models.llamagen.reference_drafter"),  # their drafter's probe
+    ("lantern.run.bench.reference_checks", "lantern.models.llamagen.reference_layout"),  # the same tool's checks
+    ("lantern.run.bench.reference_checks", "lantern.models.llamagen.reference_drafter"),
     ("lantern.run.evaluate", "lantern.models.llamagen.bundle"),
     ("lantern.run.bench.gpu_check", "lantern.models.llamagen.bundle"),  # its random GPT-XL at real sizes
     ("lantern.run.bench.ar", "lantern.models.llamagen.bundle"),  # AR against LlamaGen's own generate()

@@ -123,7 +123,11 @@ def prefill_condition(
 
 
 def tree_attention_mask(
-    valid: torch.Tensor, base: torch.Tensor, ancestors: torch.Tensor, offset: int = 0
+    valid: torch.Tensor,
+    base: torch.Tensor,
+    ancestors: torch.Tensor,
+    offset: int = 0,
+    prefix: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention mask (B, 1, n, W) over every cache column for ``n`` tree queries.
 
@@ -131,18 +135,47 @@ def tree_attention_mask(
     is each row's prefix length ``L``; ``ancestors`` (B, n, E) bool (or 0/1) says which tree entries each query
     sees (itself and its ancestors). Entry ``e`` lives at column ``L + e - offset``; columns before
     ``L`` are the prefix every query sees. Entries at columns below ``L`` (the drafter's root,
-    ``offset = 1``) are already part of the prefix.
+    ``offset = 1``) are already part of the prefix. ``prefix`` (B, W): :func:`prefix_columns` of ``valid`` and
+    ``base`` when the caller has it (one draft's expansions share it).
+
+    Eagerly the entries' rows are scattered into their columns (:func:`_scattered_tree`); compiled, a one-hot
+    product builds the same mask (:func:`_tree_by_product`), as Inductor's CPU code for that scatter into a bool
+    mask does not compile (torch 2.14).
     """
-    width, entries = valid.shape[1], ancestors.shape[2]
-    columns = torch.arange(width, device=valid.device)
+    if prefix is None:
+        prefix = prefix_columns(valid, base)
+    build = _tree_by_product if torch.compiler.is_compiling() else _scattered_tree
+    return (prefix[:, None, :] | build(valid.shape[1], base, ancestors, offset))[:, None]
+
+
+def prefix_columns(valid: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """(B, W) bool: the columns every tree query sees, those before ``base`` (B,) that ``valid`` (B, W) marks."""
+    columns = torch.arange(valid.shape[1], device=valid.device)
+    return (columns[None, :] < base[:, None]) & valid
+
+
+def _scattered_tree(width: int, base: torch.Tensor, ancestors: torch.Tensor, offset: int) -> torch.Tensor:
+    """(B, n, W) bool: query ``i`` sees column ``L + e - offset`` iff entry ``e >= offset`` is one of its ancestors
+    (entries past the last column are dropped into spill columns)."""
+    batch, count, entries = ancestors.shape
+    placed = entries - offset
+    columns = base[:, None] + torch.arange(placed, device=base.device)  # (B, E - offset)
+    tree = torch.zeros(batch, count, width + placed, dtype=torch.bool, device=base.device)
+    seen = ancestors[:, :, offset:]
+    tree.scatter_(2, columns[:, None, :].expand(-1, count, -1), seen if seen.dtype == torch.bool else seen > 0.5)
+    return tree[:, :, :width]
+
+
+def _tree_by_product(width: int, base: torch.Tensor, ancestors: torch.Tensor, offset: int) -> torch.Tensor:
+    """:func:`_scattered_tree` as a one-hot product (B, n, E) x (B, E, W), for compiled steps."""
+    entries = ancestors.shape[2]
+    columns = torch.arange(width, device=base.device)
     entry = columns[None, :] - base[:, None] + offset  # (B, W) the entry each column holds
-    prefix = (columns[None, :] < base[:, None]) & valid
     inside = (columns[None, :] >= base[:, None]) & (entry < entries)  # (B, W)
     # Which entry each column holds, one-hot (B, W, E), then a product with the ancestry: the same as a
     # gather, but Inductor's CPU code for a fused masked bool gather does not compile (torch 2.14).
-    holds = ((entry[:, :, None] == torch.arange(entries, device=valid.device)) & inside[:, :, None]).to(torch.float32)
-    tree = torch.bmm(ancestors.to(torch.float32), holds.transpose(1, 2)) > 0.5  # (B, n, W)
-    return (prefix[:, None, :] | tree)[:, None]
+    holds = ((entry[:, :, None] == torch.arange(entries, device=base.device)) & inside[:, :, None]).to(torch.float32)
+    return torch.bmm(ancestors.to(torch.float32), holds.transpose(1, 2)) > 0.5  # (B, n, W)
 
 
 def column_validity(cond_mask: torch.Tensor, width: int) -> torch.Tensor:

@@ -29,3 +29,27 @@ def resolve_device(name: str) -> torch.device:
 def resolve_dtype(name: str) -> torch.dtype:
     """``float32`` / ``bfloat16`` / ``float16`` -> torch.dtype; ConfigError otherwise."""
     return DTYPES[checks.choice("dtype", name, DTYPES)]
+
+
+def needed(flag: torch.Tensor) -> bool:
+    """Whether work that matters only where ``flag`` (bool, any shape) is set has to run.
+
+    Eagerly on the CPU it reads ``flag.any()``: there a tensor is host memory and reading it waits for
+    nothing, so a step may skip a tree level or a sibling no row reaches. Compiled, or on a GPU, it is
+    ``True`` without reading (a graph holds the work, and a GPU read would wait for the device). Skipping is
+    only used for work whose results every row then discards (``where`` on the flag), so a step's outputs,
+    shapes and compiled graph are the same either way.
+    """
+    if torch.compiler.is_compiling() or flag.device.type != "cpu":
+        return True
+    return bool(flag.any())
+
+
+def share(flag: torch.Tensor) -> str:
+    """``"none"``, ``"all"`` or ``"some"``: how many entries of ``flag`` (bool) are set, read as :func:`needed`
+    reads it (eagerly on the CPU, one read); ``"some"`` compiled or on a GPU. Where it says ``"all"`` a step may
+    drop its ``where(flag, ...)`` selections (they would pick every row's new value), where ``"none"`` the work."""
+    if torch.compiler.is_compiling() or flag.device.type != "cpu":
+        return "some"
+    count = int(flag.sum())
+    return "none" if count == 0 else "all" if count == flag.numel() else "some"

@@ -224,7 +224,8 @@ class Drafter(nn.Module):
         ``mask`` (B, 1, S, L) bool over the first L cache slots; ``cache`` a 1-layer-per-block
         :class:`KVCache` or ``NoCache``.
         """
-        x = self.fc(torch.cat([embeds.to(features.dtype), features], dim=-1))  # (B, S, D)
+        embeds = embeds if embeds.dtype == features.dtype else embeds.to(features.dtype)
+        x = self.fc(torch.cat([embeds, features], dim=-1))  # (B, S, D)
         rope = self.rope[entries.clamp(0, self.max_entries - 1)]
         for index, layer in enumerate(self.layers):
             x = layer(x, rope, mask, slots, cache.layer(index))

@@ -7,7 +7,19 @@ nothing is reallocated while decoding. Keys are stored after RoPE.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
+
+
+class SlotWrites(NamedTuple):
+    """The slots (B, S) a forward writes, with (eagerly) every layer's flat write index computed once for all
+    layers (:meth:`KVCache.writes`): ``flat`` (B * H * S,) the row of each (row, head, slot) entry in a layer's
+    (B * H * max_len, hd) view. A copy of ``hd`` contiguous values per entry (``index_copy_``) costs about half
+    of a ``scatter_`` of the same entries at the world's shapes."""
+
+    slots: torch.Tensor
+    flat: torch.Tensor
 
 
 class KVCache:
@@ -26,6 +38,20 @@ class KVCache:
             raise ValueError(f"keys and values must be equal lists of 4-d tensors of one shape, got {sorted(shapes)}")
         self.keys = keys
         self.values = values
+        self.buffer: torch.Tensor | None = None  # see stacked()
+        self.rows: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # see writes()
+
+    def stacked(self) -> KVCache:
+        """This cache, its layers' keys and values moved (contents kept) into views of one buffer
+        (2 * n_layer, B, H, max_len, hd), for eager steps: :meth:`move` is then one gather and one scatter for
+        every layer instead of one each per layer and kind. In place, so whoever holds this cache sees the one
+        the steps write. Not for compiled steps: under ``torch.compile`` a write into a view of one buffer
+        becomes a copy of the whole buffer (see the class docstring)."""
+        buffer = torch.stack(self.keys + self.values)
+        count = len(self.keys)
+        self.keys, self.values = list(buffer[:count].unbind(0)), list(buffer[count:].unbind(0))
+        self.buffer, self.rows = buffer, None
+        return self
 
     @classmethod
     def allocate(
@@ -67,7 +93,22 @@ class KVCache:
 
     def layer(self, index: int) -> LayerCache:
         """One layer's slots, handed to that layer's attention."""
-        return LayerCache(self.keys[index], self.values[index])
+        if self.rows is None:
+            return LayerCache(self.keys[index], self.values[index])
+        return LayerCache(self.keys[index], self.values[index], *self.rows[index])
+
+    def writes(self, slots: torch.Tensor) -> torch.Tensor | SlotWrites:
+        """``slots`` (B, S) as every layer of one forward writes them: eagerly a :class:`SlotWrites` (its flat
+        index computed once, not once a layer); compiled, ``slots`` itself (Inductor writes in place)."""
+        if torch.compiler.is_compiling() or not all(t.is_contiguous() for t in self.keys + self.values):
+            return slots
+        batch, heads, width, head_dim = self.keys[0].shape
+        if self.rows is None:  # every layer's (B * H * max_len, hd) view, made once: the buffers never move
+            self.rows = [
+                (k.view(-1, head_dim), v.view(-1, head_dim)) for k, v in zip(self.keys, self.values, strict=True)
+            ]
+        rows = torch.arange(batch * heads, device=slots.device).view(batch, heads, 1) * width  # (B, H, 1)
+        return SlotWrites(slots, (rows + slots[:, None, :]).reshape(-1))  # (B * H * S,)
 
     def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy slots ``src`` to ``dst`` in every layer's keys and values, per row: ``src``, ``dst`` are (B, n) long.
@@ -76,6 +117,12 @@ class KVCache:
         ``src`` and ``dst`` may overlap when ``dst <= src`` elementwise (values are gathered first).
         """
         batch, n_head, _, head_dim = self.keys[0].shape
+        if self.buffer is not None and not torch.compiler.is_compiling():  # eager, stacked: every layer at once
+            count = self.buffer.shape[0]
+            index = src[None, :, None, :, None].expand(count, batch, n_head, src.shape[1], head_dim)
+            target = dst[None, :, None, :, None].expand_as(index)  # (2 * n_layer, B, H, n, hd)
+            self.buffer.scatter_(3, target, self.buffer.gather(3, index))
+            return
         if not torch.compiler.is_compiling():  # eager: gather + scatter_, as in LayerCache.update
             index = src[:, None, :, None].expand(batch, n_head, src.shape[1], head_dim)  # (B, H, n, hd)
             target = dst[:, None, :, None].expand_as(index)
@@ -141,21 +188,34 @@ def row_head_index(batch: int, heads: int, device) -> tuple[torch.Tensor, torch.
 class LayerCache:
     """One layer's slice of a :class:`KVCache`; attention writes new keys and reads the prefix."""
 
-    def __init__(self, k: torch.Tensor, v: torch.Tensor):
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, k_rows: torch.Tensor | None = None, v_rows=None):
         self.k = k  # (B, H, L, hd)
         self.v = v
+        self.k_rows, self.v_rows = k_rows, v_rows  # (B * H * L, hd) views, when the cache made them (writes())
 
     def update(
         self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write ``k``, ``v`` (B, H, S, hd) at per-row ``slots`` (B, S) and return the first ``length`` slots.
 
-        Rows may write different slots (speculative rows accept different numbers of tokens).
+        Rows may write different slots (speculative rows accept different numbers of tokens). ``slots`` may be
+        a :class:`SlotWrites` (eager), whose flat index is used as it is.
         """
+        if isinstance(slots, SlotWrites):  # eager, prepared once a forward: contiguous rows of hd values
+            head_dim = k.shape[3]
+            k_rows = self.k.view(-1, head_dim) if self.k_rows is None else self.k_rows
+            v_rows = self.v.view(-1, head_dim) if self.v_rows is None else self.v_rows
+            k_rows.index_copy_(0, slots.flat, k.reshape(-1, head_dim))
+            v_rows.index_copy_(0, slots.flat, v.reshape(-1, head_dim))
+            if length == self.k.shape[2]:
+                return self.k, self.v
+            return self.k[:, :, :length], self.v[:, :, :length]
         if not torch.compiler.is_compiling():  # eager: a scatter_ costs a third of an index_put_
             index = slots[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])  # (B, H, S, hd)
             self.k.scatter_(2, index, k)
             self.v.scatter_(2, index, v)
+            if length == self.k.shape[2]:  # masks over the whole capacity (every tree step): no slicing
+                return self.k, self.v
             return self.k[:, :, :length], self.v[:, :, :length]
         # Compiled: an index_put_, which Inductor writes into the cache in place, whereas a scatter_ into a
         # step's input is computed into a copy of the whole cache and copied back.
@@ -171,6 +231,9 @@ class NoCache:
 
     def layer(self, index: int) -> NoCache:
         return self
+
+    def writes(self, slots: torch.Tensor) -> torch.Tensor:
+        return slots
 
     def update(
         self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int

@@ -98,7 +98,7 @@ def _entropy_temperature(value) -> tuple[float, float, float] | None:
 
 def combine_cfg(logits: torch.Tensor, scale: float) -> torch.Tensor:
     """``[cond; uncond]`` logits (2B, ..., V) -> guided fp32 logits (B, ..., V)."""
-    cond, uncond = logits.float().chunk(2, dim=0)
+    cond, uncond = (logits if logits.dtype == torch.float32 else logits.float()).chunk(2, dim=0)
     return uncond + (cond - uncond) * scale
 
 
@@ -111,10 +111,10 @@ def guided_logits(logits: torch.Tensor, config: SamplingConfig, step: int) -> to
     return logits.float().chunk(2, dim=0)[0]
 
 
-def guided_logits_at(logits: torch.Tensor, config: SamplingConfig, steps: torch.Tensor) -> torch.Tensor:
+def guided_logits_at(logits: torch.Tensor, config: SamplingConfig, steps: torch.Tensor | None) -> torch.Tensor:
     """CFG per position: ``logits`` (2B, S, V) or (B, S, V) -> (B, S, V), with ``steps`` (B, S) the token
-    index each position predicts (guided up to :attr:`SamplingConfig.last_guided_token`). Tensor steps,
-    so no host synchronisation.
+    index each position predicts (guided up to :attr:`SamplingConfig.last_guided_token`; unused, and may be
+    None, when every token is guided). Tensor steps, so no host synchronisation.
     """
     if not config.uses_cfg:
         return logits.float()
@@ -150,8 +150,9 @@ def probabilities(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
         return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
     if config.entropy_temperature is not None:
         return entropy_tempered(logits, config)
-    logits = filter_logits(logits / config.temperature, config.top_k, config.top_p)
-    return logits.softmax(-1)
+    if config.temperature != 1.0:  # x / 1.0 is x: the division is skipped at temperature 1 (the same values)
+        logits = logits / config.temperature
+    return filter_logits(logits, config.top_k, config.top_p).softmax(-1)
 
 
 def entropy_tempered(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
@@ -179,7 +180,12 @@ def verification_probabilities(logits: torch.Tensor, config: SamplingConfig) -> 
 
 def exponentials(keys: torch.Tensor, step, stream: int, draws: int, vocab: int) -> torch.Tensor:
     """Exp(1) variables (B, draws, V) for ``draws`` independent draws, made in one pass."""
-    return -torch.log(rng.uniform(keys, step, stream, draws * vocab)).view(keys.shape[0], draws, vocab)
+    return as_exponentials(rng.uniform(keys, step, stream, draws * vocab), draws, vocab)
+
+
+def as_exponentials(uniforms: torch.Tensor, draws: int, vocab: int) -> torch.Tensor:
+    """Exp(1) variables (B, draws, V) from ``draws * vocab`` uniforms (B, draws * V) per row (:func:`exponentials`)."""
+    return -torch.log(uniforms).reshape(uniforms.shape[0], draws, vocab)
 
 
 def race(probs: torch.Tensor, exponential: torch.Tensor, config: SamplingConfig) -> torch.Tensor:

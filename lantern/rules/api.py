@@ -184,6 +184,11 @@ class Composed:
         relaxed: Relaxed | None = None,
         depth: torch.Tensor | None = None,
     ) -> NodeOutcome:
+        if relaxed is None and isinstance(self.relaxation, NoRelaxation):  # exact: p' = p, nothing moved, TV 0
+            drawn = None if self.candidates == "sampled" else race(p, noise, sampling)
+            outcome = self.test.try_siblings(p, tokens, valid, q, u, drawn)
+            zero = p.new_zeros(p.shape[0])
+            return NodeOutcome(outcome.chosen, outcome.target, outcome.proposal, outcome.emitted, zero, zero)
         if relaxed is None:
             relaxed = self.relax(p, tokens, valid, q, depth)
         # (R,) y ~ p' (the argmax when greedy). A test of sampled candidates never uses it: after a rejection

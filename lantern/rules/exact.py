@@ -26,6 +26,7 @@ from typing import NamedTuple
 
 import torch
 
+from lantern.models.devices import needed
 from lantern.rules.api import CANDIDATES, SiblingOutcome
 
 
@@ -126,6 +127,8 @@ class ExactTest:
         for slot in range(x.shape[1]):
             token = x[:, slot].clamp_min(0)  # -1 (no candidate) rows are not trying
             trying = valid[:, slot] & (chosen < 0)  # (R,)
+            if not needed(trying):  # eager CPU: no row tries this sibling, so nothing below changes
+                continue
             accept = trying & self.verify(p, token, q, u[:, slot]).accept
             reject = trying & ~accept
             chosen = torch.where(accept, slot, chosen)

@@ -45,6 +45,7 @@ import torch
 
 from lantern import checks
 from lantern.errors import ConfigError
+from lantern.models.devices import needed, share
 from lantern.models.sampling import SamplingConfig, race
 from lantern.rules.api import NodeOutcome, PathChoice, check_candidates
 from lantern.rules.exact import first, without
@@ -155,19 +156,39 @@ class LanternReference:
         # accepted iff y = x_s (the same coupling as the exact rule's closed form, so delta = 0 gives
         # the exact rule's tokens).
         rows, count = tokens.shape
+        self.table.check(p)
         xs = tokens.clamp_min(0)  # (R, K)
         # Every sibling's k+1 nearest codes in one lookup: the test reads the first k, a rejection zeroes all.
         wide = self.table.columns(self.k + 1, p.device)[xs]  # (R, K, k+1)
+        # Per sibling: one gather reads x's mass and its k neighbours' (relaxed_probability's two gathers); a
+        # rejection zeroes x and its k+1 nearest codes when something was merged (rejected()), else x alone.
+        reads = torch.cat([xs[:, :, None], wide[:, :, : self.k]], dim=2).unbind(1)  # K x (R, 1+k)
+        zeroes = torch.cat([xs[:, :, None], wide], dim=2)  # (R, K, k+2)
+        alone = xs[:, :, None].expand_as(zeroes).unbind(1)  # K x (R, k+2)
         current = p
         reach = torch.ones(rows, dtype=p.dtype, device=p.device)  # (R,) probability that sibling s is tested
         gains, mass = [], []
-        for slot in range(count):
-            x, live = xs[:, slot], valid[:, slot]
-            p_tilde, moved, m = self.relaxed_probability(current, x, wide[:, slot, : self.k])
+        for slot, (live, read, zero) in enumerate(zip(valid.unbind(1), reads, zeroes.unbind(1), strict=True)):
+            rows_live = share(live)  # eager CPU: "none" for a sibling no row has (nothing changes), "all" at batch 1
+            if rows_live == "none":
+                gains.append(torch.zeros_like(reach))
+                mass.append(torch.zeros_like(reach))
+                continue
+            masses = current.gather(1, read)  # (R, 1+k): p(x), then x's neighbours nearest first
+            px = masses[:, 0]
+            cumulative = masses[:, 1:].cumsum(dim=1)  # (R, k) as relaxed_probability: the merged sums are a prefix
+            merged = cumulative <= self._bound(px)
+            moved = torch.where(merged, cumulative, 0.0).amax(dim=1)  # (R,) S_m, 0 when nothing fits
+            p_tilde = px + moved
             gains.append(moved)
+            index = torch.where(merged[:, :1], zero, alone[slot])  # m >= 1 iff the prefix is not empty
+            rejected = _renormalised(current.scatter(1, index, 0.0))
+            if rows_live == "all":  # every row tests this sibling: the selections below would take every new value
+                mass.append(reach * p_tilde)
+                reach, current = reach * (1 - p_tilde).clamp_min(0), rejected
+                continue
             mass.append(torch.where(live, reach * p_tilde, 0.0))  # (R,) the law's mass at x_s
             reach = torch.where(live, reach * (1 - p_tilde).clamp_min(0), reach)
-            rejected = _renormalised(current.scatter(1, self.rejected(x, wide[:, slot], m), 0.0))
             current = torch.where(live[:, None], rejected, current)
         # Every tested sibling is zero in the final law, so adding the siblings' masses onto it in one scatter
         # gives the same sums as adding them one by one first.
@@ -191,6 +212,8 @@ class LanternReference:
         for slot in range(count):
             x = tokens[:, slot].clamp_min(0)
             trying = valid[:, slot] & (chosen < 0)
+            if not needed(trying):  # eager CPU: no row tries this sibling, so nothing below changes
+                continue
             p_tilde, moved, m = self.relaxed_probability(current, x)
             qx = proposal.gather(1, x[:, None])[:, 0]
             accept = trying & (qx > 0) & (u[:, slot] * qx <= p_tilde)

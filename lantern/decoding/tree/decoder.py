@@ -39,6 +39,7 @@ from lantern.decoding.tree.step import (
 )
 from lantern.models.condition import Condition
 from lantern.models.drafter import Drafter
+from lantern.models.kv_cache import KVCache
 from lantern.models.sampling import SamplingConfig
 from lantern.models.target import Target
 from lantern.rules.api import RuleSpec
@@ -167,6 +168,8 @@ class SpeculativeDecoder:
             target_cache, drafter_cache = model.new_cache(rows, capacity), self.drafter.new_cache(rows, capacity)
             if self.compile != "none":
                 mark_static(*target_cache.tensors(), *drafter_cache.tensors())
+            elif isinstance(target_cache, KVCache):  # eager: each step's move of the accepted path is one copy
+                target_cache = target_cache.stacked()
             prepare(device, self.draft, self.rule)  # the draft's and the rule's tables, before any step
             self._contexts[shape] = StepContext(
                 model=model,

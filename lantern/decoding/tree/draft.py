@@ -73,8 +73,9 @@ class Expander(Protocol):
 
     root_q: torch.Tensor  # (B, V) the drafter distribution after the pending token
 
-    def expand(self, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
-        """Feed nodes ``tokens`` (B, n) whose parents are the entries ``parents`` (B, n) (0 = root).
+    def expand(self, tokens: torch.Tensor, parents: torch.Tensor, depth: int | None = None) -> torch.Tensor:
+        """Feed nodes ``tokens`` (B, n) whose parents are the entries ``parents`` (B, n) (0 = root); ``depth``:
+        the depth of every new node when the structure knows it (one level's nodes), else None.
 
         The new nodes become entries ``E, E+1, ...`` in call order; returns their ``q`` (B, n, V).
         """
@@ -82,22 +83,22 @@ class Expander(Protocol):
 
 
 def choose_children(
-    q: torch.Tensor, count: int, mode: str, keys: torch.Tensor, step: torch.Tensor
+    q: torch.Tensor, count: int, mode: str, keys: torch.Tensor, step: torch.Tensor, level: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``count`` children per distribution of ``q`` (B, m, V): tokens (B, m, count) and their log q.
 
     Deterministic (and greedy) children are the top ranks; sampled children are an exponential race on
-    uniforms keyed by ``(keys, step)``, i.e. sequential draws without replacement. Children with zero
-    probability get log q = -inf (a sampled candidate of zero probability is never tried).
+    uniforms keyed by ``(keys, step * 64 + level)``, i.e. sequential draws without replacement. Children with
+    zero probability get log q = -inf (a sampled candidate of zero probability is never tried).
     """
     if mode == "sampled":
         batch, m, vocab = q.shape
-        uniforms = rng.uniform(keys, step, rng.DRAFT, m * vocab).view(batch, m, vocab)
+        uniforms = rng.uniform(keys, step * 64 + level, rng.DRAFT, m * vocab).view(batch, m, vocab)
         race = q / -torch.log(uniforms)  # (B, m, V)
         tokens = race.topk(count, dim=-1).indices  # (B, m, count)
-    else:
-        tokens = q.topk(count, dim=-1).indices  # (B, m, count)
-    return tokens, torch.log(q.gather(-1, tokens))
+        return tokens, torch.log(q.gather(-1, tokens))
+    top = q.topk(count, dim=-1)  # the top ranks and their masses (the values q holds at them)
+    return top.indices, torch.log(top.values)  # (B, m, count) each
 
 
 def finish_draft(tokens, parents, depth, q, draws, slots, max_depth: int, mode: str, chain: bool = False) -> Draft:
@@ -240,11 +241,11 @@ class StaticTree:
         q[:, 0] = expander.root_q
         draws = torch.full((batch, count, self.max_width), -1, dtype=torch.long, device=device)  # (B, N+1, K)
         for level, (nodes, parents, width, pick, fed, fed_parents) in enumerate(levels, start=1):
-            chosen, _ = choose_children(q[:, parents], width, mode, keys, step * 64 + level)  # (B, P, width)
+            chosen, _ = choose_children(q[:, parents], width, mode, keys, step, level)  # (B, P, width)
             draws[:, parents, :width] = chosen
             tokens[:, nodes] = chosen.flatten(1)[:, pick]
             if fed.numel():
-                q[:, fed] = expander.expand(tokens[:, fed], fed_parents.expand(batch, -1))
+                q[:, fed] = expander.expand(tokens[:, fed], fed_parents.expand(batch, -1), level)
         parents = all_parents.expand(batch, -1)
         depth = all_depth.expand(batch, -1)
         return finish_draft(
@@ -340,7 +341,7 @@ class DynamicTree:
         root_q = expander.root_q  # (B, V)
         batch, vocab = root_q.shape
         device = root_q.device
-        tok, logq = choose_children(root_q[:, None], k, mode, keys, step * 64 + 1)  # (B, 1, k)
+        tok, logq = choose_children(root_q[:, None], k, mode, keys, step, 1)  # (B, 1, k)
         cand_tokens, cand_scores = [tok[:, 0]], [logq[:, 0]]
         cand_parents = [torch.full((batch, k), -1, dtype=torch.long, device=device)]
         frontier = torch.arange(k, device=device).expand(batch, k)  # candidate indices (B, k)
@@ -350,19 +351,19 @@ class DynamicTree:
         offset = k
         for level in range(2, self.depth + 1):
             new_q = expander.expand(
-                cand_tokens[-1].gather(1, frontier - (offset - cand_tokens[-1].shape[1])), frontier_entries
+                cand_tokens[-1].gather(1, frontier - (offset - cand_tokens[-1].shape[1])), frontier_entries, level - 1
             )  # (B, k, V)
             entries = 1 + (level - 2) * k + torch.arange(k, device=device)  # entry ids of the nodes just fed
             fed_q.append(new_q)
             fed_cands.append(frontier)
-            tok, logq = choose_children(new_q, k, mode, keys, step * 64 + level)  # (B, k, k)
+            tok, logq = choose_children(new_q, k, mode, keys, step, level)  # (B, k, k)
             fed_draws.append(tok)
             scores = (frontier_scores[:, :, None] + logq).flatten(1)  # (B, k*k)
             cand_tokens.append(tok.flatten(1))
             cand_scores.append(scores)
             cand_parents.append(frontier[:, :, None].expand(-1, -1, k).flatten(1))
             if level < self.depth:
-                order = torch.sort(-scores, dim=1, stable=True).indices[:, :k]  # (B, k) best first
+                order = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :k]  # (B, k) best first
                 frontier = offset + order
                 frontier_scores = scores.gather(1, order)
                 frontier_entries = entries.expand(batch, -1).gather(1, order // k)
@@ -371,7 +372,7 @@ class DynamicTree:
         scores_all = torch.cat(cand_scores, dim=1)
         parents_all = torch.cat(cand_parents, dim=1)
         chosen = torch.sort(
-            torch.sort(-scores_all, dim=1, stable=True).indices[:, : self.nodes], dim=1
+            torch.sort(scores_all, dim=1, descending=True, stable=True).indices[:, : self.nodes], dim=1
         ).values  # (B, N)
         count = chosen.shape[1] + 1
         node_of = torch.zeros(batch, tokens_all.shape[1], dtype=torch.long, device=device)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from lantern.decoding.batch import repeat_rows, tree_attention_mask
+from lantern.decoding.batch import prefix_columns, repeat_rows, tree_attention_mask
 from lantern.models.drafter import Drafter
 from lantern.models.sampling import SamplingConfig, guided_logits_at, verification_probabilities
 from lantern.models.target import Target, prefix_causal_mask
@@ -111,30 +111,50 @@ class DraftSession:
         batch, rows = base.shape[0], root_feature.shape[0]
         self.groups = rows // batch
         self.valid = valid[:batch]  # (B, W) rows of one CFG half share the condition mask
+        self.prefix = prefix_columns(self.valid, base)  # (B, W) what every node of this draft sees before its own
         device = base.device
         self.features = torch.zeros(rows, max_entries, root_feature.shape[-1], dtype=root_feature.dtype, device=device)
         self.features[:, 0] = root_feature
         self.depth = torch.zeros(batch, max_entries, dtype=torch.long, device=device)
-        # (B, E, E) 0/1 in float32, not bool: Inductor's CPU code for the masked bool or-update below does
-        # not compile (torch 2.14, a VecMask type clash), and the mask builder multiplies it as float anyway.
-        self.ancestors = torch.eye(max_entries, dtype=torch.float32, device=device).repeat(batch, 1, 1)
+        self.eager = not torch.compiler.is_compiling()
+        if self.eager:
+            # (B, E, W) bool: every entry's mask row, its parent's plus its own column (the root's: the prefix,
+            # which holds the root's column L - 1): a node's row is one gather and one scatter away.
+            self.rows = torch.zeros(batch, max_entries, self.valid.shape[1], dtype=torch.bool, device=device)
+            self.rows[:, 0] = self.prefix
+        else:
+            # (B, E, E) 0/1 in float32, not bool: Inductor's CPU code for the masked bool or-update below does
+            # not compile (torch 2.14, a VecMask type clash), and the mask builder multiplies it as float anyway.
+            self.ancestors = torch.eye(max_entries, dtype=torch.float32, device=device).repeat(batch, 1, 1)
         self.count = 1  # entries so far (a host integer: the same sequence every step)
         self.forwards = 0
         logits = model.head(root_feature)[:, None]  # (rows, 1, V)
         self.root_q = verification_probabilities(guided_logits_at(logits, sampling, decided[:, None]), sampling)[:, 0]
 
-    def expand(self, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
-        """Feed nodes ``tokens`` (B, n) under entries ``parents`` (B, n); return their q (B, n, V)."""
+    def expand(self, tokens: torch.Tensor, parents: torch.Tensor, depth: int | None = None) -> torch.Tensor:
+        """Feed nodes ``tokens`` (B, n) under entries ``parents`` (B, n), all at ``depth`` when it is given (else
+        each one below its parent); return their q (B, n, V)."""
         n = tokens.shape[1]
         start, stop = self.count, self.count + n
-        depth = self.depth.gather(1, parents) + 1  # (B, n)
-        self.depth[:, start:stop] = depth
-        inherited = self.ancestors.gather(1, parents[:, :, None].expand(-1, -1, self.ancestors.shape[2]))
-        self.ancestors[:, start:stop] = torch.maximum(self.ancestors[:, start:stop], inherited)
-        # Entries not yet written (>= stop) are not ancestors of anything, so the full table is safe.
-        mask = tree_attention_mask(self.valid, self.base, self.ancestors[:, start:stop], offset=1)  # (B, 1, n, W)
+        if depth is None:
+            depth = self.depth.gather(1, parents) + 1  # (B, n)
+            self.depth[:, start:stop] = depth
+        else:
+            self.depth[:, start:stop] = depth
         slots = self.base[:, None] + torch.arange(start - 1, stop - 1, device=tokens.device)  # (B, n)
-        positions = self.base[:, None] - 1 + depth  # drafter entry index of each node
+        if self.eager:  # each node sees what its parent sees, and itself
+            rows = self.rows.gather(1, parents[:, :, None].expand(-1, -1, self.rows.shape[2]))  # (B, n, W)
+            rows.scatter_(2, slots[:, :, None], True)
+            self.rows[:, start:stop] = rows
+            mask = rows[:, None]  # (B, 1, n, W)
+        else:
+            inherited = self.ancestors.gather(1, parents[:, :, None].expand(-1, -1, self.ancestors.shape[2]))
+            self.ancestors[:, start:stop] = torch.maximum(self.ancestors[:, start:stop], inherited)
+            # Entries not yet written (>= stop) are not ancestors of anything, so the full table is safe.
+            mask = tree_attention_mask(
+                self.valid, self.base, self.ancestors[:, start:stop], offset=1, prefix=self.prefix
+            )  # (B, 1, n, W)
+        positions = (self.base[:, None] - 1 + depth).expand(-1, n)  # drafter entry index of each node
         if self.zero_past_grid:  # entry 0 reads RoPE row 1, a condition row: zero
             positions = torch.where(positions < self.drafter.max_entries, positions, torch.zeros_like(positions))
         parent_features = self.features.gather(
@@ -152,6 +172,6 @@ class DraftSession:
         self.count = stop
         self.forwards += 1
         logits = self.model.head(out)  # (rows, n, V)
-        return verification_probabilities(
-            guided_logits_at(logits, self.sampling, self.decided[:, None] + depth), self.sampling
-        )
+        # The token index each node predicts matters only when guidance stops at some token.
+        steps = None if self.sampling.last_guided_token is None else (self.decided[:, None] + depth).expand(-1, n)
+        return verification_probabilities(guided_logits_at(logits, self.sampling, steps), self.sampling)

@@ -127,9 +127,8 @@ def verify_phase(ctx: StepContext, state: SpecState, draft: Draft) -> tuple[torc
         ctx.target_cache,
         ctx.drafter.config.taps,
     )  # (rows, N+1, V), (rows, N+1, D or len(taps) * D)
-    p = verification_probabilities(
-        guided_logits_at(logits, ctx.sampling, state.decided[:, None] + draft.depth), ctx.sampling
-    )
+    steps = None if ctx.sampling.last_guided_token is None else state.decided[:, None] + draft.depth
+    p = verification_probabilities(guided_logits_at(logits, ctx.sampling, steps), ctx.sampling)
     return p, features
 
 

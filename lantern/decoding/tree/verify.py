@@ -6,7 +6,8 @@ token ``y`` where its test has a closed form, and tries the candidates in order.
 outside the tree (a sampled draw the tree dropped) is the step's last token; when none is accepted
 the node's token is ``y`` or a draw from the rule's residual. After a full path the next token is
 drawn at its last node. Everything is vectorised over rows; the loop runs over depth only, and
-nothing synchronises with the device. A rule with a ``walk`` hook (the authors' greedy LANTERN)
+nothing synchronises with the device (eagerly on the CPU, where reading a flag waits for nothing, the loop
+stops at the first level no row reaches: :func:`lantern.models.devices.needed`). A rule with a ``walk`` hook (the authors' greedy LANTERN)
 chooses among whole paths instead. On a chain every level tests a node known before the walk (node
 ``d`` at level ``d``), so a rule with a ``relax`` hook relaxes all of them in one call first: one
 relaxation over ``B * D`` rows instead of ``D`` over ``B`` (a third of the kernels and calls on a
@@ -22,7 +23,8 @@ import torch
 
 from lantern import rng
 from lantern.decoding.tree.draft import Draft
-from lantern.models.sampling import SamplingConfig, exponentials, race
+from lantern.models.devices import needed
+from lantern.models.sampling import SamplingConfig, as_exponentials, race
 from lantern.rules.api import Relaxed, Rule
 
 
@@ -67,8 +69,12 @@ def walk_tree(
     siblings = draft.candidates.shape[2]
     device = p.device
     rows = torch.arange(batch, device=device)
-    uniforms = rng.uniform(keys, step, rng.ACCEPT, max(1, depth_max * siblings))  # (B, D*K)
-    races = None if sampling.greedy else exponentials(keys, step, rng.LEVEL, depth_max + 1, vocab)  # (B, D+1, V)
+    tests = (rng.ACCEPT, max(1, depth_max * siblings))
+    if sampling.greedy:
+        uniforms, races = rng.uniform(keys, step, *tests), None  # (B, D*K)
+    else:  # both streams in one pass (the same numbers as two uniform() calls)
+        uniforms, levels = rng.uniforms(keys, step, (tests, (rng.LEVEL, (depth_max + 1) * vocab)))
+        races = as_exponentials(levels, depth_max + 1, vocab)  # (B, D+1, V)
     current = torch.zeros(batch, dtype=torch.long, device=device)
     alive = torch.ones(batch, dtype=torch.bool, device=device)
     path = torch.full((batch, depth_max), -1, dtype=torch.long, device=device)
@@ -84,6 +90,8 @@ def walk_tree(
     levels = depth_max - 1 if lazy else depth_max  # relaxed in one call before the walk
     ahead = _relax_chain(draft, p, rule, levels) if ahead and levels > 0 else None
     for level in range(depth_max):
+        if level and not needed(alive):  # eager CPU: no row reaches this level, and later levels change nothing
+            break
         kids = draft.children[rows, current]  # (B, K) tree nodes (-1: not in the tree)
         tokens = draft.candidates[rows, current]  # (B, K)
         valid = alive[:, None] & (tokens >= 0)

@@ -20,7 +20,7 @@ from lantern.models.kv_cache import KVCache
 from lantern.models.llama_drafter import ConfigSizes
 from lantern.models.llama_parts import RMSNorm  # fp32, cast back, then scaled: as LlamaGen's own
 from lantern.models.llamagen import hf_layout
-from lantern.models.llamagen.rope import apply_rope, rope_table_2d
+from lantern.models.llamagen.rope import apply_rope, rope_rows, rope_table_2d
 from lantern.models.target import EmbeddingsTarget, GridShape, check_taps
 
 MODEL_TYPES = ("c2i", "t2i")
@@ -169,6 +169,14 @@ class CaptionEmbedder(nn.Module):
         return self.uncond_embedding.to(device).unsqueeze(0).expand(batch, -1, -1)
 
 
+def attention_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean attention mask as the additive bias (0 where True, -inf where False) in ``dtype``, the tensor SDPA
+    makes of it; eagerly only (compiled, the boolean mask stays: Inductor fuses it)."""
+    if torch.compiler.is_compiling() or mask.dtype != torch.bool:
+        return mask
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+
+
 class Attention(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -275,7 +283,9 @@ class Transformer(EmbeddingsTarget, nn.Module):
         EAGLE-3-style drafter reads in place of the final-norm state.
         """
         taps = check_taps(taps, self.config.n_layer) if taps else ()
-        rope = self.rope[positions]
+        # Prepared once for every layer: the RoPE rows, the cache's write index and (eagerly) the mask as the
+        # additive bias SDPA would otherwise build from the boolean mask in every layer (the same -inf / 0 values).
+        rope, slots, mask = rope_rows(self.rope[positions]), cache.writes(slots), attention_bias(mask, x.dtype)
         states: dict[int, torch.Tensor] = {}
         for index, layer in enumerate(self.layers):
             if index in taps:
@@ -288,7 +298,8 @@ class Transformer(EmbeddingsTarget, nn.Module):
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Hidden states (..., D) -> fp32 logits (..., V)."""
-        return self.output(hidden).float()
+        logits = self.output(hidden)
+        return logits if logits.dtype == torch.float32 else logits.float()
 
     # ----- decoding -----------------------------------------------------------------------------
     def new_cache(self, batch: int, max_len: int | None = None) -> KVCache:

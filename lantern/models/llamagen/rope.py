@@ -30,8 +30,18 @@ def rope_table_2d(grid_size: int, head_dim: int, cls_token_num: int, base: float
     return torch.cat([cond, image], dim=0)
 
 
+def rope_rows(table: torch.Tensor) -> torch.Tensor:
+    """The rows ``table`` (S, hd/2, 2) or (B, S, hd/2, 2) of a forward, ready for every layer's :func:`apply_rope`:
+    eagerly as complex angles (S, 1, hd/2) or (B, S, 1, hd/2), built once a forward instead of once a layer;
+    compiled, unchanged (Inductor has no complex numbers)."""
+    if torch.compiler.is_compiling():
+        return table
+    return torch.view_as_complex(table.contiguous()).unsqueeze(-2)
+
+
 def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """Rotate interleaved channel pairs of ``x`` (B, S, H, hd) by ``table`` (S, hd/2, 2) or (B, S, hd/2, 2).
+    """Rotate interleaved channel pairs of ``x`` (B, S, H, hd) by ``table``: (S, hd/2, 2) or (B, S, hd/2, 2), or
+    those rows as :func:`rope_rows` prepares them (complex).
 
     Pair ``(x0, x1)`` becomes ``(x0 cos - x1 sin, x1 cos + x0 sin)``, computed as one complex product
     in fp32 and cast back, as in the reference (few operations: this runs twice per layer and step).
@@ -45,7 +55,8 @@ def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
         real = pairs[..., 0] * cos - pairs[..., 1] * sin
         imag = pairs[..., 1] * cos + pairs[..., 0] * sin
         return torch.stack([real, imag], dim=-1).flatten(3).type_as(x)
-    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))  # (B, S, H, hd/2)
-    angles = torch.view_as_complex(table.contiguous())  # (S, hd/2) or (B, S, hd/2)
-    rotated = pairs * angles.unsqueeze(-2)  # (B, S, H, hd/2)
-    return torch.view_as_real(rotated).flatten(3).type_as(x)
+    angles = table if table.is_complex() else rope_rows(table)  # (S, 1, hd/2) or (B, S, 1, hd/2)
+    fp32 = x.dtype == torch.float32  # then the casts are no-ops: skipped (two dispatches a layer)
+    pairs = torch.view_as_complex((x if fp32 else x.float()).reshape(*x.shape[:-1], -1, 2))  # (B, S, H, hd/2)
+    rotated = torch.view_as_real(pairs * angles).flatten(3)
+    return rotated if fp32 else rotated.type_as(x)

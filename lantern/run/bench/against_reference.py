@@ -8,34 +8,38 @@ The embedded world is converted to their HF layout (:mod:`lantern.models.llamage
 2. **Greedy equality** (temperature 0, ``check_images`` prompts): our AR codes == their AR codes, our
    EAGLE-2 codes == their EAGLE-2 codes (both equal AR when lossless), and, per delta, our LANTERN decoder
    under reference semantics == the same decoder whose walk asks their ``evaluate_posterior`` (their
-   function as released, on our trees and target rows: :func:`reference_code.their_greedy_walk`). Their
-   whole ``generate()`` is not the yardstick there: its drafter reads other condition entries (below),
-   so its trees, and hence relaxed greedy images, differ from ours from the first steps.
-3. **Timing** (skipped with ``runs=0``: the conversion and greedy checks only) in the world's recommended sampling setting (CFG 3, temperature 1, no top-k/top-p), batch 1,
-   eager on both sides (neither is compiled), for each mode in :data:`MODES`: after one untimed warm-up
-   per mode and side, image by image, interleaved (ours AR, theirs AR, ours EAGLE-2, theirs EAGLE-2, ...),
-   ``runs`` times. A side's latency is the mean over images of the per-image median; ours/theirs is our
-   total time over theirs, every image and run; the spread is the min-max of the per-run ratios (run j:
-   our j-th times over theirs, summed over images), which always contains it.
+   function as released, on our trees and target rows: :func:`reference_code.their_greedy_walk`); and our
+   and their greedy EAGLE-2 tau, equal when the two drafters grow the same trees.
+3. **Timing** (skipped with ``runs=0``: the conversion and greedy checks only) in the world's recommended
+   sampling setting (CFG 3, temperature 1, no top-k/top-p), batch 1, eager on both sides (neither is
+   compiled), for each mode of :func:`modes`: after one untimed warm-up per mode and side, image by image,
+   interleaved (ours AR, theirs AR, ours EAGLE-2, theirs EAGLE-2, ...), ``runs`` times
+   (:mod:`lantern.run.bench.reference_timing`). A side's latency is the mean over images of the per-image
+   median; ours/theirs is our total time over theirs, every image and run; the spread is the min-max of the
+   per-run ratios, which always contains it. Beside it: each side's time per verification step, its phases
+   (drafter, target forward, walk, advance) per step, and tau on one footing; a speculative mode whose two
+   taus differ beyond noise gets no ratio.
 
 Settings matched on both sides: their ``EaModel.from_pretrained`` defaults (``total_token=59, depth=4,
 top_k=10``: a root plus 58 drafted nodes over five levels) are our ``draft=dynamic_tree`` (depth 5 levels,
 top_k 10, 58 nodes, deterministic top-k children); their ``lantern=True, lantern_k=1000, lantern_delta``
-is our ``decoding=lantern semantics=reference k=1000 delta=...`` (their rule, as
-released), on the same raw-row neighbour table.
+is our ``decoding=lantern semantics=reference k=1000 delta=...`` (their rule, as released), on the same
+raw-row neighbour table. The drafter computes the same on both sides (``drafter_inputs="ours"``, the
+default): their released ``generate()`` feeds its drafter code 0's embedding at 119 unmasked condition
+entries, ours the condition embeddings at the real ones, as the world's drafter was trained; their drafter is
+made to read ours (:class:`lantern.models.llamagen.reference_drafter.OurDrafterInputs`), so both grow the
+same trees from the same states. ``drafter_inputs="released"`` runs theirs as released (tau 1.53 against
+1.86 on the world: the EAGLE-2 row's ratio is then refused).
 
 What differs by construction, and is stated in the output: their ``generate()`` has 120 condition slots
 (the world has 16; 104 always-masked slots lead, logits unchanged, a little more attention work per step
-on their side), and their drafter reads code 0's embedding at 119 unmasked condition entries while ours
-reads the condition embeddings at 15 masked ones (the world's drafter was trained so): drafts, hence tau,
-may differ. Their sampled acceptance uses Python's ``random``, ours counter-based keys: sampled images
-differ, greedy ones must not.
+on their side), and their loop runs 1-2 verification steps past the image. Their sampled acceptance uses
+Python's ``random``, ours counter-based keys: sampled images differ, greedy ones must not.
 """
 
 from __future__ import annotations
 
 import platform
-import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -43,17 +47,20 @@ import torch
 from hydra.utils import instantiate
 
 from lantern import checks
+from lantern.decoding.batch import ModelInputs, prefill_condition
 from lantern.errors import ConfigError
 from lantern.files import write_json_atomic, write_text_atomic
 from lantern.models.llamagen import reference_code as theirs
 from lantern.models.llamagen import reference_layout as convert
+from lantern.models.llamagen.reference_drafter import OurDrafterInputs, Probe, condition_layout
 from lantern.models.world.load import DEFAULT_WORLD
 from lantern.results.provenance import environment
 from lantern.rng import keys_tensor, sample_key
-from lantern.run.bench.common import check_writable, ran_with, repo_relative
+from lantern.run.bench.common import check_writable, repo_relative
+from lantern.run.bench.reference_checks import check_drafter_prefill, greedy_check
 from lantern.run.bench.reference_report import MODEL, K, greedy_counts, markdown
+from lantern.run.bench.reference_timing import time_modes
 from lantern.run.compose import ModelParts, build_decoder, compose_config
-from lantern.run.timing import ratio_of_totals, timed
 
 LOGITS_TOLERANCE = 1e-4  # fp32; measured differences are float rounding (~1e-6)
 DELTAS = (0.1, 0.4)
@@ -91,10 +98,16 @@ class Plan:
     reference: str | None = None
     out: str | None = None
     argv: tuple[str, ...] = ()
+    drafter_inputs: str = "ours"
     rows: list = field(default_factory=list)
 
 
-def plan_from(images, runs, check_images, seed, threads, deltas, reference, out, argv=()) -> Plan:
+DRAFTER_INPUTS = ("ours", "released")  # what their drafter reads at the condition entries (module docstring)
+
+
+def plan_from(
+    images, runs, check_images, seed, threads, deltas, reference, out, argv=(), drafter_inputs="ours"
+) -> Plan:
     """A checked :class:`Plan`; every value is checked before anything is built (ConfigError: bad input)."""
     # Upper bounds far past any benchmark's need: a larger value is a typo that would run for days.
     images = checks.capped("--images", images, 1, 10_000)
@@ -114,7 +127,10 @@ def plan_from(images, runs, check_images, seed, threads, deltas, reference, out,
         raise checks.refuse("--out", out, "a path stem (OUT.md and OUT.json are written)")
     if reference is not None:
         theirs.reference_folder(reference)  # a given folder must hold their code (bad input otherwise)
-    plan = Plan(images, runs, check_images, seed, threads, tuple(values), reference, out, tuple(argv))
+    drafter_inputs = checks.choice(
+        "--drafter-inputs", drafter_inputs, DRAFTER_INPUTS, note="what their drafter reads at the condition entries"
+    )
+    plan = Plan(images, runs, check_images, seed, threads, tuple(values), reference, out, tuple(argv), drafter_inputs)
     plan.rows = modes(plan.deltas)
     for row in plan.rows:  # compose every config now: a bad override costs nothing
         compose_config(_overrides(row["ours"]))
@@ -135,6 +151,15 @@ def _overrides(mode: list[str], greedy: bool = False) -> list[str]:
         *(["temperature=0"] if greedy else []),
         *mode,
     ]
+
+
+@torch.inference_mode()
+def _condition_states(target, inputs: ModelInputs) -> torch.Tensor:
+    """Our target's final-norm states over the condition (rows, T, D), as our decoders' prefill computes them."""
+    capacity = inputs.cond_emb.shape[1]
+    return prefill_condition(
+        target, inputs.cond_emb, inputs.cond_mask, target.new_cache(inputs.rows, capacity), capacity
+    )
 
 
 class Sides:
@@ -166,13 +191,24 @@ class Sides:
             raise RuntimeError("the full neighbour table disagrees with the one our reference rule reads")
         self.reference = theirs.build_reference(modules, self.bundle, self.drafter, full, **self.tree)
         self.modules, self.full_table = modules, full
+        self.probe = Probe(self.reference.eagle)  # their accepted lengths and phase times, per generate()
+        self.their_drafter = OurDrafterInputs(self.reference.eagle.ea_layer)
+        # What our drafter reads at the condition entries, in their 120 slots, per prompt (same for greedy).
+        self._ours: dict[tuple, object] = {}
+        sampling = self.our_decoder(plan.rows[1], greedy=False).sampling  # EAGLE-2's: CFG rows as our decoders
+        self.drafter_inputs = None
+        if plan.drafter_inputs == "ours":
+            self.drafter_inputs = []
+            for condition in self.conditions:
+                inputs = ModelInputs.of(self.bundle.target, condition, sampling)
+                states = _condition_states(self.bundle.target, inputs)
+                self.drafter_inputs.append(condition_layout(inputs.cond_emb, inputs.cond_mask, states))
         self.sampling = {
             "cfg": float(cfg.cfg_scale),
             "temperature": float(cfg.temperature),
             "top_k": int(cfg.top_k),
             "top_p": float(cfg.top_p),
         }
-        self._ours: dict[tuple, object] = {}
 
     def our_decoder(self, row: dict, greedy: bool):
         key = (row["mode"], greedy)
@@ -194,6 +230,10 @@ class Sides:
             self.bundle.target, self.conditions[index], keys_tensor(self.seed, [index], self.bundle.device)
         )
 
+    def overrides(self, row: dict) -> list[str]:
+        """Our Hydra overrides of ``row`` as a record states them (paths relative to the repository)."""
+        return [repo_relative(o) for o in _overrides(row["ours"])]
+
     def ours(self, row: dict, index: int, greedy: bool = False):
         decoder = self.our_decoder(row, greedy)
         keys = keys_tensor(self.seed, [index], self.bundle.device)
@@ -202,119 +242,17 @@ class Sides:
     def theirs(self, row: dict, index: int, greedy: bool = False):
         s = dict(self.sampling, temperature=0.0) if greedy else self.sampling
         caption, spec = self.captions[index], row["theirs"]
-        theirs.seed_reference(sample_key(self.seed, index) & 0x7FFFFFFF)  # outside the timed call
+        # Outside the timed call: their RNG, their drafter's condition entries, the probe's records.
+        theirs.seed_reference(sample_key(self.seed, index) & 0x7FFFFFFF)
+        if self.drafter_inputs is None:
+            self.their_drafter.clear()
+        else:
+            self.their_drafter.set(self.drafter_inputs[index])
+        self.probe.start()
         args = (caption, s["temperature"], s["top_k"], s["top_p"], s["cfg"])
         if spec is None:
-            return lambda: (self.reference.ar(*args), None)
-        return lambda: self.reference.speculative(*args, spec["lantern"], spec.get("k", K), spec.get("delta", 0.1))
-
-
-def _our_tau(result) -> float:
-    steps, tokens = int(result.per_sample["steps"].sum()), int(result.per_sample["tokens"].sum())
-    return tokens / max(1, steps)
-
-
-def lantern_rows(plan: Plan) -> list[dict]:
-    """The LANTERN modes (reference semantics, one per delta)."""
-    return [row for row in plan.rows if row["theirs"] and row["theirs"]["lantern"]]
-
-
-def greedy_check(sides: Sides, plan: Plan) -> list[dict]:
-    """Temperature 0, per prompt: our AR and EAGLE-2 codes against their ``generate()``'s; our LANTERN
-    (reference semantics) codes against our decoder walking with their ``evaluate_posterior``."""
-    rows = []
-    for index in range(plan.check_images):
-        ours_ar = sides.ours(sides_row(plan, "ar"), index, greedy=True)().codes.cpu()
-        theirs_ar = sides.theirs(sides_row(plan, "ar"), index, greedy=True)()[0].cpu().long()
-        eagle = sides_row(plan, "eagle-2 dynamic tree")
-        ours_eagle = sides.ours(eagle, index, greedy=True)()
-        theirs_eagle, theirs_tau = sides.theirs(eagle, index, greedy=True)()
-        row = {
-            "prompt": sides.items[index],
-            "ar_equal": bool(torch.equal(ours_ar, theirs_ar)),
-            "eagle2_equal": bool(torch.equal(ours_eagle.codes.cpu(), theirs_eagle.cpu().long())),
-            "ours_eagle2_equals_ours_ar": bool(torch.equal(ours_eagle.codes.cpu(), ours_ar)),
-            "ar_tokens_differing": int((ours_ar != theirs_ar).sum()),
-            "tau_ours": _our_tau(ours_eagle),
-            "tau_theirs": theirs_tau,
-            "lantern": {},
-        }
-        for mode in lantern_rows(plan):
-            ours_codes = sides.ours(mode, index, greedy=True)().codes.cpu()
-            their_rule = sides.with_their_rule(mode)(index).codes.cpu()
-            differing = (ours_codes != their_rule).nonzero()[:, -1]  # token indices (batch 1)
-            row["lantern"][str(mode["theirs"]["delta"])] = {
-                "equal": bool(torch.equal(ours_codes, their_rule)),
-                "tokens_differing": int(differing.numel()),
-                "first_differing": int(differing.min()) if differing.numel() else None,
-            }
-        rows.append(row)
-        relaxed = ", ".join(
-            f"LANTERN d{delta} equal {r['equal']}" + ("" if r["equal"] else f" (from token {r['first_differing']})")
-            for delta, r in row["lantern"].items()
-        )
-        print(
-            f"greedy prompt {index} ({row['prompt']!r}): AR equal {row['ar_equal']}, EAGLE-2 equal "
-            f"{row['eagle2_equal']} (tau ours {row['tau_ours']:.2f}, theirs {row['tau_theirs']:.2f}), {relaxed}",
-            flush=True,
-        )
-    return rows
-
-
-def sides_row(plan: Plan, mode: str) -> dict:
-    return next(row for row in plan.rows if row["mode"] == mode)
-
-
-def time_modes(sides: Sides, plan: Plan) -> list[dict]:
-    """The interleaved timing of every mode, both sides (see the module docstring)."""
-    for row in plan.rows:  # warm-up: caches, neighbour tables, allocator, per mode and side
-        sides.ours(row, 0)()
-        sides.theirs(row, 0)()
-    times = {(row["mode"], side): [[] for _ in range(plan.images)] for row in plan.rows for side in ("ours", "theirs")}
-    taus = {key: [None] * plan.images for key in times}
-    for _ in range(plan.runs):
-        for index in range(plan.images):
-            for row in plan.rows:
-                for side in ("ours", "theirs"):
-                    call = sides.ours(row, index) if side == "ours" else sides.theirs(row, index)
-                    seconds, result = timed(call, sides.bundle.device)
-                    times[(row["mode"], side)][index].append(seconds)
-                    if side == "ours":
-                        taus[(row["mode"], side)][index] = _our_tau(result) if row["theirs"] else 1.0
-                    else:
-                        taus[(row["mode"], side)][index] = result[1] if row["theirs"] else 1.0
-    records = []
-    for row in plan.rows:
-        ours_t, theirs_t = times[(row["mode"], "ours")], times[(row["mode"], "theirs")]
-        ours_latency = statistics.mean(statistics.median(t) for t in ours_t)
-        theirs_latency = statistics.mean(statistics.median(t) for t in theirs_t)
-        ratio, per_run = ratio_of_totals(ours_t, theirs_t)
-        record = {
-            "mode": row["mode"],
-            "ours_overrides": [repo_relative(o) for o in _overrides(row["ours"])],
-            "theirs_generate": row["theirs"] or {"generate": "LlamaForCausalLM.generate"},
-            "ours_s_per_image": ours_latency,
-            "theirs_s_per_image": theirs_latency,
-            "ratio": ratio,
-            "ratio_runs": per_run,
-            "tau_ours": statistics.mean(taus[(row["mode"], "ours")]),
-            "tau_theirs": statistics.mean(taus[(row["mode"], "theirs")]),
-            "times_s": {"ours": ours_t, "theirs": theirs_t},  # (image, run)
-            **ran_with(sides.our_decoder(row, greedy=False), sides.bundle.target),  # ours, read from our decoder
-            "theirs_compile": "none (their code is never compiled)",
-            "threads": plan.threads,
-        }
-        tokens = sides.bundle.target.config.num_image_tokens
-        for side in ("ours", "theirs"):  # one target step's share of the latency: N / tau steps per image
-            record[f"{side}_ms_per_step"] = 1000 * record[f"{side}_s_per_image"] * record[f"tau_{side}"] / tokens
-        records.append(record)
-        print(
-            f"{row['mode']:44s} ours {ours_latency:6.3f} s/image  theirs {theirs_latency:6.3f}  ours/theirs "
-            f"{record['ratio']:.3f} ({min(per_run):.3f}-{max(per_run):.3f})  tau {record['tau_ours']:.2f} / "
-            f"{record['tau_theirs']:.2f}",
-            flush=True,
-        )
-    return records
+            return lambda: self.reference.ar(*args)
+        return lambda: self.reference.speculative(*args, spec["lantern"], spec.get("k", K), spec.get("delta", 0.1))[0]
 
 
 def run(plan: Plan) -> dict | None:
@@ -331,8 +269,15 @@ def run(plan: Plan) -> dict | None:
     torch.set_num_threads(plan.threads)
     sides = Sides(plan, modules)
     logits = theirs.check_logits(sides.bundle, sides.drafter, sides.reference, sides.conditions[0], plan.seed)
+    logits |= check_drafter_prefill(
+        sides.bundle, sides.drafter, sides.reference, sides.their_drafter, sides.conditions[0], plan.seed
+    )
     print("conversion check: " + ", ".join(f"{k} {v:.2e}" for k, v in logits.items()), flush=True)
-    worst = max(logits["target_logits_max_abs_diff"], logits["drafter_logits_max_abs_diff"])
+    worst = max(
+        logits["target_logits_max_abs_diff"],
+        logits["drafter_logits_max_abs_diff"],
+        logits["drafter_prefill_matched_max_abs_diff"],
+    )
     if worst > LOGITS_TOLERANCE:
         raise ConfigError(
             f"the converted models disagree with ours (logits differ by {worst:.3g} > {LOGITS_TOLERANCE})"
