@@ -32,6 +32,7 @@ TRAIN_COND_DROPOUT = (
 )
 JACOBI_COUPLE = 11  # MC-SJD's Gumbel coupling: step = the image token's index (fixed noise per token)
 VVS_PATH = 12  # VVS: the draft path a verification-skipping step commits (step = the row's decided count)
+AUDIT = 13  # the Monte Carlo TV audit's reruns of a step (lantern/decoding/audit.py): keys of independent reruns
 
 
 def _signed(c: int) -> int:
@@ -71,16 +72,27 @@ def keys_tensor(seed: int, indices, device: torch.device | str = "cpu") -> torch
     return torch.tensor([sample_key(seed, int(i)) for i in indices], dtype=torch.long, device=device)
 
 
-def uniform(keys: torch.Tensor, step, stream: int, n: int) -> torch.Tensor:
-    """Uniform numbers in (0, 1), shape (B, n) float32, for ``keys`` (B,) at ``step`` (int or (B,)).
-
-    Number ``j`` of row ``b`` depends only on ``(keys[b], step, stream, j)``.
-    """
+def bits(keys: torch.Tensor, step, stream: int, n: int) -> torch.Tensor:
+    """32-bit hashes (B, n) in int64 lanes of ``(keys[b], step, stream, j)`` (what :func:`uniform` scales)."""
     step = torch.as_tensor(step, dtype=torch.long, device=keys.device).expand(keys.shape)
     base = _mix32(keys & _MASK32)
     base = _mix32(base ^ (keys >> 32))
     base = _mix32(base ^ (step & _MASK32))
     base = _mix32(base ^ ((stream * _GOLDEN) & _MASK32))  # (B,); the stream's constant on the host
     index = _mul32(torch.arange(n, device=keys.device, dtype=torch.long), _GOLDEN)  # (n,)
-    bits = _mix32(_mix32((base[:, None] + index[None, :]) & _MASK32) ^ base[:, None])  # (B, n)
-    return ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))
+    return _mix32(_mix32((base[:, None] + index[None, :]) & _MASK32) ^ base[:, None])  # (B, n)
+
+
+def uniform(keys: torch.Tensor, step, stream: int, n: int) -> torch.Tensor:
+    """Uniform numbers in (0, 1), shape (B, n) float32, for ``keys`` (B,) at ``step`` (int or (B,)).
+
+    Number ``j`` of row ``b`` depends only on ``(keys[b], step, stream, j)``.
+    """
+    return ((bits(keys, step, stream, n) >> 8).float() + 0.5) * (1.0 / (1 << 24))
+
+
+def derived_keys(keys: torch.Tensor, step, stream: int, n: int) -> torch.Tensor:
+    """``n`` new 63-bit sample keys per row (B, n) int64, functions of ``(keys[b], step, stream, j)``: the keys of
+    independent reruns of a sample's randomness (the Monte Carlo TV audit)."""
+    lanes = bits(keys, step, stream, 2 * n).view(keys.shape[0], n, 2)
+    return ((lanes[..., 0] & 0x7FFFFFFF) << 32) | lanes[..., 1]
