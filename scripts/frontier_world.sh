@@ -1,18 +1,14 @@
 #!/usr/bin/env bash
-# The speed-against-fidelity sweep behind results/frontier_world.*: every lossy method over its knob on the
-# world, and the lossless ones it is measured against, 6 images at batch 1 each (a small sweep: the machine it
-# was made on is shared), then make_tables --frontier over all of them.
+# The speed-against-fidelity sweep behind results/frontier_world.*: AR and `+experiment=frontier` on the world (every
+# method of experiments/experiment/frontier/ at its three settings: lossy ones at their realised TV, in closed form or
+# by the Monte Carlo audit over all 6 images, exact ones at TV 0), 6 images at batch 1 each with AR interleaved, then
+# make_tables --frontier over all of them. Run it on an idle machine: the speed-ups are the figure.
 #   bash scripts/frontier_world.sh OUT_DIR [results]
 set -euo pipefail
 out=${1:?usage: frontier_world.sh OUT_DIR [TABLE_DIR]}
 tables=${2:-$out}
 common=(num_images=6 batch_size=1 warmup=0 metrics=none wandb.mode=disabled)
 sweep() { python run.py -m "${common[@]}" hydra.sweep.dir="$out/$1" "${@:2}"; }
-sweep exact decoding=ar,sjd,eagle
-sweep lantern decoding=lantern delta=0.1,0.2,0.4
-sweep lantern_pp decoding=lantern_pp lambda=1.5,3.0,6.0
-sweep gsd decoding=gsd gsd_radius=3,7,15
-sweep sjd_pp decoding=sjd_pp sjd_pp_threshold=0.3,0.5,0.8
-sweep vvs decoding=vvs skip_interval=2,5,10
-sweep sjd_pac decoding=sjd_pac tree_width=1,3,4
+sweep ar decoding=ar
+sweep grid +experiment=frontier model=fashion_t2i tv_audit.reruns=1024 tv_audit.images=null
 python scripts/make_tables.py "$out" --out "$tables" --stem frontier_world --frontier

@@ -13,23 +13,15 @@ import torch
 
 from lantern.models.condition import Condition
 from lantern.models.kv_cache import KVCache
-from lantern.models.target import EmbeddingsTarget
+from lantern.models.target import EmbeddingsTarget, GridShape
 from lantern.rng import keys_tensor
 
 
 @dataclass(frozen=True)
-class MarkovConfig:
+class MarkovConfig(GridShape):
     vocab_size: int
     grid_size: int
     cls_token_num: int = 1
-
-    @property
-    def num_image_tokens(self) -> int:
-        return self.grid_size * self.grid_size
-
-    @property
-    def max_seq_len(self) -> int:
-        return self.cls_token_num + self.num_image_tokens
 
 
 class MarkovTarget(EmbeddingsTarget, torch.nn.Module):

@@ -122,10 +122,10 @@ def test_the_realised_tv_is_0_with_one_candidate_per_column_and_unmeasured_with_
 
 
 def test_run_py_on_the_world_records_tau_above_1_and_greedy_pngs_equal_ar(tmp_path):
-    metrics, _ = run_images(tmp_path, "pac", "decoding=sjd_pac")
+    metrics, _ = run_images(tmp_path, "pac", "decoding=sjd_pac", "tv_audit=off")
     assert metrics["decoding"] == "sjd_pac" and metrics["mean_accepted_length"] > 1.0
     assert (metrics["window"], metrics["tree_width"], metrics["tree_depth"]) == (64, 3, 3)
-    assert metrics["tv_realised_mean"] is None  # K >= 2: the emitted law has no closed form, left unmeasured
+    assert metrics["tv_realised_mean"] is None  # K >= 2: no closed form, and its Monte Carlo audit is off here
     saved = json.loads((tmp_path / "pac" / "metrics.json").read_text())["settings"]
     assert saved["kind"] == "sjd_pac"
     _, ar = run_images(tmp_path, "ar", "decoding=ar", "temperature=0")

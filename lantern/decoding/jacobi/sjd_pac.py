@@ -12,9 +12,11 @@ Defaults follow the released code (``_init_new_params`` and ``test_lumina_mgpt.p
 ``window`` is the released ``L``: the nodes of one forward, the pending root included.
 
 As released it is lossy: the longest passing path wins even where an earlier sibling on another path also passed,
-so the test's outcome picks the emitted token (measured: docs/jacobi.md, tests/test_sjd_pac.py). With ``K >= 2`` no
-closed form of an emitted token's law is known, so records leave the realised TV unmeasured (NaN per token); with
-``K = 1`` (SJD's test and a maximal-coupling refill: lossless) or greedy it is 0.
+so the test's outcome picks the emitted token, and the continuation draws candidates from another law than the one
+it records (measured: docs/jacobi.md, tests/test_sjd_pac.py). With ``K >= 2`` no closed form of an emitted token's
+law is known: the step logs NaN and the decoder names the Monte Carlo audit (:mod:`lantern.decoding.audit`); with
+``K = 1`` (SJD's test and a maximal-coupling refill: lossless), greedy or the lossless selection
+(:mod:`lantern.decoding.jacobi.pac_exact`) it is 0.
 """
 
 from __future__ import annotations
@@ -82,6 +84,22 @@ class SjdPacDecoder(JacobiDecoder):
     @property
     def max_accepted(self) -> int:
         return self.test.columns
+
+    @property
+    def tv_audit(self) -> str:
+        """``exact`` where every token follows the target (greedy, K = 1, the lossless selection), else ``mc``: the
+        emitted law has no closed form (lantern.decoding.audit)."""
+        tree = self.test
+        return "exact" if self.sampling.greedy or tree.width == 1 or tree.selection.lossless else "mc"
+
+    def refresh_drafts(self, state):
+        """The candidates drawn again as the tests assume they were: ``K`` draws without replacement from each
+        column's recorded law (the released continuation does not draw them so: docs/jacobi.md)."""
+        tree = self.test
+        uniforms = rng.uniform(state.keys, state.decided, rng.AUDIT, tree.columns * tree.width)
+        return state._replace(
+            window=distinct_draws(state.draft_q, tree.width, uniforms.view(-1, tree.columns, tree.width))
+        )
 
     def check_model(self, config) -> None:
         if self.fit:
