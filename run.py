@@ -82,7 +82,9 @@ def main(cfg: DictConfig) -> None:
     speedup = f", {metrics['speedup']:.2f}x AR" if metrics.get("speedup") is not None else ""
     tv = ""
     if metrics.get("tv_realised_mean") is not None:  # relaxed decoders: the law tokens were drawn from vs the target's
-        tv = f", realised TV mean {metrics['tv_realised_mean']:.3f} max {metrics['tv_realised_max']:.3f}"
+        se, top = metrics.get("tv_realised_se"), metrics.get("tv_realised_max")
+        spread = f" +- {se:.3f} (Monte Carlo)" if se is not None else f" max {top:.3f}" if top is not None else ""
+        tv = f", realised TV mean {metrics['tv_realised_mean']:.3f}{spread}"
     print(
         f"{metrics['num_images']} images, grid.png and metrics.json in {out_dir} "
         f"({timing}, tau {metrics['mean_accepted_length']:.2f}{speedup}{tv})"

@@ -32,6 +32,7 @@ TRAIN_COND_DROPOUT = (
 )
 JACOBI_COUPLE = 11  # MC-SJD's Gumbel coupling: step = the image token's index (fixed noise per token)
 VVS_PATH = 12  # VVS: the draft path a verification-skipping step commits (step = the row's decided count)
+AUDIT = 13  # the Monte Carlo TV audit's reruns of a step (lantern/decoding/audit.py): keys of independent reruns
 
 
 def _signed(c: int) -> int:
@@ -71,30 +72,50 @@ def keys_tensor(seed: int, indices, device: torch.device | str = "cpu") -> torch
     return torch.tensor([sample_key(seed, int(i)) for i in indices], dtype=torch.long, device=device)
 
 
+def bits(keys: torch.Tensor, step, stream: int, n: int) -> torch.Tensor:
+    """32-bit hashes (B, n) in int64 lanes of ``(keys[b], step, stream, j)`` (what :func:`uniform` scales)."""
+    step = torch.as_tensor(step, dtype=torch.long, device=keys.device).expand(keys.shape)
+    base = _mix32(keys & _MASK32)
+    base = _mix32(base ^ (keys >> 32))
+    base = _mix32(base ^ (step & _MASK32))
+    base = _mix32(base ^ ((stream * _GOLDEN) & _MASK32))  # (B,); the stream's constant on the host
+    index = _mul32(torch.arange(n, device=keys.device, dtype=torch.long), _GOLDEN)  # (n,)
+    return _mix32(_mix32((base[:, None] + index[None, :]) & _MASK32) ^ base[:, None])  # (B, n)
+
+
+def _unit(hashed: torch.Tensor) -> torch.Tensor:
+    """32-bit hashes -> float32 uniforms in (0, 1) from their top 24 bits."""
+    return ((hashed >> 8).float() + 0.5) * (1.0 / (1 << 24))
+
+
 def uniform(keys: torch.Tensor, step, stream: int, n: int) -> torch.Tensor:
     """Uniform numbers in (0, 1), shape (B, n) float32, for ``keys`` (B,) at ``step`` (int or (B,)).
 
     Number ``j`` of row ``b`` depends only on ``(keys[b], step, stream, j)``.
     """
-    return uniforms(keys, step, ((stream, n),))[0]
+    return _unit(bits(keys, step, stream, n))
 
 
 def uniforms(keys: torch.Tensor, step, streams) -> list[torch.Tensor]:
     """:func:`uniform` of several ``streams`` ((stream, n), ...) at one ``step``, each (B, n): the same numbers,
     hashed in one pass (the key and step are mixed once for all streams: a tree walk draws two streams a step)."""
+    if len(streams) == 1:
+        return [uniform(keys, step, *streams[0])]
     step = torch.as_tensor(step, dtype=torch.long, device=keys.device).expand(keys.shape)
     base = _mix32(keys & _MASK32)
     base = _mix32(base ^ (keys >> 32))
     base = _mix32(base ^ (step & _MASK32))  # (B,)
     sizes = [n for _, n in streams]
-    if len(streams) == 1:
-        per = _mix32(base ^ ((streams[0][0] * _GOLDEN) & _MASK32))[:, None]  # (B, 1); the stream's constant on the host
-        index = _mul32(torch.arange(sizes[0], device=keys.device, dtype=torch.long), _GOLDEN)[None, :]  # (1, n)
-    else:
-        constants = torch.tensor([(stream * _GOLDEN) & _MASK32 for stream, _ in streams], device=keys.device)
-        mixed = _mix32(base[:, None] ^ constants)  # (B, S) one base per stream
-        per = torch.cat([mixed[:, i : i + 1].expand(-1, n) for i, n in enumerate(sizes)], dim=1)  # (B, sum n)
-        numbers = _mul32(torch.arange(max(sizes), device=keys.device, dtype=torch.long), _GOLDEN)
-        index = torch.cat([numbers[:n] for n in sizes])[None, :]  # (1, sum n) each stream's own indices
-    bits = _mix32(_mix32((per + index) & _MASK32) ^ per)  # (B, sum n)
-    return list((((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))).split(sizes, dim=1))
+    constants = torch.tensor([(stream * _GOLDEN) & _MASK32 for stream, _ in streams], device=keys.device)
+    mixed = _mix32(base[:, None] ^ constants)  # (B, S) one base per stream
+    per = torch.cat([mixed[:, i : i + 1].expand(-1, n) for i, n in enumerate(sizes)], dim=1)  # (B, sum n)
+    numbers = _mul32(torch.arange(max(sizes), device=keys.device, dtype=torch.long), _GOLDEN)
+    index = torch.cat([numbers[:n] for n in sizes])[None, :]  # (1, sum n) each stream's own indices
+    return list(_unit(_mix32(_mix32((per + index) & _MASK32) ^ per)).split(sizes, dim=1))
+
+
+def derived_keys(keys: torch.Tensor, step, stream: int, n: int) -> torch.Tensor:
+    """``n`` new 63-bit sample keys per row (B, n) int64, functions of ``(keys[b], step, stream, j)``: the keys of
+    independent reruns of a sample's randomness (the Monte Carlo TV audit)."""
+    lanes = bits(keys, step, stream, 2 * n).view(keys.shape[0], n, 2)
+    return ((lanes[..., 0] & 0x7FFFFFFF) << 32) | lanes[..., 1]

@@ -35,7 +35,7 @@ CONF = REPO / "conf"
 BIG_INT, NEGATIVE_REAL, FLAG, TEXT = 10**12, -1e12, "maybe", "../no_such_x"
 # The groups of a run, models last (their presets share most keys; each key is tried once, on the first preset
 # that has it: the world and the tiny presets, which build without files).
-GROUPS = ("decoding", "draft", "semantics", "coupling", "prompts", "metrics", "protocol", "paths")
+GROUPS = ("decoding", "draft", "semantics", "coupling", "tv_audit", "prompts", "metrics", "protocol", "paths")
 PRESETS = ("fashion_t2i", *sorted(p.stem for p in (CONF / "model").glob("tiny_random_*.yaml")))
 
 # Knobs that legitimately take any value of their kind (their bad value is then a word where a number belongs).

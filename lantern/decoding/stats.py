@@ -23,7 +23,9 @@ class DecodeStats:
 
     Every decoder: ``steps`` target steps after token 0 and ``tokens`` the tokens they produced (N - 1).
     Where the law of emitted tokens is accounted for: ``tv_realised_sum`` / ``tv_realised_max`` the realised
-    TV between the target and each token's law, over ``tv_measured`` tokens. Speculative decoders:
+    TV between the target and each token's law, over ``tv_measured`` tokens; measured by the Monte Carlo audit
+    (:mod:`lantern.decoding.audit`): ``tv_realised_var`` the variance of that sum, ``tv_plugin_sum`` the plug-in
+    TVs of the same tokens, and no ``tv_realised_max`` (a maximum of noisy estimates measures the noise). Speculative decoders:
     ``histogram`` (B, D+1) steps that accepted 0..D drafts, ``merged_sum`` / ``merged_max`` the mass a
     relaxation moved onto ``accepted_drafts`` accepted drafts. VVS: ``skipped_tokens`` committed without a
     target forward, ``skipped_tv_sum`` / ``skipped_tv_measured`` their realised TV, ``skip_steps`` skip steps
@@ -40,6 +42,8 @@ class DecodeStats:
     tv_realised_sum: torch.Tensor | None = None
     tv_realised_max: torch.Tensor | None = None
     tv_measured: torch.Tensor | None = None
+    tv_realised_var: torch.Tensor | None = None
+    tv_plugin_sum: torch.Tensor | None = None
     histogram: torch.Tensor | None = None
     merged_sum: torch.Tensor | None = None
     merged_max: torch.Tensor | None = None
@@ -202,8 +206,13 @@ def acceptance_summary(stats: DecodeStats | None) -> dict:
     if stats.tv_measured is not None:
         measured = int(stats.tv_measured.sum())
         summary["tv_realised_mean"] = float(stats.tv_realised_sum.sum()) / measured if measured else None
-        summary["tv_realised_max"] = float(stats.tv_realised_max.max()) if measured else None
+        known_max = measured and stats.tv_realised_max is not None
+        summary["tv_realised_max"] = float(stats.tv_realised_max.max()) if known_max else None
         summary["tv_realised_coverage"] = measured / max(1, tokens)
+        if stats.tv_realised_var is not None:  # the Monte Carlo audit: a standard error and the plug-in beside it
+            summary["tv_realised_se"] = float(stats.tv_realised_var.sum()) ** 0.5 / measured if measured else None
+            plugin = float(stats.tv_plugin_sum.sum()) / measured if measured else None
+            summary["tv_audit_mc"] = {"plugin_mean": plugin, "tokens": measured}
     if stats.histogram is not None:
         summary["acceptance_histogram"] = [int(v) for v in stats.histogram.sum(0)]
         summary["merged_mass_mean"] = float(stats.merged_sum.sum()) / max(1, int(stats.accepted_drafts.sum()))

@@ -41,6 +41,14 @@ class KVCache:
         self.buffer: torch.Tensor | None = None  # see stacked()
         self.rows: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # see writes()
 
+    def __copy__(self) -> KVCache:
+        """A shallow copy without this cache's derived views (``buffer``, ``rows``): whoever gives the copy other
+        tensors (the TV audit's replicas) must not write through views of these."""
+        out = self.__class__.__new__(self.__class__)
+        out.__dict__.update(self.__dict__)
+        out.buffer, out.rows = None, None
+        return out
+
     def stacked(self) -> KVCache:
         """This cache, its layers' keys and values moved (contents kept) into views of one buffer
         (2 * n_layer, B, H, max_len, hd), for eager steps: :meth:`move` is then one gather and one scatter for

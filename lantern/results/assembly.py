@@ -96,10 +96,24 @@ def timing_fields(run: RunParts) -> dict:
     }
 
 
+def audit_cost(run: RunParts, acceptance: dict, counters: Mapping) -> dict:
+    """The Monte Carlo TV audit's entry ``tv_audit_mc``: its knobs (the job's), its estimate's plug-in companion
+    and token count (the images'), its cost (seconds, reruns' forwards, audited steps: the decoder counters).
+    Empty when it did not run."""
+    knobs = run.details.get("tv_audit_mc")
+    if knobs is None:
+        acceptance.pop("tv_audit_mc", None)
+        return {}
+    cost = {name: counters.get(f"tv_audit_{name}") for name in ("s", "forwards", "steps")}
+    return {"tv_audit_mc": {**knobs, **acceptance.pop("tv_audit_mc", {}), **cost, "timed_apart": True}}
+
+
 def assemble_record(run: RunParts, metrics: Mapping | None = None) -> RunRecord:
     """The run record: decoder, setting, timing, speed-up, acceptance, then the ``metrics``' entries; one build.
-    A lossy decoder that measures no TV (ZipAR) says so in ``tv_realised_note``."""
+    A lossy decoder that measures no TV (ZipAR without its audit) says so in ``tv_realised_note``."""
     acceptance = acceptance_summary(DecodeStats.stack(list(run.images)))
+    timing = timing_fields(run)
+    audit = audit_cost(run, acceptance, timing["decode_stats"])
     lossless = run.settings.lossless()
     unmeasured = not lossless and acceptance.get("tv_realised_mean") is None
     return build_record(
@@ -111,10 +125,11 @@ def assemble_record(run: RunParts, metrics: Mapping | None = None) -> RunRecord:
             "tv_realised_note": LOSSY_UNMEASURED if unmeasured else None,
             **run.setting,
             "tokens_per_image": run.tokens_per_image,
-            **timing_fields(run),
+            **timing,
             **run.speedup,
             **acceptance,
             **run.details,
+            **audit,
             **(metrics or {}),
         }
     )

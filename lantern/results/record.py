@@ -27,8 +27,12 @@ speed-up over the engine-grade AR (ours, compiled like the decoder), as in every
 of an older version reads with these fields absent.
 Version 6 adds ``entropy_temperature`` (``[t0, alpha, theta]`` of the entropy-driven temperature, or null: off;
 a setting, joined on like ``temperature``) and the Jacobi decoders' ``settings.acceptance`` (the window test's
-name: ``exact``, ``greedy``, ``gsd``, ``entropy_aware``); older records read with ``entropy_temperature`` null
-and their window test named from ``settings.grouping``.
+name: ``exact``, ``greedy``, ``gsd``, ``entropy_aware``), and says how the realised TV was measured
+(:mod:`lantern.decoding.audit`): ``tv_audit`` (``exact``, ``closed_form``, ``mc``; null: not measured), and for the
+Monte Carlo audit ``tv_realised_se`` (the standard error of ``tv_realised_mean``, which may then fall below 0 by its
+noise) and ``tv_audit_mc`` (its knobs, plug-in mean, tokens measured and cost: seconds, forwards and steps, timed
+apart from every latency). Older records read with ``entropy_temperature`` null, their window test named from
+``settings.grouping`` and the audit's fields absent.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from lantern.decoding.api import DecoderSettings, settings_from_json, settings_from_record
+from lantern.decoding.audit import AUDITS as TV_AUDITS
 from lantern.errors import LanternError
 from lantern.files import write_json_atomic
 
@@ -116,6 +121,11 @@ class RunRecord(BaseModel):
     tv_realised_note: str | None = None  # "lossy, TV not measured" where a lossy decoder measures no TV
     tv_realised_mean: float | None = None
     tv_realised_max: float | None = None
+    # Which audit measured the TV (lantern.decoding.audit): exact, closed_form or mc (None: not measured, or a
+    # record written before the field existed); the Monte Carlo audit's standard error, knobs and cost (timed apart).
+    tv_audit: str | None = None
+    tv_realised_se: float | None = None
+    tv_audit_mc: dict[str, Any] | None = None
     fid: float | None = None
     clip_score: float | None = None
     fid_ci: dict[str, Any] | None = None  # {"lo", "hi", "level", "resamples", "seed", "method"} (version 3 on)
@@ -166,10 +176,7 @@ class RunRecord(BaseModel):
         if not (math.isfinite(self.mean_accepted_length) and self.mean_accepted_length >= 1):
             raise ValueError(f"mean_accepted_length={self.mean_accepted_length}: expected a finite number >= 1")
         self._settings = self._typed_settings()
-        for name in ("tv_realised_mean", "tv_realised_max"):
-            value = getattr(self, name)
-            if value is not None and not (math.isfinite(value) and -1e-6 <= value <= 1 + 1e-6):
-                raise ValueError(f"{name}={value}: expected a number in [0, 1] or null")
+        self._check_tv()
         for name in ("fid", "clip_score"):
             value = getattr(self, name)
             if value is not None and not math.isfinite(value):
@@ -177,6 +184,20 @@ class RunRecord(BaseModel):
         for name, interval in self.intervals().items():
             _check_interval(name, interval, self.get(name[: -len(CI_SUFFIX)]))
         return self
+
+    def _check_tv(self) -> None:
+        """Realised TVs in [0, 1]; a Monte Carlo mean may fall below 0 by its noise (an estimate unbiased at 0),
+        so it is checked in [-1, 1], beside a finite standard error >= 0."""
+        if self.tv_audit not in (None, *TV_AUDITS):
+            raise ValueError(f"tv_audit={self.tv_audit!r}: expected one of {', '.join(TV_AUDITS)} or null")
+        low = -1.0 if self.tv_audit == "mc" else -1e-6
+        for name in ("tv_realised_mean", "tv_realised_max"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and low <= value <= 1 + 1e-6):
+                raise ValueError(f"{name}={value}: expected a number in [{max(low, 0)}, 1] or null")
+        se = self.tv_realised_se
+        if se is not None and not (math.isfinite(se) and se >= 0):
+            raise ValueError(f"tv_realised_se={se}: expected a finite number >= 0 or null")
 
     def _typed_settings(self) -> DecoderSettings | None:
         """``settings`` as its decoder's settings object (checked field by field), None when absent."""

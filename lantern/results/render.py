@@ -59,9 +59,11 @@ def _speedup_cell(value, spread, times: str) -> str:
 
 
 def _tv_cell(row: dict) -> str:
-    """Realised TV as ``mean / max``; a lossy decoder without a measured TV (ZipAR) says so, never a blank
-    beside lossless rows."""
+    """Realised TV as ``mean / max``, or ``mean ± se (MC)`` when the Monte Carlo audit measured it; a lossy decoder
+    without a measured TV says so, never a blank beside lossless rows."""
     if _number(row["tv_realised"], 3) != "-":
+        if _number(row.get("tv_realised_se"), 3) != "-":
+            return f"{row['tv_realised']:.3f} ± {row['tv_realised_se']:.3f} (MC)"
         return f"{row['tv_realised']:.3f} / {_number(row['tv_realised_max'], 3)}"
     return LOSSY_UNMEASURED if row["lossless"] is False else "-"
 

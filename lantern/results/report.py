@@ -2,7 +2,8 @@
 
 Written beside every sweep's table (:class:`lantern.cli.sweep.SweepTable`) and by ``make_tables --report``.
 The page holds the table (the rows of ``table.md``, sortable by a click on a column's head), the plots
-(Pareto, tau and speed-up against realised TV, accepted-length histograms), a qualitative grid (rows: the
+(Pareto, the frontier of :mod:`lantern.results.frontier`: speed-up and tau against the realised TV, a line per
+method, accepted-length histograms), a qualitative grid (rows: the
 first ``prompts`` images or the named ones; columns: the table's methods in order; each image captioned
 with its own tau and latency) with an acceptance map under each image (its token grid coloured by the
 length of the run that emitted each token, from the ``token_steps`` its ``tokens/`` file keeps), and each
@@ -25,6 +26,7 @@ from lantern.decoding.stats import run_lengths
 from lantern.errors import ConfigError
 from lantern.files import image_name, write_bytes_atomic
 from lantern.results import batch_sweep, report_plots
+from lantern.results.frontier import frontier_png
 from lantern.results.images import ImageStore
 from lantern.results.record import RunRecord
 from lantern.results.render import frame, notes, shown
@@ -241,7 +243,7 @@ def render_report(
     """The page's HTML: title, table, plots, grid with maps, provenance."""
     plots = [
         ("Quality against speed-up", report_plots.pareto_png(table)),
-        ("tau and speed-up against realised TV", report_plots.tv_png(table)),
+        ("The frontier: speed-up and tau against the realised TV", frontier_png(table, records)),
         ("Accepted-length histograms", report_plots.histogram_png(data.histograms)),
     ]
     if batch_sweep.is_batch_sweep(frame(table)):  # +experiment=batch_sweep

@@ -1,6 +1,6 @@
-"""The report's pictures as PNG bytes: the Pareto plot, tau and speed-up against realised TV, accepted-length
-histograms, and one image's acceptance map (its token grid coloured by the length of the run that emitted
-each token). Matplotlib draws off screen (Agg); nothing is shown or read from the network."""
+"""The report's pictures as PNG bytes: the Pareto plot, accepted-length histograms, and one image's acceptance
+map (its token grid coloured by the length of the run that emitted each token); the frontier is
+:mod:`lantern.results.frontier`'s. Matplotlib draws off screen (Agg); nothing is shown or read from the network."""
 
 from __future__ import annotations
 
@@ -10,11 +10,10 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import torch
 from PIL import Image
 
-from lantern.results.render import frame, pareto_plot
+from lantern.results.render import pareto_plot
 from lantern.results.tables import Table
 
 CELL = 6  # pixels per token in an acceptance map
@@ -44,25 +43,6 @@ def pareto_png(table: Table) -> bytes:
     with intervals)."""
     with tempfile.TemporaryDirectory() as folder:
         return pareto_plot(table, Path(folder) / "pareto.png").read_bytes()
-
-
-def tv_png(table: Table) -> bytes:
-    """tau and speed-up against realised TV (mean over measured tokens), one point per row."""
-    plt = _pyplot()
-    data = frame(table)
-    figure, axes = plt.subplots(1, 2, figsize=(9, 3.6))
-    for axis, key, label in ((axes[0], "tau", "tau (mean accepted length)"), (axes[1], "speedup", "speed-up over AR")):
-        for number, row in enumerate(data.to_dict("records")):
-            if pd.isna(row["tv_realised"]) or pd.isna(row[key]):
-                continue
-            axis.scatter(row["tv_realised"], row[key], color=f"C{number % 10}")
-            axis.annotate(
-                row["method"], (row["tv_realised"], row[key]), fontsize=6, xytext=(3, 3), textcoords="offset points"
-            )
-        axis.set_xlabel("realised TV (mean)")
-        axis.set_ylabel(label)
-        axis.grid(alpha=0.3)
-    return _png(figure)
 
 
 def histogram_png(histograms: dict[str, list[int]]) -> bytes:

@@ -50,6 +50,7 @@ COLUMNS = (
     "delta",
     "tv_realised",
     "tv_realised_max",
+    "tv_realised_se",
     "lossless",
     "baseline",
     "run",
@@ -287,6 +288,7 @@ def build_table(records: list[RunRecord], latency: list[RunRecord] | None = None
                 "delta": settings.columns().get("delta"),
                 "tv_realised": tv[0],
                 "tv_realised_max": tv[1],
+                "tv_realised_se": record.tv_realised_se,  # the Monte Carlo audit's (lantern.decoding.audit)
                 "lossless": settings.lossless() if record.lossless is None else record.lossless,
                 "baseline": speed["baseline"],
                 "run": record.run_dir,

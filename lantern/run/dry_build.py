@@ -33,6 +33,8 @@ def dry_build(resolved: dict) -> None:
     from hydra.utils import instantiate
 
     instantiate(resolved["sampling"])
+    if isinstance(resolved.get("tv_audit"), dict):  # the TV audit's knobs (lantern.decoding.audit.MonteCarlo)
+        instantiate(resolved["tv_audit"])
     if isinstance(resolved.get("draft"), dict):
         instantiate(resolved["draft"])
     for key in ("decoding", "speedup_baseline"):

@@ -70,6 +70,7 @@ class GenerationJob:
         tracker=None,
         protocol: dict | None = None,
         reference=None,
+        tv_audit=None,
     ):
         num_images, batch_size = (
             checks.integer("num_images", num_images, 1),
@@ -99,6 +100,9 @@ class GenerationJob:
                 each.check_device(bundle.device)
         self.metrics = dict(metrics or {})  # name -> callable(run_dir, prompts, labels) -> dict
         self.tracker = tracker  # e.g. lantern.run.tracking.WandbLogger: gets the finished record
+        # The Monte Carlo TV audit (lantern.decoding.audit.MonteCarlo), when it applies to this decoder: run on a
+        # batch after its timed decode, timed apart (never in a latency or a speed-up).
+        self.tv_audit = tv_audit if tv_audit is not None and tv_audit.wants(decoder) else None
         # The record's protocol entries (lantern.metrics.protocol.Protocol.check, run before the folder was claimed).
         self.protocol = dict(protocol) if protocol else {"protocol": None}
         self.items = prompts.for_images(num_images)
@@ -115,6 +119,29 @@ class GenerationJob:
         keys = keys_tensor(self.seed, indices, bundle.device)
         seconds, result = timed(lambda: decoder.generate(bundle.target, condition, keys), bundle.device)
         return result, seconds
+
+    def _audited(self, indices: list[int], result):
+        """``result`` with the Monte Carlo TV audit's measurements (on the run's first ``images`` images) and cost."""
+        from lantern.decoding.audit import with_audit
+
+        audit, bundle = self.tv_audit, self.bundle
+        measured = None
+        if audit.images is None or indices[0] < audit.images:
+            condition = bundle.conditioner.encode([self.items[i] for i in indices])
+            keys = keys_tensor(self.seed, indices, bundle.device)
+            measured, cost = audit.audit(self.decoder, bundle.target, condition, keys)
+            result.stats.update(cost)  # summed over batches into the record's decode_stats (tv_audit_*)
+        result.per_sample = with_audit(result.per_sample, measured)
+        return result
+
+    def _audit_details(self) -> dict:
+        """The record's ``tv_audit`` (which audit ran) and, for the Monte Carlo audit, its knobs."""
+        from lantern.decoding.audit import audit_ran
+
+        details = {"tv_audit": audit_ran(self.decoder, self.tv_audit is not None)}
+        if self.tv_audit is not None:
+            details["tv_audit_mc"] = self.tv_audit.settings()
+        return details
 
     def _setting(self) -> dict:
         """The record's setting entries: with the decoder's compile mode, the config's attention and the
@@ -185,6 +212,8 @@ class GenerationJob:
             results = {key: self._decode(batch, timed.get(key)) for key in (order[::-1] if compared % 2 else order)}
             result, seconds = results[None]
             self._check_reference(results, result, check)
+            if self.tv_audit is not None:
+                result = self._audited(batch, result)
             pixels = bundle.decode_images(result.codes).cpu().numpy()  # (B, H, W, 3)
             for position, index in enumerate(batch):
                 store.save(index, pixels[position], result.codes[position], result.per_sample.image(position))
@@ -318,6 +347,7 @@ class GenerationJob:
                 "distinct_prompts": [stored_prompt(prompt) for prompt in distinct],
                 "environment": environment(self.bundle.device),
                 "config": config,
+                **self._audit_details(),
             },
         )
 

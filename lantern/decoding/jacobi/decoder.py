@@ -18,8 +18,9 @@ from typing import ClassVar
 
 import torch
 
-from lantern import checks
+from lantern import checks, rng
 from lantern.decoding.api import DecodeResult, DecoderSettings, register
+from lantern.decoding.audit import RerunPlan, chained_emission
 from lantern.decoding.batch import ModelInputs, prefill
 from lantern.decoding.compile import check_compile, compiled, mark_static
 from lantern.decoding.jacobi.redraw import KeepConfident, Redraw, checked_redraw
@@ -28,7 +29,7 @@ from lantern.decoding.jacobi.step import initial_tokens, jacobi_step
 from lantern.decoding.loop import default_sync_every, prepare, run_steps
 from lantern.decoding.stats import summarise
 from lantern.models.condition import Condition
-from lantern.models.sampling import SamplingConfig
+from lantern.models.sampling import SamplingConfig, draw
 from lantern.models.target import Target
 from lantern.rules.exact import ExactWindowTest
 from lantern.rules.grouped import GroupedTest
@@ -107,6 +108,7 @@ class JacobiDecoder:
     """
 
     step_function = staticmethod(jacobi_step)  # (ctx, state, audit) -> (state, log)
+    observer = None  # the Monte Carlo TV audit's, while it decodes a batch again (lantern.decoding.audit)
 
     def __init__(
         self,
@@ -192,6 +194,21 @@ class JacobiDecoder:
         """The most drafts one step can accept (the acceptance histogram has this many bins plus one)."""
         return self.window
 
+    @property
+    def rerun_plan(self) -> RerunPlan:
+        """How the Monte Carlo TV audit reruns a step: the window's drafts drawn again (:meth:`refresh_drafts`)."""
+        return RerunPlan(
+            caches=("cache",),
+            emitted=lambda ctx, before, after: chained_emission(ctx, before, after, self.max_accepted + 1),
+            refresh=self.refresh_drafts,
+        )
+
+    def refresh_drafts(self, state: JacobiState) -> JacobiState:
+        """The window drawn again from the law its drafts follow (``draft_law`` where a redraw tracks it, else the
+        recorded ``draft_q``; a point mass keeps its token), with the state's keys (stream ``rng.AUDIT``)."""
+        law = state.draft_q if state.draft_law is None else state.draft_law  # (B, W, V)
+        return state._replace(window=draw(law, rng.uniform(state.keys, state.decided, rng.AUDIT, law.shape[1])))
+
     def first_window(self, ctx: JacobiContext, codes: torch.Tensor, keys: torch.Tensor):
         """The first window (B, W) for tokens 1..W and its laws (B, W, V): initialised tokens with point-mass
         laws. Step 0 of the init stream is never reused: every step's ``decided`` is >= 1."""
@@ -240,6 +257,7 @@ class JacobiDecoder:
             done=lambda s: s.decided >= num_tokens,
             sync_every=default_sync_every(device, self.sync_every),
             guard=self.guard,
+            observe=self.observer,
         )
         steps_run = len(logs)
         per_sample = summarise(logs, num_tokens, self.max_accepted)

@@ -24,6 +24,7 @@ from typing import NamedTuple
 import torch
 
 from lantern import checks
+from lantern.decoding.jacobi.pac_step import Released
 from lantern.rules.exact import ExactWindowTest
 
 
@@ -47,9 +48,12 @@ class TreeTables(NamedTuple):
 class ProactiveTree(ExactWindowTest):
     """SJD-PAC's tree: ``width`` K >= 1, ``depth`` D >= 1 (levels, the root included), ``window`` L >= the tree's
     ``(K^D - 1) / (K - 1)`` nodes. It is the window test of :mod:`lantern.decoding.jacobi.sjd_pac`'s step (the
-    verification structure the step reads), prepared per device."""
+    verification structure the step reads), prepared per device. ``selection`` picks the emitted path and draws
+    the continued columns: :class:`~lantern.decoding.jacobi.pac_step.Released` (default) or the lossless
+    :class:`~lantern.decoding.jacobi.pac_exact.FirstAccepted`."""
 
-    def __init__(self, width: int = 3, depth: int = 3, window: int = 64):
+    def __init__(self, width: int = 3, depth: int = 3, window: int = 64, selection=None):
+        self.selection = Released() if selection is None else selection  # which path wins, how columns continue
         self.width = checks.integer("tree_width", width, 1, note="K, candidates per tree level")
         self.depth = checks.integer("tree_depth", depth, 1, note="D, tree levels with the root")
         self.window = checks.integer("window", window, 1, note="L, tree and chain nodes per target forward")

@@ -12,9 +12,11 @@ Defaults follow the released code (``_init_new_params`` and ``test_lumina_mgpt.p
 ``window`` is the released ``L``: the nodes of one forward, the pending root included.
 
 As released it is lossy: the longest passing path wins even where an earlier sibling on another path also passed,
-so the test's outcome picks the emitted token (measured: docs/jacobi.md, tests/test_sjd_pac.py). With ``K >= 2`` no
-closed form of an emitted token's law is known, so records leave the realised TV unmeasured (NaN per token); with
-``K = 1`` (SJD's test and a maximal-coupling refill: lossless) or greedy it is 0.
+so the test's outcome picks the emitted token, and the continuation draws candidates from another law than the one
+it records (measured: docs/jacobi.md, tests/test_sjd_pac.py). With ``K >= 2`` no closed form of an emitted token's
+law is known: the step logs NaN and the decoder names the Monte Carlo audit (:mod:`lantern.decoding.audit`); with
+``K = 1`` (SJD's test and a maximal-coupling refill: lossless), greedy or the lossless selection
+(:mod:`lantern.decoding.jacobi.pac_exact`) it is 0.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class SjdPacSettings(JacobiSettings):
     kind: ClassVar[str] = "sjd_pac"
     tree_width: int = 3
     tree_depth: int = 3
+    selection: str = "released"  # or "lossless" (pac_exact.FirstAccepted); older records: released
 
     def method(self) -> str:
         text = f"{self.label} L={self.window} K={self.tree_width} D={self.tree_depth}"
@@ -52,7 +55,11 @@ class SjdPacSettings(JacobiSettings):
         return (2, False, self.name, 0, self.window, self.tree_width, self.tree_depth, self.candidates)
 
     def record(self) -> dict:
-        fields = {"acceptance": "sjd_pac", "tree_width": self.tree_width, "tree_depth": self.tree_depth}
+        acceptance = "sjd_pac"  # as released: lossy (the records' ``lossless`` is false)
+        if self.selection == "lossless":
+            acceptance = "greedy" if self.candidates == "greedy" else "exact"
+        fields = {"acceptance": acceptance, "tree_width": self.tree_width, "tree_depth": self.tree_depth}
+        fields["selection"] = self.selection
         return {**super().record(), **fields}
 
 
@@ -71,12 +78,28 @@ class SjdPacDecoder(JacobiDecoder):
         """``fit``: L = min(the released 64, the image's ``tokens``); the same tree (refused if it no longer fits)."""
         window = min(RELEASED_WINDOW, tokens)
         if window != self.window:
-            self.test = ProactiveTree(self.test.width, self.test.depth, window)
+            self.test = ProactiveTree(self.test.width, self.test.depth, window, self.test.selection)
             self.window = window
 
     @property
     def max_accepted(self) -> int:
         return self.test.columns
+
+    @property
+    def tv_audit(self) -> str:
+        """``exact`` where every token follows the target (greedy, K = 1, the lossless selection), else ``mc``: the
+        emitted law has no closed form (lantern.decoding.audit)."""
+        tree = self.test
+        return "exact" if self.sampling.greedy or tree.width == 1 or tree.selection.lossless else "mc"
+
+    def refresh_drafts(self, state):
+        """The candidates drawn again as the tests assume they were: ``K`` draws without replacement from each
+        column's recorded law (the released continuation does not draw them so: docs/jacobi.md)."""
+        tree = self.test
+        uniforms = rng.uniform(state.keys, state.decided, rng.AUDIT, tree.columns * tree.width)
+        return state._replace(
+            window=distinct_draws(state.draft_q, tree.width, uniforms.view(-1, tree.columns, tree.width))
+        )
 
     def check_model(self, config) -> None:
         if self.fit:
@@ -100,14 +123,23 @@ class SjdPacDecoder(JacobiDecoder):
     def settings(self) -> SjdPacSettings:
         base = super().settings
         fields = {field.name: getattr(base, field.name) for field in dataclasses.fields(base)}
-        return SjdPacSettings(**fields, tree_width=self.test.width, tree_depth=self.test.depth)
+        tree = self.test
+        return SjdPacSettings(**fields, tree_width=tree.width, tree_depth=tree.depth, selection=tree.selection.name)
 
 
 def sjd_pac(
-    sampling: SamplingConfig, *, window: int | None = None, tree_width: int = 3, tree_depth: int = 3, **kwargs
+    sampling: SamplingConfig,
+    *,
+    window: int | None = None,
+    tree_width: int = 3,
+    tree_depth: int = 3,
+    selection=None,
+    **kwargs,
 ) -> SjdPacDecoder:
     """SJD-PAC with the released code's defaults: L = 64 nodes, a 3-ary tree of depth 3 (13 nodes), a 51-node chain.
-    ``window=None``: the released 64, or the image's tokens on a smaller image (the record says which ran)."""
-    tree = ProactiveTree(tree_width, tree_depth, RELEASED_WINDOW if window is None else window)
+    ``window=None``: the released 64, or the image's tokens on a smaller image (the record says which ran).
+    ``selection``: the released longest-path rule and continuation (None), or
+    :class:`~lantern.decoding.jacobi.pac_exact.FirstAccepted` (lossless: ``decoding=sjd_pac_lossless``)."""
+    tree = ProactiveTree(tree_width, tree_depth, RELEASED_WINDOW if window is None else window, selection)
     name, label = kwargs.pop("name", "sjd_pac"), kwargs.pop("label", "SJD-PAC")
     return SjdPacDecoder(sampling, tree=tree, fit=window is None, name=name, label=label, **kwargs)

@@ -22,6 +22,7 @@ from typing import ClassVar
 import torch
 
 from lantern.decoding.api import DecodeResult, DecoderSettings, register
+from lantern.decoding.audit import RerunPlan, chained_emission
 from lantern.decoding.batch import ModelInputs, prefill
 from lantern.decoding.compile import check_compile, compiled, mark_static
 from lantern.decoding.loop import PhaseTimer, default_sync_every, prepare, run_steps
@@ -144,6 +145,16 @@ class SpeculativeDecoder:
         self.guard = guard or contextlib.nullcontext  # entered around every step (e.g. a CUDA sync check)
         self._step = compiled(speculative_step, compile, backend)
         self._contexts: dict[tuple, StepContext] = {}
+        self.observer = None  # the Monte Carlo TV audit's, while it decodes a batch again (lantern.decoding.audit)
+
+    @property
+    def rerun_plan(self) -> RerunPlan:
+        """How the Monte Carlo TV audit reruns a step: drafting is part of the step, so nothing is drawn again."""
+        width = self.draft.depth + 1
+        return RerunPlan(
+            caches=("target_cache", "drafter_cache"),
+            emitted=lambda ctx, before, after: chained_emission(ctx, before, after, width),
+        )
 
     @property
     def settings(self) -> TreeSettings:
@@ -206,6 +217,7 @@ class SpeculativeDecoder:
             guard=self.guard,
             timed=timed_step,
             timer=timer,
+            observe=self.observer,
         )
         stats = {
             "target_forwards": float(1 + len(logs)),

@@ -299,6 +299,8 @@ class VVSDecoder(SpeculativeDecoder):
     ``interval`` (int >= 2, or None: never skip): loop step ``i`` skips when ``i % interval == 1``.
     """
 
+    rerun_plan = None  # its steps' schedule is not rerun by the Monte Carlo audit; its TV has a closed form
+
     def __init__(self, sampling, *, interval: int | None = 5, name: str = "vvs", label: str | None = "VVS", **kwargs):
         super().__init__(sampling, name=name, label=label, **kwargs)
         self.interval = checks.optional(

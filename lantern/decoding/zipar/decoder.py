@@ -20,6 +20,7 @@ import torch
 
 from lantern import checks
 from lantern.decoding.api import DecodeResult, DecoderSettings, register
+from lantern.decoding.audit import Emission, RerunPlan
 from lantern.decoding.batch import ModelInputs, prefill
 from lantern.decoding.compile import check_compile, compiled, mark_static
 from lantern.decoding.loop import default_sync_every, run_steps
@@ -90,6 +91,14 @@ class ZipARDecoder:
         self.guard = guard or contextlib.nullcontext
         self._step = compiled(zipar_step, compile, backend)
         self._contexts: dict[tuple, ZipARContext] = {}
+        self.observer = None  # the Monte Carlo TV audit's, while it decodes a batch again (lantern.decoding.audit)
+
+    tv_audit = "mc"  # a token's law is the target's under a partial context: no forward of the run computes the TV
+
+    @property
+    def rerun_plan(self) -> RerunPlan:
+        """How the Monte Carlo TV audit reruns a step: every started row draws one token, independently."""
+        return RerunPlan(caches=("cache",), emitted=zipar_emission, chained=False)
 
     def check_device(self, device: torch.device | str) -> None:
         """ConfigError unless this decoder's compile mode runs on ``device`` (checked before any work)."""
@@ -157,6 +166,7 @@ class ZipARDecoder:
             done=lambda s: (s.done == side).all(1),
             sync_every=default_sync_every(device, self.sync_every),
             guard=self.guard,
+            observe=self.observer,
         )
         drawn = torch.stack([log.drawn for log in logs], dim=1)  # (B, S) tokens per step, 0 once finished
         per_sample = DecodeStats(
@@ -167,6 +177,15 @@ class ZipARDecoder:
         )
         stats = {"target_forwards": float(1 + len(logs)), "steps": float(1 + len(logs))}
         return DecodeResult(state.codes[:, :num_tokens], stats, per_sample)
+
+
+def zipar_emission(ctx: ZipARContext, before: ZipARState, after: ZipARState) -> Emission:
+    """The tokens a ZipAR step drew (B, R): one per grid row that advanced, at raster ``r * S + done[r]``."""
+    side = ctx.model.config.grid_size
+    rows = torch.arange(before.done.shape[1], device=before.done.device)
+    positions = rows[None, :] * side + before.done  # (B, R)
+    valid = after.done > before.done
+    return Emission(positions, after.codes.gather(1, positions.clamp_max(after.codes.shape[1] - 1)), valid)
 
 
 def zipar(sampling: SamplingConfig, *, window: int | None = None, **kwargs) -> ZipARDecoder:
