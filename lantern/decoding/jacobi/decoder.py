@@ -49,9 +49,12 @@ class JacobiSettings(DecoderSettings):
     candidates: str = "sampled"
     grouping: dict | None = None
     coupling: str = "none"  # older records have none: they are plain SJD
+    window_test: str = "token"  # how the drafts' tests make the accepted prefix (lantern.rules.window); older: token
 
     def method(self) -> str:
         text = f"{self.label} W={self.window} {self.init}" + (f" reuse={self.reuse}" if self.reuse else "")
+        if self.window_test != "token":
+            text += f" {self.window_test.upper()}"
         if self.coupling != "none":
             text += f" coupling={self.coupling}"
         if self.grouping:
@@ -69,6 +72,7 @@ class JacobiSettings(DecoderSettings):
             self.init,
             self.reuse or 0,
             self.candidates,
+            self.window_test,
         )
 
     def record(self) -> dict:
@@ -82,6 +86,7 @@ class JacobiSettings(DecoderSettings):
             "reuse": self.reuse,
             "coupling": self.coupling,
             "candidates": self.candidates,
+            "window_test": self.window_test,
         }
         return {**super().record(), **flat, **(self.grouping or {})}
 
@@ -92,7 +97,9 @@ class JacobiDecoder:
     ``init``: how fresh window slots start (``random``, ``horizon``, ``vertical``; see
     :data:`lantern.decoding.jacobi.state.INITS`). ``test``: the window test (default
     :class:`~lantern.rules.exact.ExactWindowTest`, SJD; :class:`~lantern.rules.grouped.GroupedTest` makes it
-    GSD). ``redraw``: how the untested drafts are drawn again (default
+    GSD). ``window_test``: how the drafts' own tests make the accepted prefix, a scheme of
+    :mod:`lantern.rules.window` laid over ``test`` (None: token by token; SJD-SV's ``sv``). ``redraw``: how the
+    untested drafts are drawn again (default
     :class:`~lantern.decoding.jacobi.redraw.Independent`, SJD; MC-SJD's couplings, lossless reuse, SJD++'s
     rule: :mod:`lantern.decoding.jacobi.redraw`). ``tv_audit_every``: a lossy test computes the realised TV
     of every position's law (a vocabulary-wide pass) on every N-th step.
@@ -110,6 +117,7 @@ class JacobiDecoder:
         window: int = 16,
         init: str = "random",
         test: ExactWindowTest | None = None,
+        window_test=None,
         redraw: Redraw | None = None,
         name: str = "sjd",
         label: str | None = None,
@@ -125,6 +133,10 @@ class JacobiDecoder:
         if test is not None and not isinstance(test, ExactWindowTest):
             raise checks.refuse("test", test, "a window test (lantern.rules.exact or lantern.rules.grouped)")
         self.test = ExactWindowTest() if test is None else test
+        if window_test is not None:
+            if not hasattr(window_test, "over"):
+                raise checks.refuse("window_test", window_test, "a window-test scheme (lantern.rules.window)")
+            self.test = window_test.over(self.test)
         self.redraw = checked_redraw(redraw)
         self.tv_audit_every = checks.integer("tv_audit_every", tv_audit_every, 1)
         self.name, self.label = name, label or name.upper()
@@ -158,6 +170,7 @@ class JacobiDecoder:
             coupling=self.redraw.coupling,
             candidates="greedy" if self.sampling.greedy else "sampled",
             grouping=self.test.describe(),
+            window_test=getattr(self.test, "scheme", "token"),
         )
 
     def _context(self, model: Target, rows: int, batch: int, capacity: int, device) -> JacobiContext:

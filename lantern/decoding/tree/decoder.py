@@ -21,6 +21,7 @@ from typing import ClassVar
 
 import torch
 
+from lantern import checks
 from lantern.decoding.api import DecodeResult, DecoderSettings, register
 from lantern.decoding.batch import ModelInputs, prefill
 from lantern.decoding.compile import check_compile, compiled, mark_static
@@ -111,7 +112,9 @@ class SpeculativeDecoder:
     drafts the drafter's top-ranked children whatever ``draft.candidates`` says (sampled drafts
     degenerate to them) and uses the rule's greedy form, recorded as ``candidates: greedy``; sampling
     uses the structure's ``candidates`` (deterministic top-k children, or children sampled without
-    replacement). ``name`` and ``label`` name the records and table rows (eagle / EAGLE, lantern / LANTERN...).
+    replacement). ``window_test``: a scheme of :mod:`lantern.rules.window` laid over the rule (None: token by
+    token; SJD-SV's ``sv`` walks a chain with :mod:`lantern.rules.window_chain`). ``name`` and ``label`` name the
+    records and table rows (eagle / EAGLE, lantern / LANTERN...).
     ``compile``: see :mod:`lantern.decoding.compile`; eager runs also time each phase.
     """
 
@@ -122,6 +125,7 @@ class SpeculativeDecoder:
         drafter: Drafter,
         draft,
         acceptance: RuleSpec | ExactTest | None = None,
+        window_test=None,
         name: str = "speculative",
         label: str | None = None,
         compile: str = "none",
@@ -135,6 +139,10 @@ class SpeculativeDecoder:
         self.mode = "greedy" if sampling.greedy else draft.candidates
         # An exact test alone (ExactSampled(), ...) is exact decoding with that test for its kind.
         self.spec = exact(acceptance) if acceptance is None or isinstance(acceptance, ExactTest) else acceptance
+        if window_test is not None:
+            if not hasattr(window_test, "spec"):
+                raise checks.refuse("window_test", window_test, "a window-test scheme (lantern.rules.window)")
+            self.spec = window_test.spec(self.spec)
         self.rule = self.spec.build(self.mode, draft)
         self.name, self.label = name, label or name.upper()
         self.compile = check_compile(compile)
