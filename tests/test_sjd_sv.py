@@ -87,7 +87,9 @@ def test_greedy_eagle_and_lantern_sv_on_a_chain_are_their_rules(candidates):
     model, drafter = tiny()
     cond, keys = text_condition(), keys_tensor(0, range(4))
     expected = ARDecoder(GREEDY).generate(model, cond, keys).codes
-    decoder = SpeculativeDecoder(GREEDY, drafter=drafter, draft=chain(3, candidates), acceptance=exact(), window_test=SV)
+    decoder = SpeculativeDecoder(
+        GREEDY, drafter=drafter, draft=chain(3, candidates), acceptance=exact(), window_test=SV
+    )
     assert torch.equal(decoder.generate(model, cond, keys).codes, expected)
     assert decoder.settings.lossless()
 
@@ -107,9 +109,12 @@ def test_sampled_sv_decodes_records_sv_and_is_lossy():
         SAMPLED, drafter=drafter, draft=chain(3, "sampled"), acceptance=lantern(3, 0.1, table), window_test=SV
     )
     assert not tree.settings.lossless() and tree.settings.rule["window_test"] == "sv"
-    assert tree.settings.method() != SpeculativeDecoder(
-        SAMPLED, drafter=drafter, draft=chain(3, "sampled"), acceptance=lantern(3, 0.1, table)
-    ).settings.method()
+    assert (
+        tree.settings.method()
+        != SpeculativeDecoder(
+            SAMPLED, drafter=drafter, draft=chain(3, "sampled"), acceptance=lantern(3, 0.1, table)
+        ).settings.method()
+    )
     out = tree.generate(model, cond, keys)
     assert int(out.per_sample["tv_measured"].sum()) == 0 and out.per_sample["histogram"][:, 1:].sum() > 0
 
