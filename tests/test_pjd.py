@@ -161,3 +161,29 @@ def test_run_py_records_pjd(tmp_path):
     bad, folder = run(tmp_path, "decoding=pjd", "rows_ahead=-3", name="bad")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "rows_ahead" in bad.stderr
     assert not folder.exists()
+
+
+@torch.inference_mode()
+def test_what_an_audit_reads_from_a_step():
+    """The audit's view of a step: ``tv_audit`` names the Monte Carlo audit, :func:`pjd_emission` lists what the step
+    committed (row by row, in raster order), :func:`redraw_drafts` draws the rows' drafts again from their laws."""
+    from lantern.decoding.pjd.decoder import pjd_emission, redraw_drafts
+    from lantern.rng import JACOBI_DRAFT
+
+    model, _ = tiny()
+    cond, keys = text_condition(), keys_tensor(3, range(4))
+    decoder = pjd(SAMPLED, window=3, rows_ahead=1)
+    assert decoder.tv_audit == "mc"
+    ctx, state = decoder.start(model, cond, keys)
+    fresh = redraw_drafts(state, JACOBI_DRAFT)  # the first drafts are point masses: nothing changes
+    assert torch.equal(fresh.drafts, state.drafts)
+    for _ in range(3):
+        after, log = pjd_step(ctx, state)
+        emission = pjd_emission(ctx, state, after)
+        assert torch.equal(emission.valid.sum(1), log.drawn)
+        assert torch.equal(emission.tokens[emission.valid], after.codes.gather(1, emission.positions)[emission.valid])
+        assert (state.codes.gather(1, emission.positions)[emission.valid] == 0).all()  # not committed before
+        state = after
+    redrawn = redraw_drafts(state, JACOBI_DRAFT)
+    laws = state.draft_q.gather(3, redrawn.drafts[..., None])[..., 0]
+    assert (laws > 0).all()  # every redrawn draft lies in its law's support

@@ -100,6 +100,8 @@ def test_sampled_sv_decodes_records_sv_and_is_lossy():
     plain = sjd(SAMPLED, window=4)
     sv = sjd(SAMPLED, window=4, window_test=SV)
     assert plain.settings.lossless() and not sv.settings.lossless()
+    assert plain.tv_audit is None and sv.tv_audit == "mc"  # no closed form: the Monte Carlo audit's
+    assert sjd(GREEDY, window=4, window_test=SV).tv_audit is None
     assert sv.settings.record()["window_test"] == "sv" and "SV" in sv.settings.method()
     result = sv.generate(model, cond, keys)
     assert result.codes.shape == (4, model.config.num_image_tokens)
@@ -108,7 +110,7 @@ def test_sampled_sv_decodes_records_sv_and_is_lossy():
     tree = SpeculativeDecoder(
         SAMPLED, drafter=drafter, draft=chain(3, "sampled"), acceptance=lantern(3, 0.1, table), window_test=SV
     )
-    assert not tree.settings.lossless() and tree.settings.rule["window_test"] == "sv"
+    assert not tree.settings.lossless() and tree.settings.rule["window_test"] == "sv" and tree.tv_audit == "mc"
     assert (
         tree.settings.method()
         != SpeculativeDecoder(

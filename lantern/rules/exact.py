@@ -225,6 +225,7 @@ class ExactWindowTest:
     passes (SJD's, GSD's), or a window-level scheme wrapping a per-token test (:mod:`lantern.rules.window`)."""
 
     scheme = "token"
+    tv_audit: str | None = None  # the audit its decoder names (None: by losslessness; lantern.decoding.audit)
 
     def bound(self, model) -> ExactWindowTest:
         """This test for ``model`` (a decoder binds its test once per context; the exact test reads nothing

@@ -61,6 +61,7 @@ class SVChainRule:
     """A composed rule (relaxation + exact test) whose chain is walked by SJD-SV (module docstring)."""
 
     relax = None  # the walk hook relaxes the whole chain itself
+    tv_audit = "mc"  # the emitted law has no closed form: a Monte Carlo audit reruns the step
 
     def __init__(self, base: Composed):
         self.base = base

@@ -195,6 +195,12 @@ class JacobiDecoder:
         return self._contexts[shape]
 
     @property
+    def tv_audit(self) -> str | None:
+        """The realised-TV audit this decoder names when its test says (SJD-SV's: ``mc``, no closed form); None:
+        by losslessness (exact, or the test's closed form). Greedy: the test is exact."""
+        return None if self.sampling.greedy else self.test.tv_audit
+
+    @property
     def max_accepted(self) -> int:
         """The most drafts one step can accept (the acceptance histogram has this many bins plus one)."""
         return self.window

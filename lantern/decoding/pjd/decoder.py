@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import torch
 
@@ -24,7 +24,7 @@ from lantern.decoding.loop import default_sync_every, prepare, run_steps
 from lantern.decoding.pjd.step import PJDContext, PJDState, pjd_step
 from lantern.decoding.stats import DecodeStats
 from lantern.models.condition import Condition
-from lantern.models.sampling import SamplingConfig
+from lantern.models.sampling import SamplingConfig, draw
 from lantern.models.target import Target
 from lantern.rules.exact import ExactWindowTest
 
@@ -117,6 +117,8 @@ class PJDDecoder:
         self._resolved: tuple[int | None, int | None] = (self.rows_ahead, self.lanes)
         self._step = compiled(pjd_step, compile, backend)
         self._contexts: dict[tuple, PJDContext] = {}
+
+    tv_audit = "mc"  # a token's law is the target's under a partial context: no forward of the run gives the TV
 
     def check_device(self, device: torch.device | str) -> None:
         """ConfigError unless this decoder's compile mode runs on ``device`` (checked before any work)."""
@@ -229,6 +231,37 @@ class PJDDecoder:
         )
         stats = {"target_forwards": float(1 + len(logs)), "steps": float(1 + len(logs))}
         return DecodeResult(state.codes[:, :num_tokens], stats, per_sample)
+
+
+class Emission(NamedTuple):
+    """What one step committed, per image (B, E) with ``E = R * (W + 1)``: ``positions`` raster indices,
+    ``tokens``, ``valid`` which are real. Entries ``r * (W + 1) + j`` are row ``r``'s ``j``-th token this step, in
+    raster order within the row (each read by the next: chained per row); rows are independent given the state."""
+
+    positions: torch.Tensor
+    tokens: torch.Tensor
+    valid: torch.Tensor
+
+
+def pjd_emission(ctx: PJDContext, before: PJDState, after: PJDState) -> Emission:
+    """The tokens a step committed (what a Monte Carlo audit histograms over reruns of the step from ``before``)."""
+    side, span = ctx.model.config.grid_size, ctx.width + 1
+    rows = torch.arange(before.done.shape[1], device=before.done.device)
+    offsets = torch.arange(span, device=before.done.device)
+    positions = rows[None, :, None] * side + before.done[:, :, None] + offsets  # (B, R, J)
+    valid = offsets < (after.done - before.done)[:, :, None]
+    tokens = after.codes.gather(1, positions.flatten(1).clamp_max(after.codes.shape[1] - 1))
+    return Emission(positions.flatten(1), tokens, valid.flatten(1))
+
+
+def redraw_drafts(state: PJDState, stream: int) -> PJDState:
+    """The rows' drafts drawn again from their recorded laws ``draft_q`` with the state's keys on ``stream`` (for
+    an audit's reruns; a point mass keeps its token). A draft the keep rule kept follows its recorded law only
+    approximately (it was kept for its ratio), as with SJD++."""
+    batch, rows, width, _ = state.draft_q.shape
+    counters = (state.step[:, None] * rows + torch.arange(rows, device=state.step.device)).reshape(-1)
+    u = rng.uniform(state.keys[:, None].expand(-1, rows).reshape(-1), counters, stream, width)
+    return state._replace(drafts=draw(state.draft_q, u.view(batch, rows, width)))
 
 
 def _uniform_codes(keys: torch.Tensor, rows: int, width: int) -> torch.Tensor:

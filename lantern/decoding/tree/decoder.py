@@ -153,6 +153,12 @@ class SpeculativeDecoder:
         self._contexts: dict[tuple, StepContext] = {}
 
     @property
+    def tv_audit(self) -> str | None:
+        """The realised-TV audit this decoder names when its rule says (SJD-SV's chain walk: ``mc``); None: by
+        losslessness (exact, or the rule's closed form)."""
+        return getattr(self.rule, "tv_audit", None)
+
+    @property
     def settings(self) -> TreeSettings:
         """The settings records keep (``candidates`` as decoded: greedy at temperature 0)."""
         rule = self.spec.settings(self.mode)
