@@ -25,10 +25,33 @@ from __future__ import annotations
 
 import torch
 
+from lantern import checks
 from lantern.rules.exact import ExactWindowTest, WindowVerdict
 
 
-class PerToken:
+class Scheme:
+    """A window-test scheme: ``over`` a Jacobi window test, ``spec`` over a tree decoder's rule spec."""
+
+    name: str
+
+    def over(self, test: ExactWindowTest) -> ExactWindowTest:
+        raise NotImplementedError
+
+    def spec(self, spec):
+        raise NotImplementedError
+
+
+def checked(window_test) -> Scheme:
+    """``window_test`` (None: :class:`PerToken`); ConfigError when it is not a scheme (a decoder built in Python
+    with a name instead of ``SubsequenceVerification()``)."""
+    if window_test is None:
+        return PerToken()
+    if not isinstance(window_test, Scheme):
+        raise checks.refuse("window_test", window_test, "a window-test scheme (lantern.rules.window: token, sv)")
+    return window_test
+
+
+class PerToken(Scheme):
     """The drafts' own tests decide: the accepted prefix is the run of passes (the rules as they are)."""
 
     name = "token"
@@ -40,7 +63,7 @@ class PerToken:
         return spec
 
 
-class SubsequenceVerification:
+class SubsequenceVerification(Scheme):
     """SJD-SV's scheme: one joint ratio per run of non-decreasing target probability, with a progressive
     fallback to the run's longest passing prefix (module docstring)."""
 

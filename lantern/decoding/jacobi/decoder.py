@@ -32,6 +32,7 @@ from lantern.models.sampling import SamplingConfig
 from lantern.models.target import Target
 from lantern.rules.exact import ExactWindowTest
 from lantern.rules.grouped import GroupedTest
+from lantern.rules.window import checked as checked_scheme
 
 # The couplings' order in tables (records name a redraw by its ``coupling``; older records have none).
 COUPLING_ORDER = ("none", "mc", "gumbel")
@@ -132,11 +133,7 @@ class JacobiDecoder:
         self.init = checks.choice("init", init, INITS, note="how fresh window slots start")
         if test is not None and not isinstance(test, ExactWindowTest):
             raise checks.refuse("test", test, "a window test (lantern.rules.exact or lantern.rules.grouped)")
-        self.test = ExactWindowTest() if test is None else test
-        if window_test is not None:
-            if not hasattr(window_test, "over"):
-                raise checks.refuse("window_test", window_test, "a window-test scheme (lantern.rules.window)")
-            self.test = window_test.over(self.test)
+        self.test = checked_scheme(window_test).over(ExactWindowTest() if test is None else test)
         self.redraw = checked_redraw(redraw)
         self.tv_audit_every = checks.integer("tv_audit_every", tv_audit_every, 1)
         self.name, self.label = name, label or name.upper()

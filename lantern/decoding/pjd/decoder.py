@@ -27,6 +27,7 @@ from lantern.models.condition import Condition
 from lantern.models.sampling import SamplingConfig, draw
 from lantern.models.target import Target
 from lantern.rules.exact import ExactWindowTest
+from lantern.rules.window import checked as checked_scheme
 
 MAX = 16384  # the largest grid width / lane count a knob may name (checked against the model later)
 PAPER_ROWS_AHEAD = 6  # the paper's LlamaGen-XL setting (c = 6; its Lumina-mGPT one is c = 11)
@@ -103,12 +104,7 @@ class PJDDecoder:
         self.rows_ahead = checks.optional(checks.capped, "rows_ahead", rows_ahead, 1, MAX, note=note)
         self.keep = checks.optional(checks.probability, "pjd_keep", keep, note="ratio above which a draft is kept")
         self.lanes = checks.optional(checks.capped, "pjd_lanes", lanes, 1, MAX, note="rows served per forward")
-        test = ExactWindowTest()
-        if window_test is not None:
-            if not hasattr(window_test, "over"):
-                raise checks.refuse("window_test", window_test, "a window-test scheme (lantern.rules.window)")
-            test = window_test.over(test)
-        self.test = test
+        self.test = checked_scheme(window_test).over(ExactWindowTest())
         self.name, self.label = name, label or "PJD"
         self.compile = check_compile(compile)
         self.backend = backend

@@ -21,7 +21,6 @@ from typing import ClassVar
 
 import torch
 
-from lantern import checks
 from lantern.decoding.api import DecodeResult, DecoderSettings, register
 from lantern.decoding.batch import ModelInputs, prefill
 from lantern.decoding.compile import check_compile, compiled, mark_static
@@ -45,6 +44,7 @@ from lantern.models.target import Target
 from lantern.rules.api import RuleSpec
 from lantern.rules.exact import ExactTest
 from lantern.rules.factory import exact
+from lantern.rules.window import checked as checked_scheme
 
 
 @register
@@ -139,10 +139,7 @@ class SpeculativeDecoder:
         self.mode = "greedy" if sampling.greedy else draft.candidates
         # An exact test alone (ExactSampled(), ...) is exact decoding with that test for its kind.
         self.spec = exact(acceptance) if acceptance is None or isinstance(acceptance, ExactTest) else acceptance
-        if window_test is not None:
-            if not hasattr(window_test, "spec"):
-                raise checks.refuse("window_test", window_test, "a window-test scheme (lantern.rules.window)")
-            self.spec = window_test.spec(self.spec)
+        self.spec = checked_scheme(window_test).spec(self.spec)
         self.rule = self.spec.build(self.mode, draft)
         self.name, self.label = name, label or name.upper()
         self.compile = check_compile(compile)
