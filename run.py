@@ -15,7 +15,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from lantern.cli.knobs import drop_foreign, forced
-from lantern.cli.main import run_hydra, run_or_exit
+from lantern.cli.main import run_hydra, run_or_exit, use_cache_folder
 from lantern.cli.preflight import check_run_config
 from lantern.files import forget_inputs
 from lantern.metrics.protocol import Protocol
@@ -32,6 +32,7 @@ def generate(cfg: DictConfig, out_dir: Path, world: World) -> dict | None:
     holds a finished run of this config is returned as it is, without loading a model.
     """
     hydra = HydraConfig.get()
+    use_cache_folder(cfg)  # every cache under paths.cache, before the preflight hashes the files it checks
     resolved = check_run_config(cfg, hydra.overrides.task)  # before anything is built or written
     # A sweep across decoders: a knob this job's decoder does not define is left out (once checked), and recorded.
     dropped = drop_foreign(cfg, hydra.overrides.task, hydra.runtime.choices.get("decoding"))

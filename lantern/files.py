@@ -193,19 +193,52 @@ def sha256_file(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-# sha256 of files by (real path, size, mtime): large checkpoints are hashed once, not at every run.
-_HASHES: dict[tuple, str] = {}
+# sha256 of files, trusted only as far as their content can be checked at each run. A file under
+# HASH_FULL_BYTES is hashed in full once per run (what note_input's first call of a job sees). A larger one
+# is remembered in <cache>/sha256.json under its real path, size, mtime, inode and ctime (rewriting a file in
+# place and setting its mtime back still moves its ctime) with a digest of SAMPLE_BLOCKS blocks spread over
+# it, which is read again and compared at each run: a mismatch means the file was edited, and it is hashed
+# in full. The cache file carries the digest of its own entries; an altered one is recomputed.
+HASH_FULL_BYTES = 64 << 20
+SAMPLE_BLOCKS, SAMPLE_BYTES = 64, 64 << 10
+_HASHES: dict[tuple, str] = {}  # this run's hashes by the file's stat key (cleared by forget_inputs)
+_CACHE_FOLDER: Path | None = None  # paths.cache, once an entry point has said it (use_hash_cache_folder)
+
+
+def use_hash_cache_folder(folder: str | os.PathLike | None) -> None:
+    """Keep the sha256 cache in ``folder`` (a run's ``paths.cache``); None: where ``paths.cache`` points by
+    default (``$LANTERN_CACHE``, else ``<repo>/outputs``). Never under the home folder."""
+    global _CACHE_FOLDER
+    _CACHE_FOLDER = None if folder is None else Path(folder)
 
 
 def _hash_cache_file() -> Path:
-    root = os.environ.get("LANTERN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "lantern")
-    return Path(root) / "sha256.json"
+    from lantern import REPO_ROOT
+
+    folder = _CACHE_FOLDER or Path(os.environ.get("LANTERN_CACHE") or REPO_ROOT / "outputs")
+    return folder / "sha256.json"
 
 
-HASH_CACHE_MIN_BYTES = 1 << 20  # only files worth remembering
+def _stat_key(real: str) -> tuple:
+    """What must stay the same for a remembered hash to be looked at: (path, size, mtime, device, inode, ctime)."""
+    stat = os.stat(real)
+    return (real, stat.st_size, stat.st_mtime_ns, stat.st_dev, stat.st_ino, stat.st_ctime_ns)
 
 
-def _read_hash_cache(cache: Path) -> dict[str, str]:
+def sampled_digest(path: str | os.PathLike, size: int) -> str:
+    """sha256 of ``SAMPLE_BLOCKS`` blocks of ``SAMPLE_BYTES`` spread evenly over a file of ``size`` bytes (the
+    first and the last included), with their offsets: a cheap check of a large file's content."""
+    digest = hashlib.sha256(f"{size}|".encode())
+    last = max(size - SAMPLE_BYTES, 0)
+    offsets = sorted({round(i * last / (SAMPLE_BLOCKS - 1)) for i in range(SAMPLE_BLOCKS)})
+    with open(path, "rb") as handle:
+        for offset in offsets:
+            handle.seek(offset)
+            digest.update(f"{offset}|".encode() + handle.read(SAMPLE_BYTES))
+    return digest.hexdigest()
+
+
+def _read_hash_cache(cache: Path) -> dict[str, dict]:
     """The entries of the sha256 cache; an altered file (its digest differs) is reported and dropped."""
     try:
         saved = json.loads(cache.read_text(encoding="utf-8"))
@@ -220,25 +253,39 @@ def _read_hash_cache(cache: Path) -> dict[str, str]:
     return entries
 
 
+def _remembered(entry) -> tuple[str, str] | None:
+    """(sha256, sampled digest) of a well-formed cache entry, else None."""
+    if not isinstance(entry, dict):
+        return None
+    digest, sample = entry.get("sha256"), entry.get("sample")
+    if all(isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v) for v in (digest, sample)):
+        return digest, sample
+    return None
+
+
 def sha256_cached(path: str | os.PathLike) -> str:
-    """:func:`sha256_file`, remembered by (real path, size, mtime) in this process and, for files of 1 MiB or
-    more, in ``$LANTERN_CACHE/sha256.json`` (or ``~/.cache/lantern``) with the digest of its entries; a changed
-    file has a new size or mtime, an altered cache is recomputed."""
+    """:func:`sha256_file`, checked against the file's content at each run: a file under ``HASH_FULL_BYTES`` is
+    hashed in full once per run; a larger one is remembered in ``<paths.cache>/sha256.json`` by its real path,
+    size, mtime, inode and ctime, and trusted only while a sampled-block digest of its bytes still matches
+    (:func:`sampled_digest`), else hashed again. A cache whose entries do not match their digest is recomputed."""
     real = os.path.realpath(path)
-    stat = os.stat(real)
-    key = (real, stat.st_size, stat.st_mtime_ns)
+    key = _stat_key(real)
     if key in _HASHES:
         return _HASHES[key]
-    if stat.st_size < HASH_CACHE_MIN_BYTES:
+    if key[1] < HASH_FULL_BYTES:
         _HASHES[key] = sha256_file(real)
         return _HASHES[key]
     cache = _hash_cache_file()
-    entry = f"{real}|{stat.st_size}|{stat.st_mtime_ns}"
+    entry = "|".join(str(part) for part in key)
     stored = _read_hash_cache(cache)
-    digest = stored.get(entry)
-    if not (isinstance(digest, str) and len(digest) == 64):
+    sample = sampled_digest(real, key[1])
+    remembered = _remembered(stored.get(entry))
+    if remembered is not None and remembered[1] == sample:
+        digest = remembered[0]
+    else:  # new, changed, or edited in place with its size and times kept: the content decides
         digest = sha256_file(real)
-        stored = {k: v for k, v in stored.items() if not k.startswith(f"{real}|")} | {entry: digest}
+        stored = {k: v for k, v in stored.items() if not k.startswith(f"{real}|")}
+        stored[entry] = {"sha256": digest, "sample": sample}
         try:  # a cache that cannot be written is skipped
             write_json_atomic(cache, {"entries": stored, "digest": content_digest({"entries": stored})})
         except OSError:
@@ -275,8 +322,9 @@ def inputs_read() -> dict[str, dict]:
 
 
 def forget_inputs() -> None:
-    """Start a new job's list of inputs."""
+    """Start a new job's list of inputs; every file it reads is checked against its content again."""
     _INPUTS.clear()
+    _HASHES.clear()
 
 
 def image_name(index: int) -> str:

@@ -20,7 +20,7 @@ import json
 import sys
 
 from lantern.cli.main import ArgumentParser, flag_number, run_or_exit
-from lantern.run.bench.speculative import plan_from, run_bench, write_results
+from lantern.run.bench.speculative import check_reference, plan_from, run_bench, write_results
 
 
 def main() -> None:
@@ -68,6 +68,11 @@ def main() -> None:
         help="how AR and every mode run their steps: default (torch.compile, fullgraph), none (eager, timed per "
         "phase), max-autotune, reduce-overhead (CUDA)",
     )
+    parser.add_argument(
+        "--reference",
+        action="store_true",
+        help="also time the reference-grade AR (the papers' loop, eager: baseline=both's) and each mode's speed-up over it",
+    )
     parser.add_argument("--out", default=None, help="write OUT.md and OUT.json")
     args = parser.parse()
     plan = run_or_exit(
@@ -90,6 +95,9 @@ def main() -> None:
             args.compile,
         )
     )
+    plan.reference = bool(args.reference)
+    if plan.reference:  # the reference's code (LlamaGen's checkout for the world) before any timing
+        run_or_exit(lambda: check_reference(plan))
     records = run_or_exit(lambda: run_bench(plan))
     if plan.out:
         print(f"wrote {write_results(plan, records)} and its .json")

@@ -22,13 +22,14 @@ import hydra
 from omegaconf import DictConfig
 
 from lantern import REPO_ROOT
-from lantern.cli.main import run_hydra, run_or_exit
+from lantern.cli.main import run_hydra, run_or_exit, use_cache_folder
 from lantern.run.export import export
 
 
 @hydra.main(version_base="1.3", config_path=str(REPO_ROOT / "conf"), config_name="export_hf")
 def main(cfg: DictConfig) -> None:
     """Entry point: export, then one line naming the folders; user errors exit 2 with one line."""
+    use_cache_folder(cfg)  # the hashes of what it reads under paths.cache
     written = run_or_exit(lambda: export(cfg))  # nothing is made before every check (conf: hydra.run.dir=.)
     folders = ", ".join(f"{part} {path}" for part, path in written.items())
     print(f"HF layout ({cfg.weights_dtype}): {folders}")

@@ -3,6 +3,7 @@
     python scripts/gpu_check.py                                   # on a CUDA machine: writes results/gpu_check.{md,json}
     python scripts/gpu_check.py --targets anole_7b,janus_pro_7b --images 2 --out results/gpu_check_7b   # the 7B presets
     python scripts/gpu_check.py --device cpu --dtype float32 --compile none --tiny --out /tmp/g   # its CPU form (tests)
+    LANTERN_LLAMAGEN=PATH python scripts/gpu_check.py ...   # also LlamaGen's own generate() (reference-grade AR)
 
 What it times and checks, and on which targets: :mod:`lantern.run.bench.gpu_check`.
 """
@@ -37,6 +38,16 @@ def main(argv=None) -> int:
     )
     parser.add_argument(
         "--tiny", action="store_true", help="GPT-nano and the tiny family presets' sizes instead (the CPU form)"
+    )
+    parser.add_argument(
+        "--batches",
+        default="1,4,16",
+        help="comma list of batch sizes of the batch sweep (AR, exact, LANTERN 0.1); '' skips it",
+    )
+    parser.add_argument(
+        "--llamagen",
+        default=None,
+        help="LlamaGen checkout for the reference-grade AR (else $LANTERN_LLAMAGEN, ../ref/LlamaGen)",
     )
     parser.add_argument("--out", default="results/gpu_check", help="writes OUT.md and OUT.json")
     args = parser.parse(argv)

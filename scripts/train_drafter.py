@@ -18,7 +18,7 @@ import hydra
 from omegaconf import DictConfig
 
 from lantern import REPO_ROOT
-from lantern.cli.main import run_hydra, run_or_exit
+from lantern.cli.main import run_hydra, run_or_exit, use_cache_folder
 from lantern.run.distributed import rank_device, world_from_env
 from lantern.run.lock import FolderLock
 from lantern.training.jobs.drafter import REPORT_NAME, run
@@ -30,6 +30,7 @@ BARRIER_TIMEOUT_S = 7 * 24 * 3600.0  # under torchrun the other ranks wait while
 def main(cfg: DictConfig) -> None:
     """Entry point: run the stages, print a one-line summary; user errors exit 2 with one line."""
     # nothing is made before every check passes (conf: hydra.run.dir=.; the lock then makes out_dir)
+    use_cache_folder(cfg)  # the shards' hashes under paths.cache
     world = run_or_exit(lambda: world_from_env(cfg.device, BARRIER_TIMEOUT_S))
     cfg.device = rank_device(cfg.device, world)  # cuda -> cuda:LOCAL_RANK under torchrun
     hold = (lambda folder: FolderLock(folder, what="drafter factory folder")) if world.is_main else None

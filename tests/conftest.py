@@ -16,6 +16,9 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 _CACHE = tempfile.mkdtemp(prefix="lantern-test-cache-")
 os.environ["LANTERN_CACHE"] = _CACHE
 atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+# The libraries' caches too (a run in this process would point them at its paths.cache, a test's temporary folder).
+for _variable in ("WANDB_CACHE_DIR", "WANDB_DATA_DIR", "MPLCONFIGDIR"):
+    os.environ.setdefault(_variable, os.path.join(_CACHE, _variable.lower()))
 # Test models are tiny: one thread is fastest, and two oversubscribe a busy 2-core machine. The suite runs
 # on pytest-xdist workers (pyproject's addopts), so the run.py and script subprocesses the tests start get one
 # OpenMP thread too: two workers' subprocesses with two spinning threads each on 2 cores ran 3-4x slower.
@@ -33,3 +36,12 @@ def read_layout(name: str) -> list[tuple[str, tuple[int, ...]]]:
         key, shape, _ = line.split("\t")
         rows.append((key, tuple(int(s) for s in shape.split(","))))
     return rows
+
+
+@pytest.fixture(autouse=True)
+def _hash_cache_folder():
+    """A run in this process keeps its sha256 cache in its paths.cache; the next test starts from the default."""
+    yield
+    from lantern.files import use_hash_cache_folder
+
+    use_hash_cache_folder(None)

@@ -30,7 +30,7 @@ def hf_config(**text) -> HFConfig:
     )  # fmt: skip
     values.update(text)
     vision = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=GRID * 16, patch_size=16,
-                  projection_dim=64, mlp_ratio=2)  # fmt: skip
+                  projection_dim=64, mlp_ratio=2, num_image_tokens=GRID * GRID)  # fmt: skip
     return HFConfig(text_config=values, vision_config=vision, vq_config=VQ_HF)
 
 

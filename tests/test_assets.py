@@ -21,11 +21,6 @@ from lantern.run.assets.store import AssetError
 REPO = Path(__file__).resolve().parents[1]
 PATH_KEYS = ("gpt_ckpt", "vq_ckpt", "text_encoder_path", "drafter_ckpt")
 NO_FILES = {"fashion_t2i"}  # the shipped world; tiny_random_* read no files
-# Presets whose folder is a conversion of published files that no registry source publishes as such: preset ->
-# the registry's sources of what it is converted from. emu3_gen reads transformers' Emu3ForConditionalGeneration
-# folder, which transformers converts from BAAI's two repos; no converted repo is pinned here and the wheel ships
-# no converter, so fetch lists BAAI's sources and the user converts (docs/assets.md).
-CONVERTED = {"emu3_gen": ("emu3_gen", "emu3_vision_tokenizer")}
 
 
 def presets(group: str) -> dict[str, dict]:
@@ -47,16 +42,13 @@ def test_every_real_weights_preset_names_its_assets_and_defaults_to_them():
     for name, node in presets("model").items():
         if name.startswith("tiny_random") or name in NO_FILES:
             continue
-        if name in CONVERTED:
-            assert all(source in registry for source in CONVERTED[name]), name
-            continue
         named = node.get("assets") or {}
         assert "gpt_ckpt" in named, f"model preset {name} reads real weights but names no assets"
         for key in PATH_KEYS:
             if node.get(key) == "???":
                 pytest.fail(f"model preset {name}: {key} has no default; point it at an asset")
-            if key in named:
-                assert node[key] == "${paths.assets}/" + registry[named[key]].dest, (name, key)
+            for asset in [named[key]] if isinstance(named.get(key), str) else named.get(key) or []:
+                assert node[key] == "${paths.assets}/" + registry[asset].dest, (name, key)
 
 
 def test_every_coco_or_parti_protocol_names_its_assets():

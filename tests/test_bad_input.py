@@ -236,12 +236,12 @@ CASES = [
     (
         "gpt-ckpt-missing",
         [*C2I, "model.gpt_ckpt=/nonexistent/gpt.pt", f"model.vq_ckpt={F('text.pt')}"],
-        "checkpoint file not found: '/nonexistent/gpt.pt'",
+        "model.gpt_ckpt='/nonexistent/gpt.pt': expected an existing file or folder (no such path)",
     ),
     (
         "vq-ckpt-missing",
         [*C2I, f"model.gpt_ckpt={F('text.pt')}", "model.vq_ckpt=/nonexistent/vq.pt"],
-        "checkpoint file not found: '/nonexistent/vq.pt'",
+        "model.vq_ckpt='/nonexistent/vq.pt': expected an existing file or folder (no such path)",
     ),
     (
         "ckpt-text",
@@ -278,7 +278,7 @@ CASES = [
         [*C2I, f"model.gpt_ckpt={F('empty_dir')}", f"model.vq_ckpt={F('text.pt')}"],
         "is a folder without config.json: expected a checkpoint file or an HF-layout folder",
     ),
-    ("gpt-preset", ["model.bundle.gpt.preset=GPT-Q"], "GPT preset='GPT-Q': expected one of GPT-B"),
+    ("gpt-preset", ["model.bundle.gpt.preset=GPT-Q"], "model.bundle.gpt.preset='GPT-Q': expected one of GPT-B"),
     ("gpt-model-type", ["model.bundle.gpt.model_type=x2i"], "model_type"),
     ("gpt-image-size", ["model.bundle.gpt.image_size=30"], "image_size 30"),
     (
@@ -291,7 +291,7 @@ CASES = [
     (
         "t5-folder-missing",
         [*T2I, "model.text_encoder_path=/nonexistent/t5"],
-        "text encoder folder not found: '/nonexistent/t5'",
+        "model.text_encoder_path='/nonexistent/t5': expected an existing file or folder (no such path)",
     ),
     ("t5-folder-other-model", [*T2I, f"model.text_encoder_path={F('t5_other')}"], "holds model_type 'bert', not 't5'"),
     ("t5-folder-no-config", [*T2I, f"model.text_encoder_path={F('empty_dir')}"], "has no config.json"),
@@ -306,7 +306,11 @@ CASES = [
         "model.text_preprocessing='upper': expected one of clean, lower, none",
     ),
     # The world's manifest.
-    ("world-missing", ["model=fashion_t2i", "model.bundle.folder=/nonexistent/world"], "world manifest not found"),
+    (
+        "world-missing",
+        ["model=fashion_t2i", "model.bundle.folder=/nonexistent/world"],
+        "model.bundle.folder='/nonexistent/world': expected an existing file or folder",
+    ),
     ("world-escape", ["model=fashion_t2i", f"model.bundle.folder={F('world_escape')}"], "outside the world folder"),
     (
         "world-absolute",
@@ -394,11 +398,11 @@ CASES = [
     ),
     # Metrics: every input is checked before the first image.
     ("clip-weights-required", ["metrics=clip"], "metrics.clip.pretrained is required"),
-    ("clip-needs-text", ["metrics=clip", "metrics.clip.pretrained=/nonexistent.pt"], "metrics=clip needs text prompts"),
+    ("clip-needs-text", ["metrics=clip", f"metrics.clip.pretrained={F('text.pt')}"], "metrics=clip needs text prompts"),
     (
         "clip-weights-missing",
         ["model=fashion_t2i", "metrics=clip", "metrics.clip.pretrained=/nonexistent.pt"],
-        "CLIP weights not found: '/nonexistent.pt'",
+        "metrics.clip.pretrained='/nonexistent.pt': expected an existing file (it does not exist)",
     ),
     (
         "clip-weights-malicious",
@@ -428,7 +432,7 @@ CASES = [
     (
         "fid-folder-missing",
         ["metrics=fid_folder", "metrics.fid.reference_name=x", "metrics.fid.reference.path=/nonexistent"],
-        "FID reference folder not found: '/nonexistent'",
+        "metrics.fid.reference.path='/nonexistent': expected an existing folder (it does not exist)",
     ),
     (
         "fid-folder-empty",

@@ -16,6 +16,7 @@ preflight, not an entry to add here.
 from __future__ import annotations
 
 import copy
+import json
 import re
 import subprocess
 import sys
@@ -54,17 +55,22 @@ ANY_VALUE = {
     "model.recommended.cfg_scale": "read through the top-level cfg_scale, checked there",
     "model.recommended.top_k": "read through the top-level top_k, checked there",
     "model.recommended.top_p": "read through the top-level top_p, checked there",
+    "model.bundle.init_seed": "the seed of the random preset's weights: any integer in [0, 2^63)",
+    **dict.fromkeys(
+        [f"protocol.{key}" for key in ("description", "prompts.source", "prompts.selection", "prompts.order")]
+        + [f"protocol.{key}" for key in ("reference.source", "reference.preprocessing", "image.resize")]
+        + ["protocol.seeds.per_sample"],
+        "a protocol's description of itself for readers: any text, never a path",
+    ),
+    **dict.fromkeys(
+        [f"metrics.{m}.interval_seed" for m in ("fid", "clip", "hps", "kid", "inception_score", "precision_recall")]
+        + ["metrics.faithfulness.interval_seed", "metrics.kid.seed", "metrics.inception_score.seed"],
+        "a metric's seed: any integer >= 0 names a draw",
+    ),
 }
-# Knobs the preflight does not check yet: each is checked by its constructor when the model, drafter or metric
-# is built (after the model loads; the empty run folder is then removed). Listed so that the gap stays visible.
-BUILT_LATE = (
-    "model.bundle.",  # a family's architecture and loader knobs (random_bundle, load_world, ...)
-    "model.drafter.",  # the drafter's loader knobs
-    "model.neighbours.codebook.",  # the random codebook's shape (the bundle's)
-    "model.timing.",  # scripts/gpu_check.py --tiny only
-    "metrics.",  # metric weights and reference folders: GenerationJob checks them before the first image
-    "protocol.metrics.",
-)
+# Knobs the preflight does not check yet. Empty: the model's nodes (bundle, drafter, codebook, timing) and every
+# metric are built through their dry twins before any model loads (lantern.run.dry_build, lantern.models.dry).
+BUILT_LATE = ()
 
 
 def leaves(node, prefix: str = ""):
@@ -104,7 +110,7 @@ def generated_cases() -> list[tuple[str, str, str, object, object]]:
         package = "" if package in ("", "_global_") else f"{package}."
         for key, default in leaves({k: v for k, v in raw.items() if k != "hydra"}, package):
             value = bad_value(key, default)
-            if key in seen or value is None or key.startswith(BUILT_LATE):
+            if key in seen or value is None or (BUILT_LATE and key.startswith(BUILT_LATE)):
                 continue
             seen.add(key)
             cases.append((group, path.stem, key, default, value))
@@ -114,21 +120,67 @@ def generated_cases() -> list[tuple[str, str, str, object, object]]:
 CASES = generated_cases()
 
 
+def stand_ins(folder: Path) -> dict[str, str]:
+    """Files in the formats the metric and protocol options read, for their mandatory paths (``???``) and the
+    asset places their presets point at: a weights file, an image folder, COCO captions, a PartiPrompts TSV, a
+    caption file, and the papers' own lists (LANTERN's JSON list, LlamaGen's CSV)."""
+    (folder / "images").mkdir()
+    (folder / "images" / "000000.png").write_bytes(b"")  # never opened: a dry build only stats paths
+    (folder / "weights.pt").write_bytes(b"stand-in weights")
+    annotations = [{"image_id": i, "id": i, "caption": f"a photo of thing {i}"} for i in range(8)]
+    (folder / "captions.json").write_text(json.dumps({"annotations": annotations}))
+    (folder / "captions.txt").write_text("a white sneaker\na long dress\n")
+    (folder / "parti.tsv").write_text("Prompt\tCategory\n" + "".join(f"prompt {i}\tAnimals\n" for i in range(8)))
+    (folder / "longest.json").write_text(json.dumps([f"a photo of thing {i}" for i in range(8)]))
+    (folder / "coco_captions.csv").write_text("Prompt\n" + "".join(f"a photo of thing {i}\n" for i in range(8)))
+    return {kind: str(folder / name) for kind, name in (("file", "weights.pt"), ("folder", "images"))} | {
+        "lantern.run.prompts.coco_captions": str(folder / "captions.json"),
+        "lantern.run.prompts.parti_prompts": str(folder / "parti.tsv"),
+        "lantern.run.prompts.caption_file": str(folder / "captions.txt"),
+        "lantern.run.paper_prompts.json_list": str(folder / "longest.json"),
+        "lantern.run.paper_prompts.llamagen_csv": str(folder / "coco_captions.csv"),
+        "lantern.run.paper_prompts.coco_paper_captions": str(folder / "captions.json"),
+    }
+
+
+def with_stand_ins(cfg, files: dict[str, str]):
+    """``cfg`` with each mandatory path (``???``) and each asset path its protocol preset names given a stand-in:
+    a name for a ``reference_name``, the image folder for a folder, the prompt file its prompt set reads."""
+    raw = OmegaConf.to_container(cfg, resolve=False)
+    keys = {key for key, value in leaves({k: v for k, v in raw.items() if k != "hydra"}) if value == "???"}
+    keys |= {key.replace("/", ".") for key in (raw.get("assets") or {}).get("protocol") or {}}
+    for key in sorted(keys):
+        if key.endswith("reference_name"):
+            value = "stand_in"
+        elif key == "prompts.path":
+            value = files[OmegaConf.select(cfg, "prompts._target_")]
+        else:
+            value = files["folder" if key.endswith(("reference.path", ".folder")) else "file"]
+        OmegaConf.update(cfg, key, value, merge=False)
+    if OmegaConf.select(cfg, "assets.extra") is not None:
+        cfg.assets.extra = []  # files fetch.py makes for the protocol: stood in for by the ones above
+    pinned = (raw.get("protocol") or {}).get("image", {}).get("size")
+    if isinstance(pinned, int) and OmegaConf.select(cfg, "model.bundle.gpt.image_size") is not None:
+        cfg.model.bundle.gpt.image_size = pinned  # the world's model at the protocol's size: a preflight builds none
+    return cfg
+
+
 @pytest.fixture(scope="module")
-def composed():
-    """The run config of each group option (composed once), as ``python run.py GROUP=OPTION`` composes it."""
+def composed(tmp_path_factory):
+    """The run config of each group option (composed once), as ``python run.py GROUP=OPTION`` composes it, with
+    stand-in files where the option needs a path given."""
     from hydra import compose, initialize_config_dir
 
+    files = stand_ins(tmp_path_factory.mktemp("stand_ins"))
     made = {}
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
 
         def get(group: str, option: str):
-            """(config, the base's own refusal or ''): an option needing files not here (an asset, a
-            mandatory path) is refused as it stands, and its knobs' cases are skipped."""
+            """(config, the base's own refusal or ''): an option refused even so is skipped, with its knobs."""
             if (group, option) not in made:
-                model = "fashion_t2i" if group in ("protocol", "prompts") else "tiny_random_c2i"
+                model = "fashion_t2i" if group in ("protocol", "prompts", "metrics") else "tiny_random_c2i"
                 choice = [f"{group}={option}"] if group else []
-                cfg = compose("config", overrides=[f"model={model}", *choice])
+                cfg = with_stand_ins(compose("config", overrides=[f"model={model}", *choice]), files)
                 made[group, option] = cfg, preflight(copy.deepcopy(cfg), "seed", 0, 0)
             cfg, refused = made[group, option]
             return copy.deepcopy(cfg), refused

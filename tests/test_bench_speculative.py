@@ -101,3 +101,24 @@ def test_every_peer_row_composes_and_builds_before_timing():
     plan = plan_from(1, 1, 0, 1, "fashion_t2i", "", "", "0.1", "sampled", "sampling", ",".join(PEERS), [], "", None)
     assert [label for label, _ in plan.rows] == list(PEERS)
     assert dict(plan.rows)["zipar_4"] == ["decoding=zipar", "window=4"]
+
+
+def test_bench_times_the_reference_grade_ar_beside_ar_with_reference(tmp_path):
+    """--reference: the reference-grade AR (here transformers' generate() of the tiny Lumina-mGPT) is a row of its
+    own, timed on the same images, and every row carries its speed-up over it beside the one over AR."""
+    out = tmp_path / "bench"
+    cmd = [
+        sys.executable, str(REPO_ROOT / "scripts" / "bench_speculative.py"), "--model", "tiny_random_lumina",
+        "--images", "1", "--runs", "2", "--settings", "sampling", "--structures", "chain", "--lantern-structures",
+        "chain", "--deltas", "0.4", "--candidates", "deterministic", "--threads", "1", "--compile", "none",
+        "--reference", "--out", str(out),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    records = json.loads(out.with_suffix(".json").read_text())["records"]
+    assert [r["mode"] for r in records][:2] == ["ar", "ar reference"]
+    reference = [sum(t[j] for t in records[1]["times_s"]) for j in range(2)]
+    for record in records:
+        mode = [sum(t[j] for t in record["times_s"]) for j in range(2)]
+        assert abs(record["speedup_vs_reference_ar"] - sum(reference) / sum(mode)) < 1e-9
+    assert "x vs reference AR)" in out.with_suffix(".md").read_text()

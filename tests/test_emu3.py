@@ -6,6 +6,7 @@ the prefix-constrained image syntax), and the VQ decodes as their ``decode_image
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from family_helpers import check_greedy_chain_equals_ar_in_one_graph
@@ -16,6 +17,7 @@ from lantern.errors import CheckpointError
 from lantern.models.emu3 import bundle, hf
 from lantern.models.emu3.condition import NEGATIVE, POSITIVE
 from lantern.models.emu3.model import Emu3Target
+from lantern.models.emu3.reference_ar import image_syntax
 from lantern.models.emu3.vocab import visual_token_name
 from lantern.models.sampling import SamplingConfig
 from lantern.models.target import Target
@@ -69,23 +71,6 @@ def test_teacher_forced_logits_match_emu3forconditionalgeneration_with_cfg_and_p
     print(f"teacher-forced max |diff|: {diff:.2e}, with CFG 3: {guided_diff:.2e}")
 
 
-def constrained(start: int, config):
-    """BAAI's Emu3PrefixConstrainedLogitsHelper for one square image after a prompt of ``start`` ids."""
-    visual = list(range(config.code_offset, config.code_offset + config.num_codes))
-    width, rows = config.grid_size, config.grid_size
-
-    def allowed(batch_id, input_ids):
-        offset = input_ids.shape[0] - (start - 1)  # from <|image token|>, as their offset_cache
-        if offset % (width + 1) == 0:
-            return [config.eol_id]
-        tail = {1: config.eof_id, 2: config.eoi_id, 3: config.eos_id}
-        if offset - (width + 1) * rows in tail:
-            return [tail[offset - (width + 1) * rows]]
-        return [config.pad_id] if offset > (width + 1) * rows + 3 else visual
-
-    return allowed
-
-
 @pytest.mark.parametrize("cfg_scale", [1.0, 3.0])
 def test_greedy_ar_equals_emu3forconditionalgeneration_generate_with_baai_processors(emu3, cfg_scale):
     """Emu3ForConditionalGeneration.generate with UnbatchedClassifierFreeGuidanceLogitsProcessor over the negative
@@ -101,7 +86,7 @@ def test_greedy_ar_equals_emu3forconditionalgeneration_generate_with_baai_proces
     negative = torch.tensor([ours.config.null_ids])
     for row, prompt in enumerate(PROMPTS):
         ids = torch.tensor([model_bundle.conditioner.ids(prompt)])
-        processors = [transformers.PrefixConstrainedLogitsProcessor(constrained(ids.shape[1], ours.config), 1)]
+        processors = [transformers.PrefixConstrainedLogitsProcessor(image_syntax(ids.shape[1], ours.config), 1)]
         if cfg_scale != 1.0:
             cfg = transformers.UnbatchedClassifierFreeGuidanceLogitsProcessor(
                 cfg_scale, reference, unconditional_ids=negative
@@ -141,6 +126,38 @@ def test_vq_decode_equals_emu3forconditionalgenerations_decode_image_tokens(emu3
     assert ours.shape == (2, 3, PIXELS, PIXELS)
     assert torch.equal(ours, theirs)
     assert torch.equal(model_bundle.codebook(), reference.model.vqmodel.quantize.embedding.weight)
+
+
+def released_postprocess(images: torch.Tensor) -> np.ndarray:
+    """transformers' Emu3ImageProcessor.postprocess with the released preprocessor config (BAAI/Emu3-Gen-hf,
+    BAAI/Emu3-VisionTokenizer: mean = std = 0.5, rescale_factor 1/255), as their generation example calls it."""
+    processor = transformers.Emu3ImageProcessor(
+        image_mean=[0.5] * 3, image_std=[0.5] * 3, rescale_factor=0.00392156862745098
+    )
+    made = processor.postprocess(list(images.float()), return_tensors="PIL.Image.Image")["pixel_values"]
+    return np.stack([np.asarray(image) for image in made])  # (B, H, W, 3) uint8
+
+
+def test_pixels_equal_the_released_postprocess_on_random_values():
+    from lantern.models.bundle import to_uint8
+
+    generator = torch.Generator().manual_seed(0)
+    images = torch.rand(4, 3, 16, 16, generator=generator) * 2.6 - 1.3  # (B, 3, H, W), past [-1, 1] both ways
+    images[0, 0, 0, :4] = torch.tensor([-1.0, 1.0, 0.0, -1 / 255])  # the ends, the middle, a level's edge
+    theirs = released_postprocess(images)
+    assert theirs.shape == (4, 16, 16, 3) and theirs.dtype == np.uint8
+    assert np.array_equal(bundle.release_pixels(images).numpy(), theirs)
+    unsaturated = (images.abs() < 1).permute(0, 2, 3, 1).numpy()
+    off = (to_uint8(images).numpy().astype(int) - theirs)[unsaturated]  # LlamaGen's rounding: one level above
+    assert set(np.unique(off)) <= {0, 1} and 0.3 < off.mean() < 0.7, off.mean()
+
+
+@torch.inference_mode()
+def test_the_bundles_pngs_are_the_released_postprocess_of_their_decode(emu3):
+    reference, model_bundle, _ = emu3
+    codes = torch.randint(0, CODES, (2, GRID * GRID), generator=torch.Generator().manual_seed(5))
+    decoded = reference.model.decode_image_tokens(model_bundle.target.image_stream(codes), height=GRID, width=GRID)
+    assert np.array_equal(model_bundle.decode_images(codes).numpy(), released_postprocess(decoded))
 
 
 def test_prompts_follow_baais_template_and_the_negative_prompt_is_cfgs_context(emu3):

@@ -141,7 +141,7 @@ def test_world_metrics_land_in_the_record(tmp_path):
     from lantern.results.render import make_tables
     from lantern.run.prompts import fashion_prompts
 
-    assert metrics["protocol"] == "world" and metrics["protocol_subset"] is True and metrics["schema_version"] == 4
+    assert metrics["protocol"] == "world" and metrics["protocol_subset"] is True and metrics["schema_version"] == 5
     assert metrics["protocol_inputs"]["prompts"] == prompt_list_sha256(fashion_prompts(1000).items)
     for name in ("fid", "clip_score", "prompt_accuracy"):
         interval = metrics[f"{name}_ci"]

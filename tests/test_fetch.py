@@ -5,9 +5,6 @@ network or HF_HUB_OFFLINE=1 a fetch is one error line in seconds."""
 
 from __future__ import annotations
 
-import hashlib
-import http.server
-import io
 import json
 import os
 import resource
@@ -16,98 +13,22 @@ import subprocess
 import sys
 import threading
 import time
-import zipfile
 from pathlib import Path
 
 import pytest
+from fetch_helpers import BIG, COMMIT, FILES, REPO, Handler, serving, sha
 
-from lantern.run.assets import fetching
+from lantern.run.assets import fetching, listing
 from lantern.run.assets.store import AssetError
-
-REPO = Path(__file__).resolve().parents[1]
-COMMIT = "c0ffee" + "0" * 34
-BIG = bytes(range(256)) * 4096  # 1 MiB, so a drop mid-file is mid-file
-
-
-def _zip(member: str, data: bytes) -> bytes:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
-        archive.writestr(member, data)
-    return buffer.getvalue()
-
-
-FILES = {
-    "/org/weights/resolve/main/model.bin": BIG,
-    "/org/weights/resolve/main/config.json": b'{"a": 1}',
-    "/plain/data.zip": _zip("inner/a.txt", BIG[::-1]),
-}
-
-
-def sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-class Handler(http.server.BaseHTTPRequestHandler):
-    server_version = "fake-hub"
-
-    def log_message(self, *args):  # quiet
-        pass
-
-    def _head(self, send_body: bool) -> None:
-        data = self.server.files.get(self.path.split("?")[0])
-        if data is None:
-            self.send_response(404)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
-        start = 0
-        ranged = self.headers.get("Range")
-        if ranged and ranged.startswith("bytes="):
-            start = int(ranged[6:].split("-")[0])
-        self.send_response(206 if start else 200)
-        if start:
-            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
-        self.send_header("Content-Length", str(len(data) - start))
-        self.send_header("Accept-Ranges", "bytes")
-        self.send_header("ETag", f'"{sha(data)}"')
-        self.send_header("X-Repo-Commit", COMMIT)
-        self.end_headers()
-        if not send_body:
-            return
-        body = data[start:]
-        if self.path in self.server.drop_once:  # half the bytes, then the connection goes
-            self.server.drop_once.discard(self.path)
-            self.wfile.write(body[: len(body) // 2])
-            self.wfile.flush()
-            self.close_connection = True
-            self.connection.shutdown(2)
-            return
-        self.server.served.append(self.path)
-        self.wfile.write(body)
-
-    def do_HEAD(self):
-        self._head(False)
-
-    def do_GET(self):
-        self._head(True)
 
 
 @pytest.fixture
 def server():
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    httpd.files, httpd.drop_once, httpd.served = dict(FILES), set(), []
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    stop = threading.Timer(120, httpd.shutdown)  # bounded: it stops itself whatever the test does
-    stop.start()
-    yield httpd
-    stop.cancel()
-    httpd.shutdown()
-    httpd.server_close()
+    yield from serving()
 
 
-def registry(folder: Path, port: int, wrong: bool = False) -> Path:
-    """A registry of one hub folder, one plain URL (pinned) and a derived file."""
+def registry(folder: Path, port: int, wrong: bool = False, verified: bool = True) -> Path:
+    """A registry of one hub folder, one plain URL (pinned; ``verified``: a published pin) and a derived file."""
     folder.mkdir(parents=True, exist_ok=True)
     pin = "f" * 64 if wrong else sha(FILES["/plain/data.zip"])
     (folder / "fake.yaml").write_text(
@@ -121,6 +42,7 @@ data:
   dest: plain/data.zip
   url: http://127.0.0.1:{port}/plain/data.zip
   sha256: "{pin}"
+  verified: {str(verified).lower()}
   licence: test
 inner:
   dest: derived/a.txt
@@ -156,7 +78,7 @@ def setup(tmp_path, server, monkeypatch):
 
 def test_fetch_lists_downloads_verifies_and_locks(setup):
     root, server = setup
-    lines = fetching.listing(resolved(root))
+    lines = listing.listing(resolved(root))
     assert len(lines) == 5 and all("missing" in line for line in lines[1:])
     assert any("hf://org/weights@main/model.bin" in line for line in lines)
     fetching.fetch(resolved(root), say=lambda _: None, progress=False)
@@ -168,7 +90,7 @@ def test_fetch_lists_downloads_verifies_and_locks(setup):
     assert lock["derived/a.txt"]["recipe"] and lock["derived/a.txt"]["inputs"] == {
         "data": lock["plain/data.zip"]["sha256"]
     }
-    assert all("present" in line for line in fetching.listing(resolved(root))[1:])
+    assert all("present" in line for line in listing.listing(resolved(root))[1:])
     served = len(server.served)
     fetching.fetch(resolved(root), say=lambda _: None, progress=False)  # everything there: nothing downloaded
     assert len(server.served) == served
@@ -319,7 +241,7 @@ def test_the_real_presets_fail_in_seconds_here_and_list(tmp_path):
         "t2i_XL_stage1_256.pt",
         "flan-t5-xl",
         "llamagen_drafter",
-        "captions_val2017.json",
+        "captions_val2017_longest.json",
         "ViT-B-32.pt",
         "HPS_v2.1",
     ):

@@ -22,6 +22,8 @@ def test_gpu_check_cpu_form_writes_its_report(tmp_path):
             "2",
             "--targets",
             "world,llamagen",
+            "--batches",
+            "1,2",
             "--out",
             str(out),
         ]
@@ -34,7 +36,25 @@ def test_gpu_check_cpu_form_writes_its_report(tmp_path):
         assert modes[:2] == ["ar eager", "ar none"] and "lantern d=0.4 chain3 sampled" in modes
         assert result["greedy_tokens_equal_compiled_vs_eager"] == 1.0
         assert all(row["latency_ms"] > 0 and row["tau"] >= 1.0 for row in result["rows"])
-    assert "| mode | tau |" in out.with_suffix(".md").read_text()
+        # The batch sweep: AR, exact chain and LANTERN 0.1 at each batch, AR 1x at its own batch.
+        sweep = result["batch_sweep"]
+        assert [(r["batch"], r["mode"].split()[0]) for r in sweep] == [
+            (b, m) for b in (1, 2) for m in ("ar", "exact", "lantern")
+        ]
+        assert all(r["images_per_s"] > 0 and r["peak_memory_mb"] > 0 for r in sweep)
+        assert [r["speedup_vs_ar_same_batch"] for r in sweep if r["mode"] == "ar none"] == [1.0, 1.0]
+    # The reference-grade AR: LlamaGen's own generate() over the same weights where a checkout is found.
+    for result in report["results"]:
+        reference = result["reference"]
+        assert reference["mode"] == "ar reference"
+        if "skipped" in reference:
+            assert "FoundationVision/LlamaGen" in reference["skipped"]
+        else:
+            assert reference["greedy_codes_equal_ours"] is True and reference["engine_ar_over_reference_ar"] > 0
+    text = out.with_suffix(".md").read_text()
+    assert (
+        "| mode | tau |" in text and "| batch | mode | ms/image | images/s |" in text and "Reference-grade AR" in text
+    )
 
 
 def test_gpu_check_without_a_gpu_is_one_line(capsys):

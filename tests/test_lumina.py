@@ -17,6 +17,7 @@ from lantern.decoding.ar import ARDecoder
 from lantern.models.chameleon import hf
 from lantern.models.chameleon.lumina import LuminaTarget, size_token
 from lantern.models.chameleon.lumina_bundle import converter, random_bundle
+from lantern.models.chameleon.reference_ar import LuminaCFGProcessor, LuminaImageProcessor
 from lantern.models.row_ends import RowEndCache
 from lantern.models.sampling import SamplingConfig
 from lantern.models.target import Target
@@ -83,46 +84,6 @@ def test_teacher_forced_logits_match_chameleonforconditionalgeneration_on_the_in
     full = ours.vocab_logits(hidden[:batch, SLOTS - 1 :])
     assert (full - theirs[:batch]).abs().max().item() <= 1e-4
     print(f"teacher-forced max |diff|: {diff:.2e}, with CFG 4: {guided_diff:.2e}")
-
-
-class LuminaImageProcessor(transformers.LogitsProcessor):
-    """Their MultiModalLogitsProcessor for one image after a prompt of ``start`` ids ending in [BOI, H, W]:
-    image ids only inside a row, EOL forced after each row, EOI after the last EOL."""
-
-    def __init__(self, start: int, config):
-        self.start, self.cfg = start, config
-
-    def __call__(self, input_ids, scores):
-        made = input_ids.shape[1] - self.start  # image tokens so far
-        cfg, forced = self.cfg, None
-        if (made + 1) % (cfg.grid_size + 1) == 0:
-            forced = cfg.eol_id
-        elif made == cfg.grid_size * (cfg.grid_size + 1):
-            forced = cfg.eoi_id
-        if forced is not None:
-            out = torch.full_like(scores, -float("inf"))
-            out[:, forced] = 0
-            return out
-        allowed = torch.zeros(scores.shape[-1], dtype=torch.bool)
-        allowed[cfg.code_offset : cfg.code_offset + cfg.num_codes] = True
-        return scores.masked_fill(~allowed, -float("inf"))
-
-
-class LuminaCFGProcessor(transformers.LogitsProcessor):
-    """Their LLMImageStartTriggeredUnbatchedClassifierFreeGuidanceLogitsProcessor: the unconditional context is
-    the stream from BOI on ([BOI, H, W], then every generated token), in a DynamicCache of its own."""
-
-    def __init__(self, model, scale: float, boi_index: int):
-        self.model, self.scale, self.boi_index = model, scale, boi_index
-        self.cache, self.fed = transformers.DynamicCache(config=model.config), 0
-
-    def __call__(self, input_ids, scores):
-        context = input_ids[:, self.boi_index :]
-        new = context[:, self.fed :]
-        out = self.model(input_ids=new, cache=self.cache, use_cache=True)
-        self.fed = context.shape[1]
-        uncond = out.logits[:, -1].float()
-        return self.scale * (scores - uncond) + uncond
 
 
 @pytest.mark.parametrize("cfg_scale", [1.0, 4.0])

@@ -128,3 +128,21 @@ def test_two_metrics_on_one_network_share_its_pass(tmp_path):
     make = lambda: FID("toy", lambda: reference, cache_dir=str(tmp_path), progress=False, extractor=net)  # noqa: E731
     first, second = make()(run_dir, ["p"] * 6, None), make()(run_dir, ["p"] * 6, None)
     assert first["fid"] == second["fid"] and net.seen == 12 + 6  # reference once (stats cache), run once
+
+
+def test_feature_and_statistics_caches_key_on_the_weights_bytes(tmp_path):
+    """Two weights files of one architecture (a hand-copied pytorch-fid Inception beside the fetched one) give
+    other features: their cache keys differ, and equal bytes under another name share one key."""
+    from lantern.metrics.fid_stats import StatsKey
+    from lantern.metrics.precision_recall import VGG16Features
+    from lantern.metrics.pytorch_fid import PytorchFIDInception
+
+    one, other, copy = tmp_path / "a.pth", tmp_path / "b.pth", tmp_path / "c.pth"
+    one.write_bytes(b"weights one")
+    other.write_bytes(b"weights two")
+    copy.write_bytes(b"weights one")
+    for make in (PytorchFIDInception, VGG16Features):
+        ids = [make(str(path)).net_id for path in (one, other, copy)]
+        assert ids[0] != ids[1] and ids[0] == ids[2]
+        keys = {StatsKey("coco", 0, net_id, 5000).filename() for net_id in ids}
+        assert len(keys) == 2

@@ -45,6 +45,9 @@ def coco_files(tmp_path, images: int = 6, size: int = 256):
     ]
     captions = tmp_path / "captions_val2017.json"
     captions.write_text(json.dumps({"annotations": annotations}))
+    # the papers' own formats: LANTERN's JSON list (the longest caption per image), LlamaGen's one-column CSV
+    (tmp_path / "captions_val2017_longest.json").write_text(json.dumps([a["caption"] for a in annotations[1::2]]))
+    (tmp_path / "coco_captions.csv").write_text("Prompt\n" + "".join(f"a coco prompt {i}\n" for i in range(images)))
     reference = tmp_path / f"ref{size}"
     reference.mkdir()
     for i in range(3):
@@ -121,7 +124,8 @@ def test_coco_protocol_reads_its_stand_in_files_and_refuses_another_resolution(t
         "protocol=lantern_coco17_5k",
         "model=llamagen_t2i_xl_256",
         *(f"model.{key}=unused" for key in ("gpt_ckpt", "vq_ckpt", "text_encoder_path")),  # nothing is built
-        f"prompts.path={captions}",
+        f"prompts.path={tmp_path / 'captions_val2017_longest.json'}",  # LANTERN's list, in its format
+        "protocol.prompts.sha256=null",  # the stand-in list is not LANTERN's
         f"metrics.fid.reference.path={reference}",
         f"metrics.precision_recall.weights={clip}",  # stand-ins: the check hashes files, it loads none
         f"metrics.hps.checkpoint={clip}",
@@ -231,13 +235,13 @@ def test_each_coco_and_parti_preset_reads_what_it_pins_from_stand_in_files(tmp_p
             {"prompts", "fid", "clip", "reference"},
         ),
         "llamagen_coco14_30k": (
-            ["model=llamagen_t2i_xl_256", *unbuilt, f"prompts.path={captions}"]
-            + [f"metrics.fid.reference.path={reference256}"],
+            ["model=llamagen_t2i_xl_256", *unbuilt, f"prompts.path={tmp_path / 'coco_captions.csv'}"]
+            + [f"metrics.fid.reference.path={reference256}", "protocol.prompts.sha256=null"],
             {"prompts", "reference"},
         ),
         "parti": (
             ["model=llamagen_t2i_xl_256", *unbuilt, f"prompts.path={parti}", f"metrics.clip.pretrained={weights}"]
-            + ["protocol.metrics.clip.sha256=null"],
+            + ["protocol.metrics.clip.sha256=null", "protocol.prompts.sha256=null"],
             {"prompts", "clip"},
         ),
     }

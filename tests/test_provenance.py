@@ -73,11 +73,12 @@ def test_a_finished_run_whose_weights_changed_is_not_reported_as_done(tmp_path):
 
 def test_hashes_are_cached_by_path_size_and_mtime(tmp_path, monkeypatch):
     monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(files, "HASH_FULL_BYTES", 1 << 20)  # 1 MiB and more: remembered on disk
     path = tmp_path / "big.bin"
     path.write_bytes(b"x" * (1 << 20))
     first = files.sha256_cached(path)
     assert first == files.sha256_file(path) and (tmp_path / "cache" / "sha256.json").is_file()
-    files._HASHES.clear()
+    files.forget_inputs()  # the next run
     calls = []
     monkeypatch.setattr(files, "sha256_file", lambda p: calls.append(p) or "0" * 64)
     assert files.sha256_cached(path) == first and not calls  # read from the disk cache, not rehashed
@@ -87,6 +88,7 @@ def test_hashes_are_cached_by_path_size_and_mtime(tmp_path, monkeypatch):
 
 def test_an_altered_hash_cache_is_recomputed_with_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("LANTERN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(files, "HASH_FULL_BYTES", 1 << 20)
     path = tmp_path / "big.bin"
     path.write_bytes(b"x" * (1 << 20))
     clean = files.sha256_cached(path)
@@ -94,10 +96,10 @@ def test_an_altered_hash_cache_is_recomputed_with_one_line(tmp_path, monkeypatch
     saved = json.loads(cache.read_text())
     saved["entries"] = {entry: "0" * 64 for entry in saved["entries"]}  # the wrong hash, digest kept
     cache.write_text(json.dumps(saved))
-    files._HASHES.clear()
+    files.forget_inputs()  # the next run
     capsys.readouterr()
     assert files.sha256_cached(path) == clean
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "does not match the digest" in lines[0] and "sha256.json" in lines[0]
-    files._HASHES.clear()
+    files.forget_inputs()  # the next run
     assert files.sha256_cached(path) == clean and not capsys.readouterr().err  # rewritten clean

@@ -38,7 +38,7 @@ def test_images_do_not_change_with_batch_size(tmp_path):
         ("temperature=-0.5", "temperature=-0.5"),
         ("cfg_scale=-1", "cfg_scale=-1"),
         ("num_images=0", "num_images=0"),
-        ("model.bundle.gpt.preset=GPT-Q", "GPT preset='GPT-Q': expected one of GPT-B"),
+        ("model.bundle.gpt.preset=GPT-Q", "model.bundle.gpt.preset='GPT-Q': expected one of GPT-B"),
         ("model.bundle.gpt.model_type=x2i", "model_type"),
         ("model.bundle.gpt.image_size=30", "image_size 30"),
         ("dtype=int8", "dtype='int8'"),
@@ -64,7 +64,7 @@ def test_bad_input_is_one_line_nonzero_and_writes_nothing(tmp_path, override, me
         (("decoding=lantern_pp", "lambda=0.5"), "lambda=0.5"),
         (
             ("decoding=eagle", "model.drafter.gpt={preset:GPT-mini,model_type:c2i,image_size:32}"),
-            "does not match the target",
+            "model.drafter.gpt: GPT vocabulary 16384 does not match the VQ codebook size 1024",  # before any load
         ),
         (
             (
@@ -182,7 +182,7 @@ def test_missing_checkpoint_and_text_encoder_are_named(tmp_path):
         "model=llamagen_t2i_xl_256",
         f"model.gpt_ckpt={tmp_path / 'absent.pt'}",
         f"model.vq_ckpt={vq}",
-        f"model.text_encoder_path={tmp_path / 'nodir'}",
+        f"model.text_encoder_path={tmp_path}",  # a folder: the missing target is what is named
         "decoding=ar",
     )
     assert proc.returncode != 0 and "absent.pt" in proc.stderr.strip().splitlines()[-1] and not out.exists()

@@ -13,6 +13,7 @@ from typing import TypeVar
 
 from lantern.cli.hydra_errors import hydra_message
 from lantern.errors import ConfigError, one_line, user_message
+from lantern.files import use_hash_cache_folder
 
 T = TypeVar("T")
 
@@ -69,6 +70,31 @@ def _remove_if_empty(out_dir: str | Path | None) -> None:
                 folder.rmdir()
             except OSError:  # a read-only parent: the error being reported says so already
                 pass
+
+
+# Caches of the libraries a run uses that would otherwise go under the home folder: variable -> folder in
+# paths.cache. W&B's service writes its logs to WANDB_CACHE_DIR (else ~/.cache/wandb), matplotlib its font list
+# to MPLCONFIGDIR (else ~/.cache/matplotlib or ~/.matplotlib). A variable the user has set is kept.
+LIBRARY_CACHES = {"WANDB_CACHE_DIR": "wandb", "WANDB_DATA_DIR": "wandb_data", "MPLCONFIGDIR": "matplotlib"}
+
+
+def use_cache_folder(cfg) -> None:
+    """Keep every cache of this process under the config's ``paths.cache`` (a run config, resolved or not): the
+    sha256 cache (:func:`lantern.files.use_hash_cache_folder`) and the libraries' (:data:`LIBRARY_CACHES`). A
+    ``paths.cache`` that does not resolve is left to the preflight to report."""
+    from omegaconf import OmegaConf
+
+    try:
+        folder = (
+            (cfg.get("paths") or {}).get("cache") if isinstance(cfg, dict) else OmegaConf.select(cfg, "paths.cache")
+        )
+    except Exception:  # noqa: BLE001 - an unresolvable value is bad input, named by the checks that follow
+        return
+    if not isinstance(folder, str) or not folder:
+        return
+    use_hash_cache_folder(folder)
+    for variable, name in LIBRARY_CACHES.items():
+        os.environ.setdefault(variable, os.path.join(folder, name))
 
 
 def run_hydra(main: Callable[[], None]) -> None:

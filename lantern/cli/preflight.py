@@ -27,6 +27,7 @@ from lantern import checks
 from lantern.decoding.ar import ATTENTION
 from lantern.decoding.compile import COMPILE_MODES
 from lantern.errors import ConfigError
+from lantern.metrics.protocol import Protocol
 from lantern.results.report import parse_prompts
 from lantern.run import tracking
 from lantern.run.assets.check import check_assets
@@ -257,13 +258,39 @@ def check_run_config(cfg: DictConfig, overrides: Sequence[str] = ()) -> dict:
     resolved = resolve(cfg)
     check_knobs(resolved)
     check_pins(resolved.get("protocol"))
+    protocol = Protocol.from_config(resolved.get("protocol"))
+    if protocol is not None:  # what the config alone must agree on; its files are hashed before the folder is claimed
+        protocol.check_config(resolved, resolved.get("num_images", 1))
     tracking.check_tracker((resolved.get("job") or {}).get("tracker"))  # W&B names, before any work
     check_assets(resolved)  # files a preset reads from paths.assets: there, and as pinned or locked
     if overrides:
         check_overrides(cfg, overrides)
     check_work(resolved)
-    dry_build(resolved)
+    try:
+        dry_build(resolved)
+    except ConfigError as exc:
+        raise ConfigError(named_as_set(cfg, str(exc))) from None
     return resolved
+
+
+def named_as_set(cfg: DictConfig, message: str) -> str:
+    """``message`` naming the knob a user sets: a key that (or a node above which) only interpolates another
+    (``model.bundle.conditioner.dtype: ${model.text_encoder_dtype}``) is named by that one, followed to the end."""
+    found = re.match(r"([A-Za-z_][\w.]*)=", message)
+    if found is None:
+        return message
+    parts, raw = found.group(1).split("."), OmegaConf.to_container(cfg, resolve=False)
+    for _ in range(8):  # an interpolation chain of a few links at most
+        value, link = raw, None
+        for depth, part in enumerate(parts):
+            value = value.get(part) if isinstance(value, dict) else None
+            link = re.fullmatch(r"\$\{([A-Za-z_][\w.]*)\}", value) if isinstance(value, str) else None
+            if link is not None:
+                parts = link.group(1).split(".") + parts[depth + 1 :]
+                break
+        if link is None:
+            break
+    return ".".join(parts) + message[found.end(1) :]
 
 
 def sweep_jobs(config: DictConfig) -> list[list[str]]:

@@ -7,8 +7,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from lantern.cli.main import use_cache_folder
 from lantern.cli.preflight import check_sweep_jobs
-from lantern.errors import ConfigError
+from lantern.errors import user_message
 from lantern.files import write_json_atomic
 from lantern.results.published import check_published
 from lantern.results.record import RECORD_NAME
@@ -45,6 +46,7 @@ class SweepTable(Callback):
         self._lock = None
 
     def on_multirun_start(self, config, **kwargs) -> None:
+        use_cache_folder(config)  # the jobs' preflight hashes the files it checks
         try:
             check_launcher(config)
             check_sweep_jobs(config)  # every job's config, before any folder is made
@@ -52,8 +54,11 @@ class SweepTable(Callback):
             if _published(config) is not None:  # the paper column block's CSV and model, before any job
                 check_published(_published(config))
             self._lock = claim_sweep(config)
-        except ConfigError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+        except Exception as exc:  # noqa: BLE001 - Hydra would warn and re-raise; a user error is one line here
+            message = user_message(exc)  # ConfigError, or a file where the sweep folder goes (hydra.sweep.dir)
+            if message is None:
+                raise
+            print(f"error: {message}", file=sys.stderr)
             sys.exit(2)
 
     def on_job_end(self, config, job_return, **kwargs) -> None:

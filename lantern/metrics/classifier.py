@@ -21,6 +21,7 @@ from torch import nn
 
 from lantern import REPO_ROOT, checks
 from lantern.errors import ConfigError
+from lantern.metrics import knobs
 from lantern.metrics.bootstrap import MEAN_RESAMPLES, interval_settings, mean_fields
 from lantern.metrics.features import run_images
 from lantern.models.checkpoint import load_weights
@@ -179,3 +180,6 @@ class PromptFaithfulness:
         predicted = predict(self._classifier, run_images(run_dir, len(prompts)).source)  # (N,)
         hits = (predicted == np.asarray(labels)).astype(np.float64)  # (N,) 1 where faithful
         return mean_fields("prompt_accuracy", hits, self.interval_resamples, self.interval_seed)
+
+
+PromptFaithfulness.dry = knobs.dry_metric(PromptFaithfulness, "faithfulness", files=("classifier_path",))

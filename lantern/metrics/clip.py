@@ -7,7 +7,9 @@
   protocol itself scores through torchmetrics with an HF CLIPModel:
   :class:`lantern.metrics.clip_torchmetrics.TorchmetricsCLIPScore`.
 
-Weights are never downloaded: ``pretrained`` is a local open_clip weights file or ``local-dir:FOLDER``.
+Weights are never downloaded: ``pretrained`` is a local open_clip weights file, OpenAI's own release file
+(``ViT-B-32.pt``, a TorchScript archive: its tensors are read from it and the model built with OpenAI's QuickGELU)
+or ``local-dir:FOLDER``.
 ``model_config`` optionally registers an open_clip architecture from a JSON file first (for small CLIPs
 trained by this project, such as the embedded world's ``lantern-fashion-clip.json``). open_clip names a
 registered architecture after the file's stem, so the file must be called ``<model>.json``.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import zipfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -27,6 +30,7 @@ import torch
 from lantern import checks
 from lantern.errors import CheckpointError, ConfigError, LanternError
 from lantern.files import note_input
+from lantern.metrics import knobs
 from lantern.metrics.bootstrap import MEAN_RESAMPLES, interval_settings, mean_fields
 from lantern.metrics.features import run_images
 from lantern.models.checkpoint import unreadable_reason
@@ -65,6 +69,18 @@ def register_config(model: str, model_config: str | None) -> None:
         raise ConfigError(f"unknown open_clip model {model!r} (register its JSON with model_config=FILE)")
 
 
+def openai_archive(path: str) -> dict | None:
+    """The tensors of an OpenAI CLIP release file (``ViT-B-32.pt``: a TorchScript archive, which ``torch.load``
+    refuses under ``weights_only``), without its three integer attributes; None for any other file."""
+    if not os.path.isfile(path) or not zipfile.is_zipfile(path):
+        return None
+    with zipfile.ZipFile(path) as archive:
+        if not any(name.endswith("/constants.pkl") for name in archive.namelist()):
+            return None
+    state = torch.jit.load(path, map_location="cpu").state_dict()
+    return {k: v for k, v in state.items() if k not in ("input_resolution", "context_length", "vocab_size")}
+
+
 def _load(model: str, pretrained: str, model_config: str | None, device: str):
     import open_clip
 
@@ -75,8 +91,13 @@ def _load(model: str, pretrained: str, model_config: str | None, device: str):
             f"CLIP weights not found: {pretrained!r}; give a local open_clip weights file or local-dir:FOLDER "
             "(named tags such as 'openai' download, which does not work offline)"
         )
+    released = openai_archive(local)
     with _quiet():
-        clip, _, preprocess = open_clip.create_model_and_transforms(model, pretrained=pretrained, device=device)
+        if released is None:
+            clip, _, preprocess = open_clip.create_model_and_transforms(model, pretrained=pretrained, device=device)
+        else:  # OpenAI's own weights: QuickGELU, as open_clip builds them for its 'openai' tag
+            clip, _, preprocess = open_clip.create_model_and_transforms(model, device=device, force_quick_gelu=True)
+            clip.load_state_dict(released, strict=True)
         tokenizer = open_clip.get_tokenizer(model)
     note_input(local, "metric")
     return clip.eval(), preprocess, tokenizer
@@ -136,8 +157,8 @@ class CLIPScore:
     ):
         if convention not in CONVENTIONS:
             raise checks.refuse("metrics.clip.convention", convention, "one of " + ", ".join(CONVENTIONS))
-        self.pretrained, self.model, self.convention = pretrained, model, convention
-        self.model_config, self.batch_size, self.device = model_config, batch_size, device
+        self.pretrained, self.model, self.convention = pretrained, knobs.name("metrics.clip.model", model), convention
+        self.model_config, self.batch_size, self.device = model_config, knobs.batch_size("clip", batch_size), device
         self.interval_resamples, self.interval_seed = interval_settings(interval_resamples, interval_seed, "clip")
         self._loaded = None
 
@@ -194,3 +215,6 @@ class CLIPScore:
             "clip_convention": self.convention,
             "clip_model": self.model,
         }
+
+
+CLIPScore.dry = knobs.dry_metric(CLIPScore, "clip", files=("pretrained", "model_config"))

@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lantern import checks
 from lantern.errors import CheckpointError, ConfigError
 from lantern.files import note_input
+from lantern.metrics import knobs
 from lantern.metrics.bootstrap import MEAN_RESAMPLES, interval_settings, mean_fields
 from lantern.metrics.features import run_images
 from lantern.models.checkpoint import unreadable_reason
@@ -82,7 +82,7 @@ class TorchmetricsCLIPScore:
         interval_seed: int = 0,
     ) -> None:
         self.folder, self.device = folder, device
-        self.batch_size = checks.integer("metrics.clip.batch_size", batch_size, 1)
+        self.batch_size = knobs.batch_size("clip", batch_size)
         self.interval_resamples, self.interval_seed = interval_settings(interval_resamples, interval_seed, "clip")
         self._metric = None
 
@@ -129,3 +129,6 @@ class TorchmetricsCLIPScore:
             "clip_model": os.path.basename(os.path.normpath(self.folder)),
             "clip_seconds": time.perf_counter() - start,
         }
+
+
+TorchmetricsCLIPScore.dry = knobs.dry_metric(TorchmetricsCLIPScore, "clip", folders=("folder",))

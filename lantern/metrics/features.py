@@ -161,6 +161,14 @@ _NETWORKS: dict[tuple, object] = {}
 _FEATURES: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
 
 
+def weights_net_id(base: str, weights: str | os.PathLike) -> str:
+    """``base`` with a digest of the weights file: features and statistics cached under one network name are
+    reused only for the same bytes (two files of one architecture give other features)."""
+    from lantern.files import sha256_cached
+
+    return f"{base}-w{sha256_cached(weights)[:16]}"
+
+
 def shared(key: tuple, build: Callable[[], object]) -> object:
     """The object ``build()`` made for ``key`` in this process (a network is loaded once per run)."""
     if key not in _NETWORKS:

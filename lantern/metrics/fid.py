@@ -40,6 +40,7 @@ from lantern import checks
 from lantern.errors import CheckpointError, ConfigError
 from lantern.files import note_input
 from lantern.metrics import features as shared_features
+from lantern.metrics import knobs
 from lantern.metrics.bootstrap import SET_RESAMPLES, interval_settings, statistic_fields
 from lantern.metrics.features import ImageSource, iter_batches, list_pngs
 from lantern.metrics.features import count as count_images
@@ -330,12 +331,23 @@ class FID:
     ):
         if method not in METHODS:
             raise checks.refuse("metrics.fid.method", method, "one of " + ", ".join(METHODS))
-        self.reference_name, self.reference, self.method = reference_name, reference, method
+        self.reference_name, self.reference, self.method = (
+            knobs.name("metrics.fid.reference_name", reference_name),
+            reference,
+            method,
+        )
         self.interval_shift = checks.flag("metrics.fid.interval_shift", interval_shift)
-        self.batch_size, self.cache_dir, self.device, self.progress = batch_size, cache_dir, device, progress
+        self.batch_size, self.cache_dir, self.device, self.progress = (
+            knobs.batch_size("fid", batch_size),
+            cache_dir,
+            device,
+            progress,
+        )
         self.interval_resamples, self.interval_seed = interval_settings(interval_resamples, interval_seed, "fid")
         self.extractor = SharedInception(device) if extractor is None else extractor
         self._reference = None
+
+    min_images = 2  # a covariance needs two feature vectors (the preflight compares num_images)
 
     def check(self, prompts: Sequence, labels: Sequence[int] | None = None) -> None:
         """Before the first image: the feature network loads and the reference set is there (a folder
@@ -369,3 +381,12 @@ class FID:
             "fid", value, len(features), resampled, self.interval_resamples, self.interval_seed, self.interval_shift
         )
         return {**fields, "fid_reference": self.reference_name, "fid_seconds": time.perf_counter() - start}
+
+
+def _dry_image_folder(path: str) -> str:
+    """:func:`image_folder`'s dry twin: the folder exists (a stat)."""
+    return str(checks.path("path", path, "folder"))  # named by its key in the config (lantern.run.dry_build)
+
+
+image_folder.dry = _dry_image_folder
+FID.dry = knobs.dry_metric(FID, "fid")

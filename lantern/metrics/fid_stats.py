@@ -77,11 +77,12 @@ def _source_key_and_fingerprint(name: str, images: ImageSource, feature_net: str
     else:
         files = list_pngs(images)
         (height, width), count = read_png(files[0]).shape[:2], len(files)
-    if height != width:
-        raise ConfigError(f"reference images must be square to key their statistics, got {height}x{width}")
     if count < 2:
         raise ConfigError(f"reference set {name!r} needs at least 2 images, got {count}")
-    return StatsKey(name, int(height), feature_net, int(count)), shared_features.image_set(images).fingerprint
+    # A set of one square size is keyed by it; a raw set (SJD's val2017 as it is: sizes vary) by 0. Either way the
+    # fingerprint of its pixels or file bytes decides whether cached statistics are this set's.
+    resolution = int(height) if height == width else 0
+    return StatsKey(name, resolution, feature_net, int(count)), shared_features.image_set(images).fingerprint
 
 
 def _stats_digest(mu: np.ndarray, sigma: np.ndarray, count: int, key: str, fingerprint: str) -> str:

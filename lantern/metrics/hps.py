@@ -27,6 +27,7 @@ from torchvision.transforms import functional as TF
 
 from lantern import checks
 from lantern.errors import ConfigError, LanternError
+from lantern.metrics import knobs
 from lantern.metrics.bootstrap import MEAN_RESAMPLES, interval_settings, mean_fields
 from lantern.metrics.clip import _quiet, register_config
 from lantern.metrics.features import run_images
@@ -71,9 +72,13 @@ class HPSv2:
         interval_resamples: int | None = MEAN_RESAMPLES,
         interval_seed: int = 0,
     ) -> None:
-        self.checkpoint, self.model, self.model_config = checkpoint, model, model_config
+        self.checkpoint, self.model, self.model_config = (
+            checkpoint,
+            knobs.name("metrics.hps.model", model),
+            model_config,
+        )
         self.precision = checks.choice("metrics.hps.precision", precision, PRECISIONS)
-        self.batch_size = checks.integer("metrics.hps.batch_size", batch_size, 1)
+        self.batch_size = knobs.batch_size("hps", batch_size)
         self.device = device
         self.interval_resamples, self.interval_seed = interval_settings(interval_resamples, interval_seed, "hps")
         self._loaded = None
@@ -133,3 +138,6 @@ class HPSv2:
             "hps_model": self.model,
             "hps_seconds": time.perf_counter() - start,
         }
+
+
+HPSv2.dry = knobs.dry_metric(HPSv2, "hps", files=("checkpoint", "model_config"))

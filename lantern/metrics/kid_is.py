@@ -30,11 +30,15 @@ import torch
 from lantern import checks
 from lantern.errors import CheckpointError, ConfigError
 from lantern.metrics import features as shared_features
+from lantern.metrics import knobs
 from lantern.metrics.bootstrap import SET_RESAMPLES, interval_settings, statistic_fields
 from lantern.metrics.fid import SharedInception
 from lantern.models.checkpoint import read_state_dict
 
 LOGITS = 1008
+
+MAX_SUBSETS = 100_000  # KID's subsets or IS's splits: each a pass over a subset of the features
+MAX_SUBSET_SIZE = 1_000_000  # images in one KID subset (at most the run's images are drawn)
 
 
 def kid(
@@ -80,8 +84,10 @@ class ResampledMMD:
 class _InceptionMetric:
     """What KID and IS share: the shared Inception, the run's features, a reference set."""
 
+    owner = "kid"
+
     def __init__(self, batch_size, cache_dir, device, progress, extractor) -> None:
-        self.batch_size, self.cache_dir, self.progress = batch_size, cache_dir, progress
+        self.batch_size, self.cache_dir, self.progress = knobs.batch_size(self.owner, batch_size), cache_dir, progress
         self.extractor = SharedInception(device) if extractor is None else extractor
 
     def _features(self, images: shared_features.ImageSet, cache_dir: str | None) -> np.ndarray:
@@ -92,6 +98,8 @@ class _InceptionMetric:
 
 class KID(_InceptionMetric):
     """The run's ``kid`` (and ``kid_std``, ``kid_ci``) against a reference set's Inception features."""
+
+    min_images = 2  # the unbiased MMD needs two images on each side (the preflight compares num_images)
 
     def __init__(
         self,
@@ -109,9 +117,9 @@ class KID(_InceptionMetric):
         extractor=None,
     ) -> None:
         super().__init__(batch_size, cache_dir, device, progress, extractor)
-        self.reference_name, self.reference = reference_name, reference
-        self.subsets = checks.integer("metrics.kid.subsets", subsets, 1)
-        self.subset_size = checks.integer("metrics.kid.subset_size", subset_size, 2)
+        self.reference_name, self.reference = knobs.name("metrics.kid.reference_name", reference_name), reference
+        self.subsets = checks.capped("metrics.kid.subsets", subsets, 1, MAX_SUBSETS, note="each a kernel over a subset")
+        self.subset_size = checks.capped("metrics.kid.subset_size", subset_size, 2, MAX_SUBSET_SIZE)
         self.seed = checks.integer("metrics.kid.seed", seed, 0)
         self.interval_resamples, self.interval_seed = interval_settings(interval_resamples, interval_seed, "kid")
         self._reference = None
@@ -175,6 +183,13 @@ def inception_score(
 class InceptionScore(_InceptionMetric):
     """The run's ``inception_score`` (and ``inception_score_std``, ``_ci``) from the shared Inception pass."""
 
+    owner = "inception_score"
+
+    @property
+    def min_images(self) -> int:
+        """One image in each of the ``splits`` chunks (the preflight compares num_images)."""
+        return self.splits
+
     def __init__(
         self,
         logits_weights: str,
@@ -191,7 +206,7 @@ class InceptionScore(_InceptionMetric):
     ) -> None:
         super().__init__(batch_size, None, device, progress, extractor)
         self.logits_weights = logits_weights
-        self.splits = checks.integer("metrics.inception_score.splits", splits, 1)
+        self.splits = checks.capped("metrics.inception_score.splits", splits, 1, MAX_SUBSETS)
         self.bias = checks.flag("metrics.inception_score.bias", bias)
         self.shuffle = checks.flag("metrics.inception_score.shuffle", shuffle)
         self.seed = checks.integer("metrics.inception_score.seed", seed, 0)
@@ -223,3 +238,7 @@ class InceptionScore(_InceptionMetric):
             "inception_score", mean, len(logits), resampled, self.interval_resamples, self.interval_seed
         )
         return {**fields, "inception_score_std": std, "inception_score_seconds": time.perf_counter() - start}
+
+
+KID.dry = knobs.dry_metric(KID, "kid")
+InceptionScore.dry = knobs.dry_metric(InceptionScore, "inception_score", files=("logits_weights",))

@@ -24,6 +24,7 @@ own k nearest neighbours (repeats included), and shifted to the estimate
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -37,6 +38,7 @@ from tqdm.auto import tqdm
 from lantern import checks
 from lantern.errors import ConfigError
 from lantern.metrics import features as shared_features
+from lantern.metrics import knobs
 from lantern.metrics.bootstrap import SET_RESAMPLES, interval_settings, mean_fields, statistic_fields
 from lantern.metrics.features import ImageSource, iter_batches
 from lantern.models.checkpoint import check_state_dict, read_state_dict
@@ -46,6 +48,7 @@ VGG_SIZE = 224
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 LAYERS = ("fc2", "fc2_relu")
+MAX_K = 1000  # nearest neighbours per image (the method uses 3)
 FEATURE_DIM = 4096
 
 
@@ -71,7 +74,11 @@ class VGG16Features:
     def __init__(self, weights: str, layer: str = "fc2", device: str = "cpu") -> None:
         self.weights, self.device = weights, device
         self.layer = checks.choice("metrics.precision_recall.layer", layer, LAYERS)
-        self.net_id = f"vgg16-{self.layer}-pil-bilinear-{VGG_SIZE}"
+
+    @functools.cached_property
+    def net_id(self) -> str:
+        """The network, layer, preprocessing and the weights' digest (the feature cache's key)."""
+        return shared_features.weights_net_id(f"vgg16-{self.layer}-pil-bilinear-{VGG_SIZE}", self.weights)
 
     def network(self) -> torch.nn.Module:
         """The loaded network (CheckpointError naming the file if it is not torchvision's VGG16)."""
@@ -165,10 +172,13 @@ class PrecisionRecall:
         interval_seed: int = 0,
         extractor=None,
     ) -> None:
-        self.k = checks.integer("metrics.precision_recall.k", k, 1)
+        self.k = checks.capped("metrics.precision_recall.k", k, 1, MAX_K, note="nearest neighbours of each image")
+        self.min_images = self.k + 1  # each image's k-th neighbour among the others (the preflight compares)
         self.inclusive = checks.flag("metrics.precision_recall.inclusive", inclusive)
-        self.reference, self.reference_name = reference, reference_name
-        self.batch_size, self.cache_dir, self.progress = batch_size, cache_dir, progress
+        self.reference = reference
+        self.reference_name = knobs.name("metrics.precision_recall.reference_name", reference_name)
+        self.batch_size, self.cache_dir = knobs.batch_size("precision_recall", batch_size), cache_dir
+        self.progress = progress
         self.interval_resamples, self.interval_seed = interval_settings(
             interval_resamples, interval_seed, "precision_recall"
         )
@@ -211,3 +221,6 @@ class PrecisionRecall:
             "precision_recall_reference": self.reference_name,
             "precision_recall_seconds": time.perf_counter() - start,
         }
+
+
+PrecisionRecall.dry = knobs.dry_metric(PrecisionRecall, "precision_recall", files=("weights",))

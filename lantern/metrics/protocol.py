@@ -39,6 +39,9 @@ FIELDS = {
     "seeds": ("seed", "per_sample"),
     "speed": ("prompts", "batch_size", "warmup", "synchronise"),
 }
+# Upper bounds of a protocol's counts and sizes, far above every field's (COCO 2014's 30k prompts, 1024 px): a larger
+# value is a typo that would run for days (the same bounds as the run's own knobs, lantern.cli.preflight).
+MAX_PROMPTS, MAX_PIXELS, MAX_BATCH, MAX_WARMUP = 1_000_000, 8192, 4096, 1000
 PARTS = ("quality", "speed")  # ``protocol.part``: what a run measures (optional; quality by default)
 METRIC_FIELDS = ("implementation", "weights", "sha256")  # weights: the metric's file (an interpolation) or null
 
@@ -101,12 +104,19 @@ class Protocol:
         missing = _missing(name, node)
         if missing is not None:
             raise ConfigError(f"protocol {name}: the preset gives no {missing!r} (every protocol pins {missing})")
-        count = node["prompts"]["count"]
-        checks.integer(f"protocol {name}: prompts.count", count, 1)
-        checks.optional(checks.integer, f"protocol {name}: image.size", node["image"]["size"], 1)  # null: any
+        count = checks.capped(f"protocol {name}: prompts.count", node["prompts"]["count"], 1, MAX_PROMPTS)
+        checks.optional(
+            checks.capped, f"protocol {name}: image.size", node["image"]["size"], 1, MAX_PIXELS
+        )  # null: any
         checks.integer(f"protocol {name}: seeds.seed", node["seeds"]["seed"], 0)
         checks.integer(f"protocol {name}: speed.prompts", node["speed"]["prompts"], 1, count)
-        checks.integer(f"protocol {name}: speed.batch_size", node["speed"]["batch_size"], 1)
+        checks.capped(f"protocol {name}: speed.batch_size", node["speed"]["batch_size"], 1, MAX_BATCH)
+        checks.capped(f"protocol {name}: speed.warmup", node["speed"].get("warmup", 0), 0, MAX_WARMUP)
+        reference = node["reference"]
+        checks.optional(
+            checks.capped, f"protocol {name}: reference.resolution", reference.get("resolution"), 1, MAX_PIXELS
+        )
+        checks.optional(checks.capped, f"protocol {name}: reference.count", reference.get("count"), 1, MAX_PROMPTS)
         return cls(dict(node))
 
     @property
@@ -146,12 +156,10 @@ class Protocol:
         self._pin(f"{key}={str(path)!r}", seen, pinned)
         return seen
 
-    def check(self, config: Mapping, prompts: Sequence, num_images: int) -> dict:
-        """Compare a resolved run ``config`` and its prompt set with the pins; return the record's entries.
-
-        Raises ConfigError for the first difference: too few prompts or another prompt list, too many images,
-        another seed or image size, a metric or reference the protocol does not name, a missing or altered file.
-        """
+    def check_config(self, config: Mapping, num_images: int) -> None:
+        """What a resolved run ``config`` alone must agree on (no prompt read, no file hashed): the seed, the image
+        size, the part, the image count, the speed part's settings, each measured metric's implementation and the
+        FID reference's name and count. The preflight runs it before any work; :meth:`check` runs it first."""
         name, pins = self.name, self.node
         seed = pins["seeds"]["seed"]
         if config.get("seed") != seed:
@@ -167,20 +175,10 @@ class Protocol:
             )
         part = pins.get("part", "quality")
         checks.choice(f"protocol {name}: part", part, PARTS)
-        if len(prompts) < self.count:
-            raise ConfigError(
-                f"prompts {getattr(prompts, 'name', '?')!r} hold {len(prompts)} prompts; protocol {name} pins "
-                f"{self.count} ({pins['prompts']['selection']})"
-            )
         if num_images > self.count:
             raise ConfigError(f"num_images={num_images}: protocol {name} has {self.count} prompts (at most that many)")
         if part == "speed":  # the timing sub-protocol: its batch size and warm-up, its prompt count, no metrics
             self._check_speed(config, num_images)
-        listed = prompt_list_sha256(list(prompts)[: self.count])
-        self._pin(
-            f"the first {self.count} prompts of {getattr(prompts, 'name', '?')!r}", listed, pins["prompts"]["sha256"]
-        )
-        seen = {"prompts": listed}
         for metric, pin in pins["metrics"].items() if part == "quality" else ():
             if select(config, f"metrics.{metric}") is None:
                 raise ConfigError(f"protocol {name} measures {metric!r} but metrics.{metric} is not configured")
@@ -189,9 +187,6 @@ class Protocol:
                 raise ConfigError(
                     f"metrics.{metric} is {implementation!r}; protocol {name} pins {pin['implementation']!r}"
                 )
-            if pin["weights"] is not None:  # the metric's own entry, interpolated (``${metrics.clip.pretrained}``)
-                path = _path_of(pin["weights"])
-                seen[metric] = self._file(f"metrics.{metric} weights", path, pin["sha256"], f"{metric} weights")
         reference = pins["reference"]
         if reference["name"] is not None and part == "quality":
             configured = select(config, "metrics.fid.reference_name")
@@ -204,10 +199,36 @@ class Protocol:
                 raise ConfigError(
                     f"metrics.fid.reference.count={taken!r}: protocol {name} compares with all {count} reference images"
                 )
-            if reference["path"] is not None:  # the FID reference folder (interpolated) or the shipped file
-                path = _path_of(reference["path"])
-                seen["reference"] = self._file("the FID reference", path, reference["sha256"], "fid reference")
-                _check_folder("the FID reference", path, reference["resolution"], count, name)
+
+    def check(self, config: Mapping, prompts: Sequence, num_images: int) -> dict:
+        """Compare a resolved run ``config`` and its prompt set with the pins; return the record's entries.
+
+        Raises ConfigError for the first difference: another seed or image size, too many images, a metric or
+        reference the protocol does not name (:meth:`check_config`), too few prompts or another prompt list, a
+        missing or altered file.
+        """
+        self.check_config(config, num_images)
+        name, pins = self.name, self.node
+        part = pins.get("part", "quality")
+        if len(prompts) < self.count:
+            raise ConfigError(
+                f"prompts {getattr(prompts, 'name', '?')!r} hold {len(prompts)} prompts; protocol {name} pins "
+                f"{self.count} ({pins['prompts']['selection']})"
+            )
+        listed = prompt_list_sha256(list(prompts)[: self.count])
+        self._pin(
+            f"the first {self.count} prompts of {getattr(prompts, 'name', '?')!r}", listed, pins["prompts"]["sha256"]
+        )
+        seen = {"prompts": listed}
+        for metric, pin in pins["metrics"].items() if part == "quality" else ():
+            if pin["weights"] is not None:  # the metric's own entry, interpolated (``${metrics.clip.pretrained}``)
+                path = _path_of(pin["weights"])
+                seen[metric] = self._file(f"metrics.{metric} weights", path, pin["sha256"], f"{metric} weights")
+        reference = pins["reference"]
+        if reference["name"] is not None and part == "quality" and reference["path"] is not None:
+            path = _path_of(reference["path"])  # the FID reference folder (interpolated) or the shipped file
+            seen["reference"] = self._file("the FID reference", path, reference["sha256"], "fid reference")
+            _check_folder("the FID reference", path, reference["resolution"], reference["count"], name)
         return {
             "protocol": name,
             "protocol_sha256": self.sha256(),
@@ -229,7 +250,7 @@ class Protocol:
             raise ConfigError(f"the speed part of protocol {name} measures no quality: set metrics=none")
 
 
-def _check_folder(key: str, path, resolution: int, count: int | None, name: str) -> None:
+def _check_folder(key: str, path, resolution: int | None, count: int | None, name: str) -> None:
     """A reference folder holds the protocol's number of images, the first at its resolution (another
     protocol's folder is refused)."""
     folder = Path(str(path))
@@ -241,6 +262,8 @@ def _check_folder(key: str, path, resolution: int, count: int | None, name: str)
     if count is not None and len(images) != count:
         raise ConfigError(f"{key}={str(path)!r} holds {len(images)} images; protocol {name} compares with {count}")
     first = images[0]
+    if resolution is None:  # a raw set (SJD's val2017): sizes vary
+        return
     from PIL import Image
 
     with Image.open(first) as image:

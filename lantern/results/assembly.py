@@ -85,7 +85,14 @@ def timing_fields(run: RunParts) -> dict:
         },
         "decode_stats": counters,
         "per_image": per_image_rows(run, latency),
-        "per_batch": [{key: b[key] for key in ("rank", "indices", "seconds", "baseline_seconds")} for b in batches],
+        "per_batch": [
+            {
+                key: b.get(key)
+                for key in ("rank", "indices", "seconds", "baseline_seconds", "reference_seconds")
+                if key in b
+            }
+            for b in batches
+        ],
     }
 
 

@@ -19,6 +19,12 @@ Version 4 requires ``settings`` and checks it against its decoder's settings cla
 ``candidates``, ``semantics``, ``k``, ``delta``, ``lambda``) are no longer typed columns nor written: they
 live in ``settings`` alone. Older records keep them as extra entries, which tables read when a record has no
 ``settings``.
+Version 5 adds the reference-grade AR beside the engine-grade one (:mod:`lantern.run.bench.baselines`):
+``speedup_reference`` with its median, interquartile range, the reference's latency and what it was
+(``speedup_reference_baseline``), ``reference_greedy_check`` (greedy: its images against ours) and
+``baseline_cost_s`` (what timing each baseline cost outside the decoder's steps). ``speedup`` stays the
+speed-up over the engine-grade AR (ours, compiled like the decoder), as in every earlier version; a record
+of an older version reads with these fields absent.
 """
 
 from __future__ import annotations
@@ -35,8 +41,8 @@ from lantern.decoding.api import DecoderSettings, settings_from_json, settings_f
 from lantern.errors import LanternError
 from lantern.files import write_json_atomic
 
-SCHEMA_VERSION = 4
-KNOWN_VERSIONS = (0, 1, 2, 3, 4)
+SCHEMA_VERSION = 5
+KNOWN_VERSIONS = (0, 1, 2, 3, 4, 5)
 SETTINGS_REQUIRED = 4  # the first version whose records must carry the decoder's typed settings
 LOSSY_UNMEASURED = "lossy, TV not measured"  # the record's and tables' words for a lossy run without a TV
 RECORD_NAME = "metrics.json"
@@ -89,6 +95,14 @@ class RunRecord(BaseModel):
     compared_latency_s_per_image: float | None = None
     speedup_median: float | None = None
     speedup_iqr: list[float] | None = None  # [q1, q3] of the per-batch speed-up
+    # Version 5: the speed-up over the reference-grade AR (the papers' loop, eager), timed on the same batches.
+    speedup_reference: float | None = None
+    speedup_reference_baseline: str | None = None
+    reference_latency_s_per_image: float | None = None
+    speedup_reference_median: float | None = None
+    speedup_reference_iqr: list[float] | None = None
+    reference_greedy_check: dict[str, Any] | None = None  # greedy: its images against ours ("checked", "equal", ...)
+    baseline_cost_s: dict[str, dict[str, float]] | None = None  # per baseline: setup, warm-up and timed seconds
     # Acceptance and quality.
     mean_accepted_length: float = 1.0
     # Whether the decoder's rule draws every token from the target's law (DecoderSettings.lossless); None:
@@ -132,12 +146,15 @@ class RunRecord(BaseModel):
             "speedup_median",
             "baseline_latency_s_per_image",
             "compared_latency_s_per_image",
+            "speedup_reference",
+            "speedup_reference_median",
+            "reference_latency_s_per_image",
         )
         for name in positive:
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name}={value}: expected a finite number > 0 or null")
-        for name in ("latency_s_iqr", "speedup_iqr"):
+        for name in ("latency_s_iqr", "speedup_iqr", "speedup_reference_iqr"):
             pair = getattr(self, name)
             if pair is not None and (len(pair) != 2 or not all(math.isfinite(v) and v > 0 for v in pair)):
                 raise ValueError(f"{name}={pair}: expected [q1, q3] of finite numbers > 0 or null")

@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from lantern.errors import ConfigError
+from lantern.results import batch_sweep
 from lantern.results.published import attach_published
 from lantern.results.record import LOSSY_UNMEASURED, RunRecord
 from lantern.results.tables import COLUMNS, Table, build_table
@@ -45,9 +46,16 @@ NOTE_INTERVALS = (
 )
 NOTE_LATENCY = (
     "Latency: decode time per image, mean [interquartile range over batches]. Speed-up: AR time / decoder time "
-    "[interquartile range of per-batch ratios]; AR ms/image is the AR time it was measured against (interleaved "
-    "in the same run, or the named AR run of the same setting)."
+    "[interquartile range of per-batch ratios]; vs compiled AR: over our AR compiled like the decoder, whose time is "
+    "AR ms/image (interleaved in the same run, or the named AR run of the same setting); vs reference AR: over the "
+    "papers' own loop, eager (transformers' or LlamaGen's generate(), timed on the same batches; baseline=both), "
+    "whose time is reference AR ms/image."
 )
+
+
+def _speedup_cell(value, spread, times: str) -> str:
+    """A speed-up as ``1.23x [q1, q3]``, ``-`` where there is none."""
+    return "-" if _number(value, 2) == "-" else f"{value:.2f}{times}" + _range(spread, 2)
 
 
 def _tv_cell(row: dict) -> str:
@@ -151,20 +159,27 @@ def shown(table: Table, root: Path | None = None, times: str = "x") -> pd.DataFr
     extra = {name for name in OPTIONAL_QUALITY if data[name].notna().any()}  # columns only where some row has one
     protocols = bool(data["protocol"].notna().any())
     stepped = bool(data["step_compression"].notna().any())
+    batched = batch_sweep.is_batch_sweep(data)
+    referenced = bool(data["speedup_reference"].notna().any())
     paper = bool(data[list(PAPER_TITLES)].notna().any().any())  # the published block, when one was attached
     rows = []
     for row in data.to_dict("records"):
-        speedup = (
-            "-" if _number(row["speedup"], 2) == "-" else f"{row['speedup']:.2f}{times}" + _range(row["speedup_iqr"], 2)
-        )
+        speedup = _speedup_cell(row["speedup"], row["speedup_iqr"], times)
         tv = _tv_cell(row)
         out = {
             "method": row["method"],
             "tau": _number(row["tau"], 2),
             "latency ms/image [IQR]": _number(row["latency_ms"], 1) + _range(row["latency_iqr_ms"], 1),
-            "speed-up [IQR]": speedup,
-            "AR ms/image": _number(row["baseline_ms"], 1),
+            "speed-up vs compiled AR [IQR]": speedup,
         }
+        if referenced:  # rows timed beside the reference-grade AR too (baseline=both)
+            reference = _speedup_cell(row["speedup_reference"], row["speedup_reference_iqr"], times)
+            out.update(
+                {"speed-up vs reference AR [IQR]": reference, "reference AR ms/image": _number(row["reference_ms"], 1)}
+            )
+        out["AR ms/image"] = _number(row["baseline_ms"], 1)
+        if batched:  # +experiment=batch_sweep: each row's batch, throughput and memory
+            out.update(batch_sweep.shown_cells(row))
         if stepped:  # AR's forwards over the decoder's, and speed-up over it (records with target_steps)
             out["step compression"] = _number(row["step_compression"], 2)
             out["latency / step"] = _number(row["latency_per_step"], 2)
@@ -215,7 +230,7 @@ def notes(table: Table, failed: list[dict] | None = None, root: Path | None = No
             f"(latency run column); tau, FID, CLIP and TV from the quality runs (run column); {own}. "
             "Per-sample seeds make a sample the same at any batch size."
         )
-    lines += table.notes
+    lines += table.notes + (batch_sweep.batch_notes(data) if batch_sweep.is_batch_sweep(data) else [])
     for job in failed or []:
         lines.append(f"FAILED job {_short_run(job['run'], root)} ({' '.join(job['overrides'])}): {job['error']}")
     return lines
@@ -235,7 +250,7 @@ def to_latex(table: Table, failed: list[dict] | None = None, root: Path | None =
     data = shown(table, root, times=r"$\times$").drop(columns=["run", "latency run"], errors="ignore")
     escaped = data.copy()
     for column in escaped.columns:
-        if column != "speed-up [IQR]" and column != "throughput speed-up":
+        if not column.startswith("speed-up") and column != "throughput speed-up":
             escaped[column] = escaped[column].map(_tex)
     escaped.columns = [_tex(c) for c in escaped.columns]
     styler = escaped.style.hide(axis="index")
@@ -252,7 +267,12 @@ def _tex(text: str) -> str:
 def to_csv(table: Table) -> str:
     """The table as CSV with raw numbers (``DataFrame.to_csv``; ranges as ``[q1, q3]``)."""
     data = frame(table)
-    for column in ("latency_iqr_ms", "speedup_iqr", *(c for c in data.columns if c.endswith("_ci"))):
+    for column in (
+        "latency_iqr_ms",
+        "speedup_iqr",
+        "speedup_reference_iqr",
+        *(c for c in data.columns if c.endswith("_ci")),
+    ):
         data[column] = data[column].map(lambda v: json.dumps(v) if isinstance(v, list) else v)
     return data.to_csv(index=False)
 
@@ -374,6 +394,9 @@ def write_tables(
         for suffix, text in texts.items():
             (scratch / names[suffix]).write_text(text, encoding="utf-8")
         pareto_plot(table, scratch / names["png"])
+        if batch_sweep.is_batch_sweep(frame(table)):  # speed-up against batch size, a line per method
+            names["batch_png"] = f"{stem}_batch.png"
+            batch_sweep.batch_plot(frame(table), scratch / names["batch_png"])
         for name in names.values():
             with open(scratch / name, "rb+") as handle:
                 os.fsync(handle.fileno())

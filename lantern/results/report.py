@@ -24,10 +24,10 @@ import torch
 from lantern.decoding.stats import run_lengths
 from lantern.errors import ConfigError
 from lantern.files import image_name, write_bytes_atomic
-from lantern.results import report_plots
+from lantern.results import batch_sweep, report_plots
 from lantern.results.images import ImageStore
 from lantern.results.record import RunRecord
-from lantern.results.render import notes, shown
+from lantern.results.render import frame, notes, shown
 from lantern.results.tables import Table, build_table
 
 REPORT_NAME = "report.html"
@@ -244,6 +244,8 @@ def render_report(
         ("tau and speed-up against realised TV", report_plots.tv_png(table)),
         ("Accepted-length histograms", report_plots.histogram_png(data.histograms)),
     ]
+    if batch_sweep.is_batch_sweep(frame(table)):  # +experiment=batch_sweep
+        plots.insert(0, ("Speed-up over AR against batch size", batch_sweep.batch_png(frame(table))))
     figures = "".join(
         f'<h3>{title}</h3><img class="plot" src="{_data_uri(png)}" alt="{title}">' for title, png in plots
     )

@@ -28,6 +28,7 @@ from pathlib import Path
 from lantern.decoding.api import DecoderSettings
 from lantern.errors import ConfigError
 from lantern.results.baselines import LATENCY_IGNORED, first_difference, model_inputs, record_setting
+from lantern.results.batch_sweep import batch_cells
 from lantern.results.published import PAPER
 from lantern.results.record import RECORD_NAME, RunRecord, read_record
 from lantern.results.spread import quartiles
@@ -41,6 +42,9 @@ COLUMNS = (
     "speedup",
     "speedup_iqr",
     "baseline_ms",
+    "speedup_reference",
+    "speedup_reference_iqr",
+    "reference_ms",
     "fid",
     "clip_score",
     "delta",
@@ -71,6 +75,9 @@ COLUMNS = (
     "protocol_subset",
     "step_compression",
     "latency_per_step",
+    "images_per_s",
+    "peak_memory_mb",
+    "decoder",
     *PAPER,
 )
 # Quality figures a record may carry, each with an optional ``{name}_ci`` interval (lantern.metrics.intervals),
@@ -201,6 +208,18 @@ def _speed(record: RunRecord, settings: DecoderSettings, runs: _Runs, notes: lis
         "baseline": source,
         "latency_batch": record.get("batch_size"),
         "latency_run": record.run_dir,
+        **reference_cells(record),
+    }
+
+
+def reference_cells(record: RunRecord) -> dict:
+    """The speed-up over the reference-grade AR (the papers' loop, timed in the same run; version 5 records),
+    its spread and the reference's ms/image; None where the run timed no reference."""
+    latency = record.get("reference_latency_s_per_image")
+    return {
+        "speedup_reference": record.get("speedup_reference"),
+        "speedup_reference_iqr": record.get("speedup_reference_iqr"),
+        "reference_ms": None if latency is None else 1000 * latency,
     }
 
 
@@ -261,6 +280,7 @@ def build_table(records: list[RunRecord], latency: list[RunRecord] | None = None
                 **{
                     key: speed[key] for key in ("latency_ms", "latency_iqr_ms", "speedup", "speedup_iqr", "baseline_ms")
                 },
+                **{key: speed[key] for key in ("speedup_reference", "speedup_reference_iqr", "reference_ms")},
                 **quality_cells(record),
                 "protocol": record.protocol,
                 "protocol_subset": record.protocol_subset,
@@ -274,6 +294,7 @@ def build_table(records: list[RunRecord], latency: list[RunRecord] | None = None
                 "latency_run": speed["latency_run"],
                 **throughput,
                 **step_cells(record, speed["speedup"]),
+                **batch_cells(record, settings),
                 "_order": (settings.order(), record.run_dir),
             }
         )

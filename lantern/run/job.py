@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -19,8 +18,8 @@ from lantern.results.assembly import RunParts, assemble_record
 from lantern.results.baselines import read_baseline_run, recorded_speedup, speed_setting
 from lantern.results.provenance import environment
 from lantern.results.record import write_record
-from lantern.results.spread import quartiles
 from lantern.rng import keys_tensor
+from lantern.run.bench.baselines.speedups import baseline_cost, greedy_check, speedup_entries
 from lantern.run.distributed import World, check_world
 from lantern.run.prompts import PromptSet
 from lantern.run.rundir import ImageStore, RunFolder, claim_run_folder
@@ -48,7 +47,9 @@ class GenerationJob:
     ``baseline_every``-th batch is also decoded by the baseline, interleaved and alternating which goes
     first, and ``speedup`` is the ratio of the two decode times over those same batches. With
     ``baseline_run`` (a finished run's folder) it is the ratio to that run's recorded latency, checked
-    first to share this run's setting and machine (:mod:`lantern.results.baselines`).
+    first to share this run's setting and machine (:mod:`lantern.results.baselines`). A ``reference`` (the
+    reference-grade AR, :mod:`lantern.run.bench.baselines`) is timed on the same batches beside both, its
+    speed-up recorded as ``speedup_reference``; built before the first batch, its cost is recorded apart.
     """
 
     def __init__(
@@ -68,6 +69,7 @@ class GenerationJob:
         metrics=None,
         tracker=None,
         protocol: dict | None = None,
+        reference=None,
     ):
         num_images, batch_size = (
             checks.integer("num_images", num_images, 1),
@@ -89,7 +91,10 @@ class GenerationJob:
                 "to compare with the recorded run"
             )
         self.baseline, self.baseline_every, self.baseline_run = baseline, baseline_every, baseline_run
-        for each in (decoder, baseline):  # compile modes the device cannot run, before any work
+        self.reference = reference  # the reference-grade AR (baseline=both / reference), or None
+        if reference is not None:
+            reference.check_model(bundle.name)
+        for each in (decoder, baseline, reference):  # compile modes the device cannot run, before any work
             if each is not None:
                 each.check_device(bundle.device)
         self.metrics = dict(metrics or {})  # name -> callable(run_dir, prompts, labels) -> dict
@@ -125,53 +130,46 @@ class GenerationJob:
             "dtype": str(self.bundle.target.input_embeddings().dtype).removeprefix("torch."),
         }
 
-    def _compares(self) -> bool:
-        """Whether the baseline is timed beside the decoder (not when the decoder is the baseline itself)."""
-        return self.baseline is not None and type(self.baseline) is not type(self.decoder)
+    def _baselines(self) -> dict:
+        """The baselines timed beside the decoder, by the batch key their seconds go under (the engine-grade AR
+        is not timed beside itself)."""
+        timed = {"baseline_seconds": self.baseline, "reference_seconds": self.reference}
+        return {key: b for key, b in timed.items() if b is not None and type(b) is not type(self.decoder)}
 
     def _speedup(self, batches: list[dict]) -> dict:
-        """Speed-up entries from every rank's ``batches`` (dicts with ``seconds``, ``baseline_seconds``, ``images``).
-
-        The ratio is of summed decode times over the batches timed beside the baseline; its spread is
-        the median and interquartile range of the per-batch ratios.
-        """
-        if not self._compares():
-            return {"speedup": 1.0, "speedup_baseline": "this run is the baseline"} if self.baseline is not None else {}
-        compared = [b for b in batches if b["baseline_seconds"] is not None]
-        if not compared:
-            return {
-                "speedup_baseline": f"{self.baseline.name}: no batch was decoded by this process, so none was timed"
-            }
-        seconds = sum(b["seconds"] for b in compared)
-        baseline_seconds = sum(b["baseline_seconds"] for b in compared)
-        images = sum(b["images"] for b in compared)
-        ratios = [b["baseline_seconds"] / b["seconds"] for b in compared]
-        return {
-            "speedup": baseline_seconds / seconds,
-            "baseline_latency_s_per_image": baseline_seconds / images,
-            "compared_latency_s_per_image": seconds / images,
-            "speedup_median": statistics.median(ratios),
-            "speedup_iqr": quartiles(ratios),
-            "speedup_baseline": f"{self.baseline.name}, interleaved in this run on {len(compared)} of {len(batches)} "
-            "batches (same prompts and seeds)",
-        }
+        """Speed-up entries from every rank's ``batches`` (dicts with ``seconds``, ``images`` and per baseline
+        timed beside them its seconds): over the engine-grade AR (``speedup``) and the reference-grade AR
+        (``speedup_reference``), each a ratio of summed times with the quartiles of per-batch ratios."""
+        entries = {}
+        if self.baseline is not None and type(self.baseline) is type(self.decoder):
+            entries = {"speedup": 1.0, "speedup_baseline": "this run is the baseline"}
+        elif self.baseline is not None:
+            entries = speedup_entries(batches, "baseline_seconds", self.baseline.name)
+        if self.reference is not None:
+            entries.update(speedup_entries(batches, "reference_seconds", self.reference.settings.method()))
+        return entries
 
     def _decode_shard(self, store: ImageStore, indices: list[int], world: World) -> dict:
         """Decode ``indices`` (this rank's unfinished images) in batches, saving each image as it is done.
 
-        Returns this rank's timing: per batch its indices, decode seconds and, when timed beside it,
-        the baseline's seconds; the summed decoder counters; wall seconds and peak memory.
+        Returns this rank's timing: per batch its indices, decode seconds and, when timed beside it, each
+        baseline's seconds; the summed decoder counters; wall seconds and peak memory; what the baselines cost
+        (setup, warm-up, timed batches) and, greedy, how many reference images equal ours.
         """
         bundle = self.bundle
         started = time.perf_counter()
         batches = [indices[s : s + self.batch_size] for s in range(0, len(indices), self.batch_size)]
+        baselines = self._baselines()
+        costs = {b.name: {"setup_s": 0.0, "warmup_s": 0.0, "timed_s": 0.0} for b in baselines.values()}
+        if self.reference is not None and batches:  # the reference's model is built outside any timing
+            costs[self.reference.name]["setup_s"] = self.reference.prepare(bundle)
         for _ in range(self.warmup if batches else 0):
             self._decode(batches[0])
-            if self._compares():
-                self._decode(batches[0], self.baseline)
+            for baseline in baselines.values():
+                costs[baseline.name]["warmup_s"] += self._decode(batches[0], baseline)[1]
         if bundle.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(bundle.device)
-        timed_batches, stats = [], {}
+        timed_batches, stats, check = [], {}, {"images": 0, "equal": 0, "against": None}
         show = self.progress and world.is_main
         bar = tqdm(
             batches,
@@ -180,26 +178,27 @@ class GenerationJob:
             disable=not show,
         )
         for number, batch in enumerate(bar):
-            timed = self._compares() and number % self.baseline_every == 0
-            compared = sum(b["baseline_seconds"] is not None for b in timed_batches)
-            baseline_seconds = None
-            if timed and compared % 2:  # alternate which goes first, so drift hits both alike
-                baseline_seconds = self._decode(batch, self.baseline)[1]
-            result, seconds = self._decode(batch)
-            if timed and not compared % 2:
-                baseline_seconds = self._decode(batch, self.baseline)[1]
+            timed = dict(baselines) if number % self.baseline_every == 0 else {}
+            compared = sum(b["timed"] for b in timed_batches)
+            order = [None, *timed]  # None: the decoder; alternate which goes first, so drift hits all alike
+            results = {key: self._decode(batch, timed.get(key)) for key in (order[::-1] if compared % 2 else order)}
+            result, seconds = results[None]
+            self._check_reference(results, result, check)
             pixels = bundle.decode_images(result.codes).cpu().numpy()  # (B, H, W, 3)
             for position, index in enumerate(batch):
                 store.save(index, pixels[position], result.codes[position], result.per_sample.image(position))
-            timed_batches.append(
-                {
-                    "rank": world.rank,
-                    "indices": batch,
-                    "images": len(batch),
-                    "seconds": seconds,
-                    "baseline_seconds": baseline_seconds,
-                }
-            )
+            entry = {
+                "rank": world.rank,
+                "indices": batch,
+                "images": len(batch),
+                "seconds": seconds,
+                "timed": bool(timed),
+                "baseline_seconds": None,  # as records before version 5 have it, with or without a baseline
+            }
+            for key, baseline in baselines.items():
+                entry[key] = results[key][1] if key in results else None
+                costs[baseline.name]["timed_s"] += entry[key] or 0.0
+            timed_batches.append(entry)
             for key, value in result.stats.items():
                 stats[key] = stats.get(key, 0.0) + value
         return {
@@ -210,7 +209,26 @@ class GenerationJob:
             "peak_memory_mb": peak_memory_mb(bundle.device),
             "batches": timed_batches,
             "stats": stats,
+            "baseline_cost": costs,
+            "reference_check": check,
         }
+
+    def _check_reference(self, results: dict, result, check: dict) -> None:
+        """Greedy: count the reference-grade AR's images whose codes equal our engine-grade AR's on this batch
+        (or a lossless decoder's when the engine-grade AR was not timed on it)."""
+        if "reference_seconds" not in results or self.decoder.sampling.temperature != 0:
+            return
+        ours, against = None, None
+        if "baseline_seconds" in results:
+            ours, against = results["baseline_seconds"][0].codes, "compiled AR"
+        elif self.decoder.settings.lossless():
+            ours, against = result.codes, self.decoder.settings.method()
+        if ours is None:
+            return
+        theirs = results["reference_seconds"][0].codes.to(ours.device)
+        check["images"] += theirs.shape[0]
+        check["equal"] += int((theirs == ours).all(dim=1).sum())
+        check["against"] = against
 
     def run(
         self, out_dir: str | Path | RunFolder, config: dict | None = None, world: World | None = None
@@ -282,6 +300,9 @@ class GenerationJob:
             if recorded is None
             else recorded_speedup(recorded, self.baseline_run, total / decoded if decoded else None)
         )
+        if recorded is not None and self.reference is not None:
+            speedup.update(speedup_entries(batches, "reference_seconds", self.reference.settings.method()))
+        speedup.update(self._baseline_entries(parts))
         return RunParts(
             settings=self.decoder.settings,
             setting={**self._setting(), **self.protocol},
@@ -298,3 +319,26 @@ class GenerationJob:
                 "config": config,
             },
         )
+
+    def _baseline_entries(self, parts: list[dict]) -> dict:
+        """``baseline_cost_s`` (every rank's, summed) and, with a reference-grade AR, ``reference_greedy_check``."""
+        costs: dict[str, dict[str, float]] = {}
+        for part in parts:
+            for name, entry in part["baseline_cost"].items():
+                mine = costs.setdefault(name, {})
+                for key, value in entry.items():
+                    mine[key] = mine.get(key, 0.0) + value
+        entries = {"baseline_cost_s": baseline_cost(costs)} if costs else {}
+        if self.reference is not None:
+            checks_ = [part["reference_check"] for part in parts]
+            against = next((c["against"] for c in checks_ if c["against"]), None)
+            images, equal = sum(c["images"] for c in checks_), sum(c["equal"] for c in checks_)
+            greedy = self.decoder.sampling.temperature == 0
+            entries["reference_greedy_check"] = greedy_check(images, equal, against, greedy)
+            if greedy and against and equal < images:
+                print(
+                    f"warning: the reference-grade AR's greedy codes differ from ours on {images - equal} of "
+                    f"{images} images (recorded in reference_greedy_check)",
+                    file=sys.stderr,
+                )
+        return entries

@@ -164,7 +164,7 @@ class RunFolder:
 
     def _check_inputs(self, stored: dict, what: str) -> None:
         """Refuse when a file the folder's images were made from now has other contents (or is gone):
-        resume identity is contents, not paths. Hashes are cached by (path, size, mtime)."""
+        resume identity is contents, not paths. Hashes are checked against the files' content at each run."""
         for path, entry in stored.items():
             expected = entry.get("sha256") if isinstance(entry, dict) else None
             now = note_input(path, entry.get("role", "input")) if os.path.exists(path) else None

@@ -24,6 +24,7 @@ from lantern.models.chameleon.vqgan import ChameleonVQGAN, VQGANConfig
 from lantern.models.checkpoint import check_state_dict, read_state_dict, tokenizer_file
 from lantern.models.devices import resolve_device, resolve_dtype
 from lantern.models.drafter import load_drafter_for
+from lantern.models.dry import dry_twin, family_twin
 from lantern.models.llama_parts import random_prompted_target
 from lantern.models.prompt_ids import load_tokenizer
 
@@ -73,6 +74,21 @@ def load_vqgan(path: str | os.PathLike, vq: VQGANConfig) -> ChameleonVQGAN:
     return model
 
 
+def _random(node: Mapping) -> ChameleonConfig:
+    """``config_of`` of the random preset's dry twins: its config, nothing built."""
+    return random_config(node["target"], vq_config(node["vq"]))[0]
+
+
+def _slots(node: Mapping) -> None:
+    """``config_of`` of a folder preset's dry twins: what the node states (the folder says the rest)."""
+    checks.integer("model.cls_token_num", node["target"]["cls_token_num"], 2)
+
+
+TEMPLATES = {"template": ChameleonConditioner.templates}
+DRAFTERS = "LANTERN's jadohu/anole_drafter folder, or one scripts/train_drafter.py exported"
+
+
+@dry_twin(family_twin("model.bundle", _random, paths=("gpt_ckpt",), choices=TEMPLATES))
 def random_bundle(
     name: str,
     target: Mapping,
@@ -106,6 +122,7 @@ def random_bundle(
     )
 
 
+@dry_twin(family_twin("model.bundle", _slots, paths=("gpt_ckpt", "vq_ckpt"), choices=TEMPLATES))
 def load_bundle(
     name: str,
     gpt_ckpt: str | None,
@@ -145,6 +162,7 @@ def load_bundle(
 
 
 # ----- drafters and neighbours -----------------------------------------------------------------------------
+@dry_twin(family_twin("model.drafter", _random, paths=("path",)))
 def random_drafter(target, vq, init_seed=0, device="cpu", dtype="float32", path=None, name="tiny_random_chameleon"):
     """A seeded random one-layer drafter for the random preset (speculative smoke runs and tests), or, when
     ``path`` is given, the drafter loaded from it (an HF folder in ``jadohu/anole_drafter``'s layout, e.g. one
@@ -153,18 +171,18 @@ def random_drafter(target, vq, init_seed=0, device="cpu", dtype="float32", path=
     return family_drafter(random_config(target, vq_config(vq))[0], path, name, init_seed, device, dtype)
 
 
+@dry_twin(family_twin("model.drafter", _slots, paths=("path", "gpt_ckpt"), drafter=DRAFTERS))
 def load_drafter(path, gpt_ckpt, target: Mapping, vq: Mapping, device="cpu", dtype="float32", name="anole_7b"):
     """The drafter at ``path`` for the target folder ``gpt_ckpt`` (whose ``config.json`` alone is read here):
     LANTERN's ``jadohu/anole_drafter`` folder or one ``scripts/train_drafter.py`` exported."""
-    require_drafter(
-        path, "LANTERN's jadohu/anole_drafter folder, or one scripts/train_drafter.py exported", "ar, sjd and gsd"
-    )
+    require_drafter(path, DRAFTERS)
     require_folder(gpt_ckpt, hf.ARCHITECTURE)
     cls_token_num = checks.integer("model.cls_token_num", target["cls_token_num"], 2)
     config = hf.check_folder(gpt_ckpt, _grid(target, vq_config(vq)), cls_token_num)
     return load_drafter_for(path, config, name, device, dtype)
 
 
+@dry_twin(family_twin("model.neighbours.codebook", lambda node: vq_config(node["vq"])))
 def random_codebook(vq: Mapping, init_seed: int = 0) -> torch.Tensor:
     """The random preset's VQGAN codebook (K, D): LANTERN's neighbour tables over the codes (code c is the
     decoder's token c, so the table needs no id map)."""
@@ -172,13 +190,18 @@ def random_codebook(vq: Mapping, init_seed: int = 0) -> torch.Tensor:
 
 
 # ----- timing (scripts/gpu_check.py) ------------------------------------------------------------------------
-def timing(architecture: Mapping | None, target: Mapping, vq: Mapping, device="cpu", dtype="float32", init_seed=0):
-    """Random-weight parts of a preset for the GPU check: a target of ``architecture`` (the fields of
-    :class:`ChameleonConfig` but ``grid_size`` and ``cls_token_num``, which ``target`` and ``vq`` give; null:
-    the random preset's own) and a one-layer drafter, both made directly on ``device`` in ``dtype``."""
+def timing_config(architecture: Mapping | None, target: Mapping, vq: Mapping) -> ChameleonConfig:
+    """The config :func:`timing` builds its target of (the fields of :class:`ChameleonConfig` but ``grid_size``
+    and ``cls_token_num``, which ``target`` and ``vq`` give; ``architecture`` null: the random preset's own)."""
     vq_cfg = vq_config(vq)
     if architecture is None:
-        config, _ = random_config(target, vq_cfg)
-    else:
-        config = ChameleonConfig.for_architecture(architecture, target, _grid(target, vq_cfg))
+        return random_config(target, vq_cfg)[0]
+    return ChameleonConfig.for_architecture(architecture, target, _grid(target, vq_cfg))
+
+
+@dry_twin(family_twin("model.timing", lambda node: timing_config(node.get("architecture"), node["target"], node["vq"])))
+def timing(architecture: Mapping | None, target: Mapping, vq: Mapping, device="cpu", dtype="float32", init_seed=0):
+    """Random-weight parts of a preset for the GPU check: a target of :func:`timing_config` and a one-layer
+    drafter, both made directly on ``device`` in ``dtype``."""
+    config = timing_config(architecture, target, vq)
     return timing_parts(ChameleonTarget, config, ChameleonConditioner, device, dtype, init_seed)

@@ -16,6 +16,7 @@ from lantern.models.chameleon import bundle as chameleon
 from lantern.models.chameleon.condition import ChameleonConditioner
 from lantern.models.chameleon.lumina import EOL, LuminaConfig, LuminaTarget, lumina_config, size_token
 from lantern.models.chameleon.vocab import TINY_WORDS
+from lantern.models.dry import dry_twin, family_twin
 
 TEMPLATE = "Generate an image of {width}x{height} according to the following prompt:\n{caption}"
 # The random preset's words beyond Chameleon's: the template's (its tokenizer splits on whitespace and punctuation).
@@ -60,6 +61,12 @@ def random_config(target: Mapping, vq: Mapping) -> tuple[LuminaConfig, dict[str,
     return lumina_config(base, vocab, pixels, "the random preset's vocabulary"), vocab
 
 
+def _random(node: Mapping) -> LuminaConfig:
+    """``config_of`` of the random preset's dry twins: its config, nothing built."""
+    return random_config(node["target"], chameleon.vq_config(node["vq"]))[0]
+
+
+@dry_twin(family_twin("model.bundle", _random, paths=("gpt_ckpt",)))
 def random_bundle(
     name: str, target: Mapping, vq: Mapping, init_seed=0, device="cpu", dtype="float32", gpt_ckpt=None
 ) -> ModelBundle:
@@ -81,6 +88,7 @@ def random_bundle(
     )
 
 
+@dry_twin(family_twin("model.bundle", chameleon._slots, paths=("gpt_ckpt", "vq_ckpt")))
 def load_bundle(
     name: str, gpt_ckpt: str | None, vq_ckpt: str | None, target: Mapping, vq: Mapping, device="cpu", dtype="float32"
 ) -> ModelBundle:
@@ -92,20 +100,26 @@ def load_bundle(
     )
 
 
+@dry_twin(family_twin("model.drafter", _random, paths=("path",)))
 def random_drafter(target, vq, init_seed=0, device="cpu", dtype="float32", path=None, name="tiny_random_lumina"):
     """The random preset's seeded one-layer drafter (Chameleon's layer), or the one at ``path``."""
     return family_drafter(random_config(target, chameleon.vq_config(vq))[0], path, name, init_seed, device, dtype)
 
 
 # ----- timing (scripts/gpu_check.py) ------------------------------------------------------------------------
-def timing(architecture: Mapping | None, target: Mapping, vq: Mapping, device="cpu", dtype="float32", init_seed=0):
-    """Random-weight parts of a Lumina preset for the GPU check, as :func:`lantern.models.chameleon.bundle.timing`:
-    ``architecture`` the fields of :class:`LuminaConfig` but ``grid_size``, ``cls_token_num`` and ``image_pixels``
-    (from ``target`` and ``vq``); null: the random preset's own."""
+def timing_config(architecture: Mapping | None, target: Mapping, vq: Mapping) -> LuminaConfig:
+    """The config :func:`timing` builds its target of: ``architecture`` the fields of :class:`LuminaConfig` but
+    ``grid_size``, ``cls_token_num`` and ``image_pixels`` (from ``target`` and ``vq``); null: the random preset's own."""
     vq_cfg = chameleon.vq_config(vq)
     if architecture is None:
-        config, _ = random_config(target, vq_cfg)
-    else:
-        grid, pixels = chameleon._grid(target, vq_cfg), int(target["image_size"])
-        config = LuminaConfig.for_architecture(architecture, target, grid, image_pixels=pixels)
+        return random_config(target, vq_cfg)[0]
+    grid, pixels = chameleon._grid(target, vq_cfg), int(target["image_size"])
+    return LuminaConfig.for_architecture(architecture, target, grid, image_pixels=pixels)
+
+
+@dry_twin(family_twin("model.timing", lambda node: timing_config(node.get("architecture"), node["target"], node["vq"])))
+def timing(architecture: Mapping | None, target: Mapping, vq: Mapping, device="cpu", dtype="float32", init_seed=0):
+    """Random-weight parts of a Lumina preset for the GPU check, as :func:`lantern.models.chameleon.bundle.timing`
+    (its target's config: :func:`timing_config`)."""
+    config = timing_config(architecture, target, vq)
     return timing_parts(LuminaTarget, config, LuminaConditioner, device, dtype, init_seed)

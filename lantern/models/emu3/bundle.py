@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 
@@ -19,6 +20,7 @@ from lantern.models.bundle import ModelBundle
 from lantern.models.checkpoint import folder_source, read_tensor, tokenizer_file
 from lantern.models.devices import resolve_device, resolve_dtype
 from lantern.models.drafter import load_drafter_for
+from lantern.models.dry import dry_twin, family_twin
 from lantern.models.emu3 import hf
 from lantern.models.emu3.condition import Emu3Conditioner, negative_ids
 from lantern.models.emu3.model import Emu3Config, Emu3Target
@@ -35,6 +37,27 @@ TINY_WORDS = tuple(
     "watermark username blurry , .".split()
 )
 CODEBOOK_KEY = "vqmodel.quantize.embedding.weight"  # as transformers 5 stores it
+RESCALE = 1.0 / 0.00392156862745098  # postprocess's 1 / rescale_factor of the released preprocessor config (255.0)
+
+
+def release_pixels(images: torch.Tensor) -> torch.Tensor:
+    """VQ output (B, 3, H, W) ~[-1, 1] -> pixels (B, H, W, 3) uint8 as BAAI's processor and transformers'
+    ``Emu3ImageProcessor.postprocess`` make them from the released config (mean = std = 0.5, rescale 1/255):
+    ``(x + 1) / 2`` in fp32, times 255 in fp64 cast back to fp32, clipped to [0, 255] and truncated. This is
+    ``127.5 x + 127.5`` truncated, one level below LlamaGen's ``127.5 x + 128`` in about half the values."""
+    unit = (images.float() + 1.0) / 2.0  # (B, 3, H, W): the unnormalised image, in fp32 as numpy keeps it
+    pixels = (unit.double() * RESCALE).float().clamp(0.0, 255.0)  # numpy: fp64 product, fp32 result, then clip
+    return pixels.permute(0, 2, 3, 1).to(torch.uint8)  # truncation toward zero, as numpy's astype(uint8)
+
+
+@dataclass
+class Emu3Bundle(ModelBundle):
+    """A :class:`ModelBundle` whose pixels are the release's (:func:`release_pixels`)."""
+
+    @torch.inference_mode()
+    def decode_images(self, codes: torch.Tensor) -> torch.Tensor:
+        """Codes (B, N) -> pixels (B, H, W, 3) uint8, one image at a time (see :meth:`ModelBundle.decode_images`)."""
+        return torch.cat([release_pixels(self.vq.decode_codes(codes[i : i + 1])) for i in range(codes.shape[0])])
 
 
 def grid_of(target: Mapping, vq: Mapping) -> int:
@@ -71,9 +94,23 @@ def folder_parts(folder: str, target: Mapping, tokenizer) -> tuple[Emu3Config, M
     return hf.check_folder(folder, grid_of(target, vq), cls_token_num, tokenizer), vq
 
 
+def _random(node: Mapping) -> Emu3Config:
+    """``config_of`` of the random preset's dry twins: its config, nothing built."""
+    return random_config(node["target"], node["vq"])[0]
+
+
+def _slots(node: Mapping) -> None:
+    """``config_of`` of a folder preset's dry twins: what the node states (the folder says the rest)."""
+    checks.integer("model.cls_token_num", node["target"]["cls_token_num"], 2)
+
+
+DRAFTERS = "a drafter folder scripts/train_drafter.py exported"
+
+
+@dry_twin(family_twin("model.bundle", _random, paths=("gpt_ckpt",)))
 def random_bundle(
     name: str, target: Mapping, vq: Mapping, init_seed=0, device="cpu", dtype="float32", gpt_ckpt: str | None = None
-) -> ModelBundle:
+) -> Emu3Bundle:
     """The seeded random tiny Emu3 (no files): target, VQ and a word-level tokenizer over its vocabulary.
     ``gpt_ckpt`` (an HF folder of the same architecture and vocabulary), when given, replaces target and VQ."""
     device, dtype = resolve_device(device), resolve_dtype(dtype)
@@ -88,12 +125,13 @@ def random_bundle(
         model, state = hf.load_target(folder, config)
         vq_model = load_vq(folder_vq, state, folder_source(folder))
     conditioner = Emu3Conditioner.for_model(tokenizer, config, device=device)
-    return shared.finish_family_bundle(ModelBundle, name, model, vq_model, conditioner, device, dtype)
+    return shared.finish_family_bundle(Emu3Bundle, name, model, vq_model, conditioner, device, dtype)
 
 
+@dry_twin(family_twin("model.bundle", _slots, paths=("gpt_ckpt",)))
 def load_bundle(
     name: str, gpt_ckpt: str | None, target: Mapping, device: str = "cpu", dtype: str = "float32"
-) -> ModelBundle:
+) -> Emu3Bundle:
     """An Emu3 target, its VQ and its tokenizer from one HF ``Emu3ForConditionalGeneration`` folder."""
     folder = shared.require_folder(
         gpt_ckpt, hf.ARCHITECTURE, "config.json, weights with model.vqmodel.*, tokenizer.json"
@@ -104,40 +142,49 @@ def load_bundle(
     model, state = hf.load_target(folder, config)
     vq_model = load_vq(vq, state, folder_source(folder))
     conditioner = Emu3Conditioner.for_model(tokenizer, config, device=device)
-    return shared.finish_family_bundle(ModelBundle, name, model, vq_model, conditioner, device, dtype)
+    return shared.finish_family_bundle(Emu3Bundle, name, model, vq_model, conditioner, device, dtype)
 
 
 # ----- drafters and neighbours -----------------------------------------------------------------------------
+@dry_twin(family_twin("model.drafter", _random, paths=("path",)))
 def random_drafter(target, vq, init_seed=0, device="cpu", dtype="float32", path=None, name="tiny_random_emu3"):
     """A seeded random one-layer drafter of Emu3's kind (Llama's layer) for the random preset, or the one at ``path``."""
     return shared.family_drafter(random_config(target, vq)[0], path, name, init_seed, device, dtype)
 
 
+@dry_twin(family_twin("model.drafter", _slots, paths=("path", "gpt_ckpt"), drafter=DRAFTERS))
 def load_drafter(path, gpt_ckpt, target: Mapping, device="cpu", dtype="float32", name="emu3_gen"):
     """The drafter at ``path`` for the target folder ``gpt_ckpt`` (its config.json and tokenizer.json read)."""
-    shared.require_drafter(path, "a drafter folder scripts/train_drafter.py exported", "ar, sjd, gsd and zipar")
+    shared.require_drafter(path, DRAFTERS)
     folder = shared.require_folder(gpt_ckpt, hf.ARCHITECTURE)
     config, _ = folder_parts(folder, target, load_tokenizer(tokenizer_file(folder)))
     return load_drafter_for(path, config, name, device, dtype)
 
 
+@dry_twin(family_twin("model.neighbours.codebook", lambda node: downsample(node["vq"])))
 def random_codebook(vq: Mapping, init_seed: int = 0) -> torch.Tensor:
     """The random preset's VQ codebook (K, D) (code c is the decoder's token c: no id map needed)."""
     return random_vq(vq, init_seed).raw_codebook().detach()
 
 
+@dry_twin(family_twin("model.neighbours.codebook", paths=("gpt_ckpt",)))
 def folder_codebook(gpt_ckpt: str | os.PathLike) -> torch.Tensor:
     """A folder's VQ codebook (K, D), read alone from its shards."""
     return read_tensor(shared.require_folder(gpt_ckpt, hf.ARCHITECTURE), CODEBOOK_KEY).float()
 
 
 # ----- timing (scripts/gpu_check.py) ------------------------------------------------------------------------
-def timing(architecture: Mapping | None, target: Mapping, vq: Mapping, device="cpu", dtype="float32", init_seed=0):
-    """Random-weight parts of a preset for the GPU check: a target of ``architecture`` (the fields of
-    :class:`Emu3Config` but the grid and the condition slots; null: the random preset's own) and a one-layer drafter."""
+def timing_config(architecture: Mapping | None, target: Mapping, vq: Mapping) -> Emu3Config:
+    """The config :func:`timing` builds its target of: ``architecture`` the fields of :class:`Emu3Config` but the
+    grid and the condition slots; null: the random preset's own."""
     if architecture is None:
-        config, _ = random_config(target, vq)
-    else:
-        ids = (architecture["bos_id"], architecture["boi_id"], architecture["img_id"])
-        config = Emu3Config.for_architecture(architecture, target, grid_of(target, vq), null_ids=ids)
+        return random_config(target, vq)[0]
+    ids = (architecture["bos_id"], architecture["boi_id"], architecture["img_id"])
+    return Emu3Config.for_architecture(architecture, target, grid_of(target, vq), null_ids=ids)
+
+
+@dry_twin(family_twin("model.timing", lambda node: timing_config(node.get("architecture"), node["target"], node["vq"])))
+def timing(architecture: Mapping | None, target: Mapping, vq: Mapping, device="cpu", dtype="float32", init_seed=0):
+    """Random-weight parts of a preset for the GPU check: a target of :func:`timing_config` and a one-layer drafter."""
+    config = timing_config(architecture, target, vq)
     return shared.timing_parts(Emu3Target, config, Emu3Conditioner, device, dtype, init_seed)

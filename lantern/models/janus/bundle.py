@@ -28,6 +28,7 @@ from lantern.models.bundle import (
 from lantern.models.checkpoint import read_tensor, tokenizer_file
 from lantern.models.devices import resolve_device, resolve_dtype
 from lantern.models.drafter import load_drafter_for
+from lantern.models.dry import dry_twin, family_twin
 from lantern.models.janus import hf
 from lantern.models.janus.condition import TINY_WORDS, JanusConditioner, tiny_vocabulary, word_tokenizer
 from lantern.models.janus.model import JanusConfig, JanusTarget
@@ -37,6 +38,8 @@ from lantern.models.prompt_ids import load_tokenizer
 from lantern.models.vq_model import VQConfig
 
 CODEBOOK_KEY = hf.VQ_PREFIX + "quantize.embedding.weight"
+# The sizes a folder preset's ``target.architecture`` may require of its folder.
+ARCHITECTURE_KEYS = ("n_layer", "n_head", "n_kv_head", "dim", "ffn_hidden", "num_codes", "code_dim", "text_vocab_size")
 
 
 @dataclass
@@ -103,10 +106,30 @@ def random_target(config: JanusConfig, init_seed: int = 0) -> JanusTarget:
     return seeded_weights(JanusTarget(config), init_seed, law)
 
 
+def _random(node: Mapping) -> JanusConfig:
+    """``config_of`` of the random preset's dry twins: its config, nothing built."""
+    return random_config(node["target"], node["vq"])[0]
+
+
+def _slots(node: Mapping) -> None:
+    """``config_of`` of a folder preset's dry twins: what the node states (the folder says the rest)."""
+    target = node["target"]
+    checks.integer("model.cls_token_num", target["cls_token_num"], 2)
+    for key, want in dict(target.get("architecture") or {}).items():
+        if key not in ARCHITECTURE_KEYS:
+            expected = f"a size named one of {', '.join(ARCHITECTURE_KEYS)}"
+            raise checks.refuse(f"model.bundle.target.architecture.{key}", want, expected)
+
+
+TEMPLATES = {"template": JanusConditioner.templates}
+DRAFTERS = "one scripts/train_drafter.py exported; none is released for Janus"
+
+
 def _folder(gpt_ckpt) -> str:
     return require_folder(gpt_ckpt, hf.ARCHITECTURE, "config.json, safetensors weights, tokenizer.json")
 
 
+@dry_twin(family_twin("model.bundle", _random, paths=("gpt_ckpt",), choices=TEMPLATES))
 def random_bundle(
     name, target: Mapping, vq: Mapping, init_seed=0, template="janus_pro", device="cpu", dtype="float32", gpt_ckpt=None
 ) -> JanusBundle:
@@ -130,11 +153,10 @@ def random_bundle(
 
 def _check_architecture(config: JanusConfig, architecture: Mapping | None, folder: str) -> None:
     """CheckpointError unless the folder's config has the preset's ``architecture`` sizes."""
-    known = ("n_layer", "n_head", "n_kv_head", "dim", "ffn_hidden", "num_codes", "code_dim", "text_vocab_size")
     for key, want in dict(architecture or {}).items():
-        if key not in known:
+        if key not in ARCHITECTURE_KEYS:
             raise checks.refuse(
-                f"model.bundle.target.architecture.{key}", want, f"a size named one of {', '.join(known)}"
+                f"model.bundle.target.architecture.{key}", want, f"a size named one of {', '.join(ARCHITECTURE_KEYS)}"
             )
         have = getattr(config, key)
         if have != want:
@@ -157,6 +179,7 @@ def _folder_parts(gpt_ckpt, target: Mapping):
     return config, vq_cfg, tokenizer, folder
 
 
+@dry_twin(family_twin("model.bundle", _slots, paths=("gpt_ckpt",), choices=TEMPLATES))
 def load_bundle(
     name: str, gpt_ckpt: str | None, target: Mapping, template="janus_pro", device="cpu", dtype="float32"
 ) -> JanusBundle:
@@ -170,37 +193,48 @@ def load_bundle(
 
 
 # ----- drafters and neighbours -----------------------------------------------------------------------------
+@dry_twin(family_twin("model.drafter", _random, paths=("path",)))
 def random_drafter(target, vq, init_seed=0, device="cpu", dtype="float32", path=None, name="tiny_random_janus"):
     """A seeded random one-layer drafter for the random preset, or, when ``path`` is given, the drafter loaded
     from it (a folder ``scripts/train_drafter.py`` exported, or the trainer's ``drafter.safetensors``)."""
     return family_drafter(random_config(target, vq)[0], path, name, init_seed, device, dtype)
 
 
+@dry_twin(family_twin("model.drafter", _slots, paths=("path", "gpt_ckpt"), drafter=DRAFTERS))
 def load_drafter(path, gpt_ckpt, target: Mapping, device: str = "cpu", dtype: str = "float32", name: str = "janus"):
     """The drafter at ``path`` for the target folder ``gpt_ckpt`` (whose config and tokenizer alone are read)."""
-    require_drafter(path, "one scripts/train_drafter.py exported; none is released for Janus")
+    require_drafter(path, DRAFTERS)
     config, _, _, _ = _folder_parts(gpt_ckpt, target)
     return load_drafter_for(path, config, name, device, dtype)
 
 
+@dry_twin(family_twin("model.neighbours.codebook", lambda node: vq_config(node["vq"])))
 def random_codebook(vq: Mapping, init_seed: int = 0) -> torch.Tensor:
     """The random preset's VQ codebook (K, 8), raw rows: LANTERN's neighbour tables over the codes."""
     return random_vq(vq_config(vq), init_seed).raw_codebook().detach()
 
 
+@dry_twin(family_twin("model.neighbours.codebook", paths=("folder",)))
 def folder_codebook(folder: str | os.PathLike) -> torch.Tensor:
     """A folder's VQ codebook (K, 8) (``model.vqmodel.quantize.embedding.weight``), read alone."""
     return read_tensor(_folder(folder), CODEBOOK_KEY).float()
 
 
 # ----- timing (scripts/gpu_check.py) ------------------------------------------------------------------------
+def timing_config(architecture: Mapping | None, target: Mapping, vq=None) -> JanusConfig:
+    """The config :func:`timing` builds its target of (``vq`` null: the release's VQ-16)."""
+    if architecture is None:
+        return random_config(target, vq or {})[0]
+    return JanusConfig.for_architecture(architecture, target, _grid(target, vq_config(vq or {})))
+
+
+@dry_twin(
+    family_twin("model.timing", lambda node: timing_config(node.get("architecture"), node["target"], node.get("vq")))
+)
 def timing(architecture: Mapping | None, target: Mapping, vq=None, device="cpu", dtype="float32", init_seed=0):
     """Random-weight parts of a preset for the GPU check: a target of ``architecture`` (the fields of
     :class:`JanusConfig` but ``grid_size`` and ``cls_token_num``, which ``target`` and ``vq`` give, ``vq``
     null the release's VQ-16; ``architecture`` null: the random preset's own) and a one-layer drafter, both
     made directly on ``device`` in ``dtype``."""
-    if architecture is None:
-        config, _ = random_config(target, vq or {})
-    else:
-        config = JanusConfig.for_architecture(architecture, target, _grid(target, vq_config(vq or {})))
+    config = timing_config(architecture, target, vq)
     return timing_parts(JanusTarget, config, JanusConditioner, device, dtype, init_seed)

@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
 
+from lantern import checks
 from lantern.errors import CheckpointError, ConfigError
 from lantern.models.bundle import ModelBundle, finish_family_bundle
 from lantern.models.checkpoint import check_hf_folder, load_weights
 from lantern.models.devices import resolve_device, resolve_dtype
+from lantern.models.dry import dry_twin, family_twin, overrides_of
 from lantern.models.llamagen import hf_layout
-from lantern.models.llamagen.gpt import GPTConfig, Transformer, gpt_config
-from lantern.models.vq_model import VQConfig, VQModel, vq_config
+from lantern.models.llamagen.gpt import GPT_PRESETS, MODEL_TYPES, GPTConfig, Transformer, gpt_config
+from lantern.models.vq_model import VQ_PRESETS, VQConfig, VQModel, vq_config
 
 
 @dataclass
@@ -44,12 +46,37 @@ def configs(gpt: Mapping, vq: Mapping) -> tuple[GPTConfig, VQConfig]:
     return gpt_cfg, vq_cfg
 
 
-def _build(gpt: Mapping, vq: Mapping) -> tuple[Transformer, VQModel, str]:
-    gpt_cfg, vq_cfg = configs(gpt, vq)
+def _check_vocabulary(gpt_cfg: GPTConfig, vq_cfg: VQConfig) -> None:
     if gpt_cfg.vocab_size != vq_cfg.codebook_size:
         raise ConfigError(
             f"GPT vocabulary {gpt_cfg.vocab_size} does not match the VQ codebook size {vq_cfg.codebook_size}"
         )
+
+
+def dry_config(prefix: str) -> Callable[[Mapping], GPTConfig]:
+    """``config_of`` for the dry twins (:func:`lantern.models.dry.family_twin`) of a node at ``prefix`` holding
+    ``gpt`` and ``vq`` preset nodes: their names and overrides checked by key, the vocabulary against the codebook."""
+
+    def config_of(node: Mapping) -> GPTConfig:
+        gpt, vq = node["gpt"], node["vq"]
+        checks.choice(f"{prefix}.gpt.preset", gpt.get("preset"), GPT_PRESETS)
+        checks.choice(f"{prefix}.gpt.model_type", gpt.get("model_type"), MODEL_TYPES)
+        checks.choice(f"{prefix}.vq.preset", vq.get("preset"), VQ_PRESETS)
+        overrides_of(f"{prefix}.gpt", gpt, (f.name for f in fields(GPTConfig)))
+        overrides_of(f"{prefix}.vq", vq, (f.name for f in fields(VQConfig)))
+        gpt_cfg, vq_cfg = configs(gpt, vq)
+        try:
+            _check_vocabulary(gpt_cfg, vq_cfg)
+        except ConfigError as exc:
+            raise ConfigError(f"{prefix}.gpt: {exc}") from None
+        return gpt_cfg
+
+    return config_of
+
+
+def _build(gpt: Mapping, vq: Mapping) -> tuple[Transformer, VQModel, str]:
+    gpt_cfg, vq_cfg = configs(gpt, vq)
+    _check_vocabulary(gpt_cfg, vq_cfg)
     return Transformer(gpt_cfg), VQModel(vq_cfg), f"{gpt['preset']} {gpt['model_type']}"
 
 
@@ -76,6 +103,7 @@ def save_target_folder(model: Transformer, folder: str | os.PathLike, dtype: tor
     return hf_layout.save_target_folder(model, folder, dtype)
 
 
+@dry_twin(family_twin("model.bundle", dry_config("model.bundle"), paths=("gpt_ckpt", "vq_ckpt")))
 def load_bundle(
     name: str,
     gpt: Mapping,
@@ -102,6 +130,7 @@ def load_bundle(
     return finish_family_bundle(LlamaGenBundle, name, gpt_model, vq_model, conditioner, device, dtype)
 
 
+@dry_twin(family_twin("model.bundle", dry_config("model.bundle"), paths=("gpt_ckpt",)))
 def random_bundle(
     name: str,
     gpt: Mapping,
@@ -145,6 +174,14 @@ def load_vq(preset: str, path: str | os.PathLike, **overrides) -> VQModel:
     return load_weights(VQModel(vq_config(preset, **overrides)), path, expected=preset, role="tokenizer").eval()
 
 
+def _dry_codebook(vq: Mapping, init_seed: int = 0) -> None:
+    """:func:`random_codebook`'s dry twin: the tokenizer's config, nothing built."""
+    family_twin("model.neighbours.codebook")(vq=vq, init_seed=init_seed)
+    checks.choice("model.neighbours.codebook.vq.preset", vq.get("preset"), VQ_PRESETS)
+    vq_config(vq["preset"], **overrides_of("model.neighbours.codebook.vq", vq, (f.name for f in fields(VQConfig))))
+
+
+@dry_twin(_dry_codebook)
 def random_codebook(vq: Mapping, init_seed: int = 0) -> torch.Tensor:
     """The random preset's VQ codebook (K, D), raw rows: LANTERN's neighbour tables over the codes (what
     ``bundle.codebook()`` gives for :func:`random_bundle`'s tokenizer)."""

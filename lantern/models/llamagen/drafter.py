@@ -13,11 +13,18 @@ from collections.abc import Mapping
 
 import torch
 
-from lantern.errors import ConfigError
+from lantern.models.bundle import require_drafter
 from lantern.models.devices import resolve_device, resolve_dtype
-from lantern.models.drafter import Drafter, DrafterConfig, load_drafter_for
+from lantern.models.drafter import CONDITION_INPUTS, Drafter, DrafterConfig, load_drafter_for
+from lantern.models.dry import dry_twin, family_twin
 from lantern.models.llamagen import hf_layout
-from lantern.models.llamagen.bundle import configs
+from lantern.models.llamagen.bundle import configs, dry_config
+
+# What model.drafter_ckpt may be, for the one-line refusal of a run that drafts with none.
+WHERE = (
+    "a drafter trained with scripts/train_drafter.py, an HF-layout folder, or the LANTERN release's drafter "
+    "for LlamaGen-XL t2i"
+)
 
 
 def from_reference_keys(state_dict: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
@@ -27,6 +34,11 @@ def from_reference_keys(state_dict: Mapping[str, torch.Tensor]) -> tuple[dict[st
     return hf_layout.drafter_from_hf(state_dict)
 
 
+@dry_twin(
+    family_twin(
+        "model.drafter", dry_config("model.drafter"), ("path",), {"condition_input": CONDITION_INPUTS}, drafter=WHERE
+    )
+)
 def load_drafter(
     path: str | os.PathLike | None,
     gpt: Mapping,
@@ -38,16 +50,12 @@ def load_drafter(
 ) -> Drafter:
     """Build the drafter for the LlamaGen target described by ``gpt``/``vq`` (model-config nodes) and load ``path``
     (:func:`~lantern.models.drafter.load_drafter_for`: a file or an HF-layout folder)."""
-    if path is None:
-        raise ConfigError(
-            "no drafter checkpoint given: pass model.drafter_ckpt=PATH (a drafter trained with "
-            "scripts/train_drafter.py, an HF-layout folder, or the LANTERN release's drafter for LlamaGen-XL t2i); "
-            "decoding=ar, sjd, gsd and zipar need no drafter"
-        )
+    require_drafter(path, WHERE)
     target, _ = configs(gpt, vq)
     return load_drafter_for(path, target, gpt["preset"], device, dtype, norm_eps, condition_input)
 
 
+@dry_twin(family_twin("model.drafter", dry_config("model.drafter"), ("path",)))
 def random_drafter(
     gpt: Mapping,
     vq: Mapping,

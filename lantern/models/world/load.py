@@ -16,7 +16,8 @@ from lantern import REPO_ROOT
 from lantern.errors import CheckpointError
 from lantern.files import note_input
 from lantern.models.bundle import ModelBundle
-from lantern.models.llamagen.bundle import load_bundle
+from lantern.models.dry import dry_twin, family_twin
+from lantern.models.llamagen.bundle import dry_config, load_bundle
 
 MANIFEST_NAME = "manifest.json"
 DEFAULT_WORLD = REPO_ROOT / "worlds" / "fashion_mnist"
@@ -107,6 +108,14 @@ def verify_world(folder: str | Path, loads: tuple[str, ...] = ()) -> dict:
     return manifest
 
 
+def _dry_world_file(folder: str | None, name: str, replacement: str | None = None) -> str:
+    """:func:`world_file`'s dry twin: the path it would give, nothing read (the world is verified when it loads)."""
+    if replacement is not None:
+        return str(replacement)
+    return str((Path(folder) if folder else DEFAULT_WORLD) / str(name))
+
+
+@dry_twin(_dry_world_file)
 def world_file(folder: str | None, name: str, replacement: str | None = None) -> str:
     """Path of file ``name`` in a world folder (``None``: the shipped world), checked against its manifest entry;
     or ``replacement`` as given when it is not None (a file or folder of the user's, which its loader checks)."""
@@ -116,6 +125,7 @@ def world_file(folder: str | None, name: str, replacement: str | None = None) ->
     return str(_verify_member(root, read_manifest(root), name))
 
 
+@dry_twin(family_twin("model.bundle", dry_config("model.bundle"), paths=("folder", "gpt_ckpt")))
 def load_world(
     name: str,
     gpt: Mapping,

@@ -1,13 +1,16 @@
-"""Before a run does any work: every asset it reads at its registry place is there and matches its pin or
-lock entry (hashes are remembered by size and mtime, :func:`lantern.files.sha256_cached`, so a large file
-is hashed once). The loaders then record the same sha256 of every file they read in the run's record."""
+"""Before a run does any work: every asset it reads at its registry place is there and matches its verified
+pins and lock entry (a hash is remembered under the file's size, times and inode and trusted only while a
+digest of sampled blocks of its bytes still matches, :func:`lantern.files.sha256_cached`, so a large file is hashed
+once). The loaders then record the same sha256 of every file they read in the run's record."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from lantern.run.assets import places
+from lantern.run.assets.pins import judge
 from lantern.run.assets.registry import Asset, needed
-from lantern.run.assets.store import AssetError, Lock, content_sha256, mismatch
+from lantern.run.assets.store import AssetError, Lock, content_sha256
 
 
 def fetch_command(resolved: dict) -> str:
@@ -41,14 +44,16 @@ def _check(key: str, asset: Asset, root: Path, lock: Lock, resolved: dict) -> No
             state = "was not made by scripts/fetch.py" if not entry else "was altered since it was made"
             raise AssetError(f"{str(path)!r} (asset {asset.name}) {state}; remove it and {fix}")
         return
-    for file in asset.listed_files(root):
-        member = root / file.relative
+    for file in asset.listed_files(root, lock.expanded(asset.name)):
+        member = places.inside(root, file.relative, f"asset {asset.name}")
         if not member.is_file():
             raise AssetError(f"{key} is required: {str(member)!r} (asset {asset.name}) is not there; {fix}")
-        why = mismatch(file, member, lock)
-        if why is not None:
-            raise AssetError(f"{str(member)!r} (asset {asset.name}) {why}: it changed since it was fetched; {fix}")
-        if file.sha256 is None and lock.get(file.relative) is None:
+        verdict = judge(file, member, lock.get(file.relative))
+        if verdict.refuse is not None:
+            raise AssetError(
+                f"{str(member)!r} (asset {asset.name}) {verdict.refuse}: it changed since it was fetched; {fix}"
+            )
+        if not ({"sha256"} & file.verified) and lock.get(file.relative) is None:
             raise AssetError(
                 f"{str(member)!r} (asset {asset.name}) is not verified yet; {fix} (it checks and locks it)"
             )

@@ -41,6 +41,7 @@ from lantern.models.llamagen.bundle import random_gpt
 from lantern.results.provenance import environment
 from lantern.rng import keys_tensor
 from lantern.rules.neighbours import CodebookNeighbours
+from lantern.run.bench import gpu_baselines
 from lantern.run.bench.common import ran_with
 from lantern.run.compose import ModelParts, build_decoder, compose_config
 from lantern.run.timing import timed
@@ -136,6 +137,8 @@ def mode_overrides(mode: str, k: int, full: bool = True) -> dict[str, list[str]]
     """The compared modes (label -> Hydra overrides); AR eager and AR compiled are always there, exact chain
     and LANTERN delta 0.4 only when ``full``."""
     modes = {"ar eager": ["decoding=ar", "compile=none"], f"ar {mode}": ["decoding=ar", f"compile={mode}"]}
+    if mode == "reduce-overhead":  # the CUDA-graph mode beside plain compilation: what the graphs add
+        modes["ar default"] = ["decoding=ar", "compile=default"]
     if full:
         modes["exact chain3 sampled"] = ["decoding=eagle", *CHAIN3, f"compile={mode}"]
     for delta in (0.1, 0.4) if full else (0.1,):
@@ -199,7 +202,16 @@ def check(target: Target, args, device, full: bool = True) -> dict:
                 "warmup_s": compile_s[label],
             }
         )
+    extra = {}
+    if full:  # the reference-grade AR (LlamaGen's own loop, eager) and the batch sweep, on LlamaGen-shaped targets
+        sampling = instantiate(compose_config(target.overrides).sampling)
+        extra["reference"] = gpu_baselines.reference_row(target, args, device, sampling, ar)
+        swept = {
+            label: modes[label] for label in modes if label.startswith((f"ar {args.compile}", "exact", "lantern d=0.1"))
+        }
+        extra["batch_sweep"] = gpu_baselines.batch_sweep(target, swept, args, device) if args.batches else []
     return {
+        **extra,
         "target": target.name,
         "tokens": model.config.num_image_tokens,
         "rows": rows,
@@ -235,6 +247,7 @@ def markdown(results: list[dict], env: dict, args) -> str:
                 f"{r['speedup_vs_compiled_ar']:.2f}x | {r['warmup_s']:.1f} | {r['compile']}, {r['dtype']}, {r['attention']} |"
             )
         lines.append("")
+        lines += gpu_baselines.markdown_lines(result)
     return "\n".join(lines)
 
 
@@ -250,6 +263,9 @@ def run_gpu_check(args) -> list[dict]:
     device = resolve_device(args.device)
     checks.capped("--images", args.images, 2, 1000, note="timed images per mode, after two warm-up images")
     targets = [checks.choice("--targets", t, TARGETS) for t in args.targets.split(",")]
+    text = getattr(args, "batches", "") or ""
+    sizes = [b.strip() for b in str(text).split(",") if b.strip()]
+    args.batches = [checks.capped("--batches", int(b) if b.isdigit() else b, 1, 256) for b in sizes]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     dtype = getattr(torch, args.dtype)

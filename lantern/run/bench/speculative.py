@@ -131,6 +131,10 @@ def bench_setting(name: str, base: list[str], rows, args) -> list[dict]:
     """All modes for one sampling setting; returns one record per mode (AR first)."""
     cfg, parts, decoders = setting_decoders(base, rows)
     bundle = parts.bundle
+    if getattr(args, "reference", False):  # the papers' loop, eager, timed beside AR on the same images
+        reference = instantiate(compose_config([*base, *AR, "baseline=both"]).speedup_reference)
+        reference.prepare(bundle)
+        decoders.insert(1, (REFERENCE, reference))
     prompts = instantiate(cfg.prompts)
     items = [prompts.items[i % len(prompts.items)] for i in range(args.images)]
     conditions = [bundle.conditioner.encode([item]) for item in items]
@@ -155,7 +159,9 @@ def bench_setting(name: str, base: list[str], rows, args) -> list[dict]:
     for label, decoder in decoders:
         record = mode_record(name, label, decoder, times, results, ar_token_ms, args)
         record |= ran_with(decoder, bundle.target)
-        if "tv_measured" in results[label][0].per_sample:  # speculative modes (AR rows, compiled or not, have none)
+        if (
+            label != REFERENCE and "tv_measured" in results[label][0].per_sample
+        ):  # speculative modes (AR rows, compiled or not, have none)
             record |= speculative_figures(record, decoder, results, results[label], bundle, ar_token_ms, forward_cache)
         records.append(record)
         print(
@@ -173,7 +179,13 @@ def mode_record(name, label, decoder, times, results, ar_token_ms, args) -> dict
     tokens = sum(int(r.per_sample["tokens"].sum()) for r in results[label])
     tau = tokens / steps
     speedup, speedup_runs = ratio_of_totals(times["ar"], times[label])
+    versus = {}
+    if REFERENCE in times:  # the speed-up over the reference-grade AR, a ratio of totals as the other
+        versus["speedup_vs_reference_ar"], versus["speedup_vs_reference_ar_runs"] = ratio_of_totals(
+            times[REFERENCE], times[label]
+        )
     return {
+        **versus,
         "setting": name,
         "mode": label,
         "latency_s": latency,
@@ -253,7 +265,9 @@ def markdown(records: list[dict], env: dict, args) -> str:
             outside += f" (step {r['step_ms']:.2f}, target forward {r['target_forward_ms']:.2f} ms)"
         ran = f"{r.get('compile', 'none')}, {r.get('dtype', '')}, {r.get('threads', '')}"
         lines.append(
-            f"| {r['setting']} | {r['mode']} | {ran} | {r['tau']:.2f} | {r['latency_s'] * 1000:.1f} | {r['speedup']:.2f}x | "
+            f"| {r['setting']} | {r['mode']} | {ran} | {r['tau']:.2f} | {r['latency_s'] * 1000:.1f} | {r['speedup']:.2f}x"
+            + (f" ({r['speedup_vs_reference_ar']:.2f}x vs reference AR)" if "speedup_vs_reference_ar" in r else "")
+            + " | "
             f"{_spread(r)} | {r['speedup_per_tau']:.2f} | {outside} | {share} | {tv} |"
         )
     return "\n".join(lines) + "\n"
@@ -274,9 +288,11 @@ class BenchPlan:
     out: str | None = None
     argv: tuple[str, ...] = ()
     compile: str = "default"
+    reference: bool = False  # also time the reference-grade AR (baseline=both's; lantern.run.bench.baselines)
 
 
 SETTINGS = {"greedy": ["temperature=0"], "sampling": []}
+REFERENCE = "ar reference"  # the reference-grade AR's row (--reference): speed-ups over it beside those over AR
 # What makes a speed-up comparable (the keys tables join on): set for AR and every mode alike (--model,
 # --compile, --overrides), never by one row's --mode, so no row is set against an AR baseline that ran otherwise.
 ROW_WIDE = tuple(key for key, _ in JOIN_KEYS)
@@ -385,3 +401,9 @@ def write_results(plan: BenchPlan, records: list[dict]) -> Path:
     write_json_atomic(out.with_suffix(".json"), {"args": args, "environment": env, "records": records})
     write_text_atomic(out.with_suffix(".md"), markdown(records, env, plan))
     return out.with_suffix(".md")
+
+
+def check_reference(plan: BenchPlan) -> None:
+    """ConfigError before any timing unless the model's reference-grade AR can be built (``--reference``)."""
+    base = setting_overrides(plan, plan.settings[0])
+    instantiate(compose_config([*base, *AR, "baseline=both"]).speedup_reference).check_model(plan.model)
