@@ -3,7 +3,7 @@
 SJD-SV (arXiv 2609.13245) is "a plug-in on SJD, GSD and LANTERN": a drafted chain is a window of drafts, each
 tested by the rule (``u < min(1, p'(x) / q(x))`` for sampled candidates, where ``p'`` is the rule's relaxed law
 at the node and ``p' = p`` for exact decoding; accepted with probability ``p'(x)`` for deterministic ones). The
-scheme (:func:`lantern.rules.window.sv_covered`) turns those ratios into the accepted prefix; the level after
+scheme (:func:`lantern.rules.subsequence.sv_covered`) turns those ratios into the accepted prefix; the level after
 it draws from the rule's residual, or from the target after a fully accepted chain. :class:`SVSpec` wraps a
 config's rule spec and builds :class:`SVChainRule`, a rule whose walk hook (:attr:`lantern.rules.api.Rule.walk`)
 does this in one pass over the chain.
@@ -24,7 +24,7 @@ from lantern.errors import ConfigError
 from lantern.models.sampling import SamplingConfig, exponentials, race
 from lantern.rules.api import Composed, PathChoice, Rule, RuleSettings
 from lantern.rules.exact import ratio_of
-from lantern.rules.window import sv_covered
+from lantern.rules.subsequence import sv_covered
 
 
 class SVSpec:
