@@ -109,6 +109,7 @@ CLAIMS = {  # what each shipped decoder config claims with its defaults; a new c
     "sjd_pac": False,
     "vvs": False,
     "zipar": False,
+    "pjd": False,
 }
 
 

@@ -89,8 +89,12 @@ class DecoderSettings:
         """Whether every token is drawn from the target's own law (the record's ``lossless``): plain AR, or a
         rule that is an exact test (``acceptance`` exact or greedy in :meth:`record`). Relaxed rules (LANTERN,
         LANTERN++, GSD, SJD++) and decoders without a rule (ZipAR) are lossy; a subclass that commits tokens
-        no rule tested (VVS's skips) says so. Tests hold every ``True`` to the PIT test (tests/test_lossless.py)."""
-        return self.baseline or self.record().get("acceptance") in LOSSLESS_ACCEPTANCE
+        no rule tested (VVS's skips) says so. A window-test scheme other than ``token`` (SJD-SV's ``sv``,
+        :mod:`lantern.rules.window`) makes an exact rule lossy except when greedy. Tests hold every ``True`` to
+        the PIT test (tests/test_lossless.py)."""
+        record = self.record()
+        per_token = record.get("window_test") in (None, "token") or record.get("acceptance") == "greedy"
+        return self.baseline or (record.get("acceptance") in LOSSLESS_ACCEPTANCE and per_token)
 
     def columns(self) -> dict:
         """Values of the table's own columns this decoder fills (``delta``: LANTERN's promise)."""

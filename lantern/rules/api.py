@@ -90,7 +90,9 @@ class Rule(Protocol):
     """What a tree walk needs from an acceptance rule."""
 
     candidates: str  # the kind of candidates it tests: sampled, deterministic or greedy
-    # Optional: ``walk(draft, p) -> PathChoice`` for rules that choose among whole paths; None otherwise.
+    # Optional: ``walk(draft, p, sampling, keys, step, audit) -> PathChoice`` for rules that choose among whole
+    # paths (the authors' greedy LANTERN; SJD-SV's chain, lantern.rules.window_chain), with the step's random keys
+    # and counter as the per-node walk has them; None otherwise.
     walk: Callable | None
     # Optional: ``relax(p, tokens, valid, q, depth) -> Relaxed``, the node's law as a function of its own
     # inputs only (row by row), for rules whose node accepts it back as ``relaxed``; None otherwise.

@@ -200,18 +200,35 @@ class WindowVerdict(NamedTuple):
     """A window test's outcome for B rows of W drafts: ``passed`` (B, W) bool, each draft's own test (the
     accepted prefix is the run of passes); ``merged`` (B, W) target mass the test added to a draft's ratio
     numerator (0 for the exact test); ``tv`` (B, W) float32 realised TV of the law each position emits
-    (NaN: not measured this step)."""
+    (NaN: not measured this step); ``ratio`` (B, W) the ratio each draft's own uniform is compared with
+    (``u < min(1, ratio)``: ``p(x) / q(x)`` for SJD, ``p(G) / q(G)`` for GSD; None when greedy), which a
+    window-level scheme such as SJD-SV's (:mod:`lantern.rules.window`) combines across drafts."""
 
     passed: torch.Tensor
     merged: torch.Tensor
     tv: torch.Tensor
+    ratio: torch.Tensor | None = None
+
+
+def ratio_of(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
+    """``p_x / q_x`` elementwise, ``inf`` where ``q_x = 0 < p_x`` and 0 where both are 0: the ratio
+    :func:`sampled_test` compares its uniform with (``u < min(1, ratio)``)."""
+    safe = torch.where(q_x > 0, q_x, torch.ones_like(q_x))
+    return torch.where(q_x > 0, p_x / safe, torch.where(p_x > 0, torch.full_like(p_x, float("inf")), 0.0))
 
 
 class ExactWindowTest:
     """SJD's test of a window of drafts, each drawn from its recorded law: ``u < min(1, p(x) / q(x))``
     (greedy: ``x`` is the argmax). A rejection draws from :func:`residual`, so each position emits ``p``
     when its draft follows its recorded law; when a redraw keeps drafts that do not (``law`` given, SJD++),
-    the realised TV is that of :func:`emitted_law`, measured on audited steps."""
+    the realised TV is that of :func:`emitted_law`, measured on audited steps.
+
+    This is the window-test interface every Jacobi decoder calls (``bound``, ``prepare``, ``describe``,
+    ``__call__``); ``scheme`` says how the drafts' own tests make the accepted prefix: ``token``, the run of
+    passes (SJD's, GSD's), or a window-level scheme wrapping a per-token test (:mod:`lantern.rules.window`)."""
+
+    scheme = "token"
+    tv_audit: str | None = None  # the audit its decoder names (None: by losslessness; lantern.decoding.audit)
 
     def bound(self, model) -> ExactWindowTest:
         """This test for ``model`` (a decoder binds its test once per context; the exact test reads nothing
@@ -234,14 +251,16 @@ class ExactWindowTest:
         """Test drafts (B, W) under target laws ``p`` (B, W, V), recorded laws ``q`` (B, W, V) and uniforms
         ``u`` (B, W); ``law`` (B, W, V) or None is what the drafts actually follow."""
         p_x = p.gather(2, drafts[:, :, None])[:, :, 0]  # (B, W)
+        ratio = None
         if greedy:
             passed = drafts == p.argmax(-1)
         else:
-            passed = sampled_test(p_x, q.gather(2, drafts[:, :, None])[:, :, 0], u)  # q(x) > 0: x was drawn from q
+            q_x = q.gather(2, drafts[:, :, None])[:, :, 0]  # q(x) > 0: x was drawn from q
+            passed, ratio = sampled_test(p_x, q_x, u), ratio_of(p_x, q_x)
         tv = torch.zeros(drafts.shape, dtype=torch.float32, device=p.device)  # (B, W) p itself is emitted
         if law is not None and not greedy:  # greedy: every emitted token is the argmax whatever the drafts
             tv = realised_tv(p, emitted_law(p, q, law)) if audit else torch.full_like(tv, float("nan"))
-        return WindowVerdict(passed, torch.zeros_like(p_x), tv)
+        return WindowVerdict(passed, torch.zeros_like(p_x), tv, ratio)
 
 
 EXACT: dict[str, type[ExactTest]] = {"sampled": ExactSampled, "deterministic": ExactDeterministic, "greedy": Greedy}

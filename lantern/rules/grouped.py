@@ -15,7 +15,7 @@ import copy
 import torch
 
 from lantern import checks
-from lantern.rules.exact import ExactWindowTest, WindowVerdict, emitted_law, realised_tv, sampled_test
+from lantern.rules.exact import ExactWindowTest, WindowVerdict, emitted_law, ratio_of, realised_tv, sampled_test
 
 
 class Grouping:
@@ -154,7 +154,7 @@ class GroupedTest(ExactWindowTest):
             rows_law = None if law is None else law.flatten(0, 1)
             emitted = grouped_law(rows_p, q.flatten(0, 1), self.grouping, self.close, rows_law)  # (B*W, V)
             tv = realised_tv(rows_p, emitted).view(batch, width)
-        return WindowVerdict(sampled_test(p_g, q_g, u), p_g - p_x, tv)
+        return WindowVerdict(sampled_test(p_g, q_g, u), p_g - p_x, tv, ratio_of(p_g, q_g))
 
     def _in_group(self, p: torch.Tensor, drafts: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
         """(R,) whether ``top`` (R,) lies in the group of ``drafts`` (R,) under ``p`` (R, V)."""

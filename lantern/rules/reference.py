@@ -265,10 +265,11 @@ class LanternReference:
 
     # ------------------------------------------------------------------ greedy: the longest accepted path
 
-    def select_path(self, draft, p: torch.Tensor) -> PathChoice:
+    def select_path(self, draft, p: torch.Tensor, *_) -> PathChoice:
         """The greedy walk: each node passes on its parent's unmodified row; among the root-to-leaf paths
         with the longest fully passing prefix the first one in the reference's path order wins (see
         :meth:`tie_keys`), accepted up to its deepest passing node; then the unmodified argmax there is next.
+        Greedy: the walk hook's sampling, keys, step and audit arguments are not needed.
 
         Returns ``(path (B, D), next_token (B,), tv (B, D+1), merged (B, D))``.
         """

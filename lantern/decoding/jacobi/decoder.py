@@ -33,6 +33,7 @@ from lantern.models.sampling import SamplingConfig, draw
 from lantern.models.target import Target
 from lantern.rules.exact import ExactWindowTest
 from lantern.rules.grouped import GroupedTest
+from lantern.rules.window import checked as checked_scheme
 
 # The couplings' order in tables (records name a redraw by its ``coupling``; older records have none).
 COUPLING_ORDER = ("none", "mc", "gumbel")
@@ -51,9 +52,12 @@ class JacobiSettings(DecoderSettings):
     grouping: dict | None = None  # the window test's knobs (GSD's grouping, the entropy-aware rule's strength)
     coupling: str = "none"  # older records have none: they are plain SJD
     acceptance: str | None = None  # the window test's name (its ``acceptance``); older records: from ``grouping``
+    window_test: str = "token"  # how the drafts' tests make the accepted prefix (lantern.rules.window); older: token
 
     def method(self) -> str:
         text = f"{self.label} W={self.window} {self.init}" + (f" reuse={self.reuse}" if self.reuse else "")
+        if self.window_test != "token":
+            text += f" {self.window_test.upper()}"
         if self.coupling != "none":
             text += f" coupling={self.coupling}"
         g = self.grouping or {}
@@ -73,6 +77,7 @@ class JacobiSettings(DecoderSettings):
             self.init,
             self.reuse or 0,
             self.candidates,
+            self.window_test,
         )
 
     def record(self) -> dict:
@@ -88,6 +93,7 @@ class JacobiSettings(DecoderSettings):
             "reuse": self.reuse,
             "coupling": self.coupling,
             "candidates": self.candidates,
+            "window_test": self.window_test,
         }
         return {**super().record(), **flat, **(self.grouping or {})}
 
@@ -98,7 +104,9 @@ class JacobiDecoder:
     ``init``: how fresh window slots start (``random``, ``horizon``, ``vertical``; see
     :data:`lantern.decoding.jacobi.state.INITS`). ``test``: the window test (default
     :class:`~lantern.rules.exact.ExactWindowTest`, SJD; :class:`~lantern.rules.grouped.GroupedTest` makes it
-    GSD). ``redraw``: how the untested drafts are drawn again (default
+    GSD). ``window_test``: how the drafts' own tests make the accepted prefix, a scheme of
+    :mod:`lantern.rules.window` laid over ``test`` (None: token by token; SJD-SV's ``sv``). ``redraw``: how the
+    untested drafts are drawn again (default
     :class:`~lantern.decoding.jacobi.redraw.Independent`, SJD; MC-SJD's couplings, lossless reuse, SJD++'s
     rule: :mod:`lantern.decoding.jacobi.redraw`). ``tv_audit_every``: a lossy test computes the realised TV
     of every position's law (a vocabulary-wide pass) on every N-th step.
@@ -117,6 +125,7 @@ class JacobiDecoder:
         window: int = 16,
         init: str = "random",
         test: ExactWindowTest | None = None,
+        window_test=None,
         redraw: Redraw | None = None,
         name: str = "sjd",
         label: str | None = None,
@@ -131,7 +140,7 @@ class JacobiDecoder:
         self.init = checks.choice("init", init, INITS, note="how fresh window slots start")
         if test is not None and not isinstance(test, ExactWindowTest):
             raise checks.refuse("test", test, "a window test (lantern.rules.exact or lantern.rules.grouped)")
-        self.test = ExactWindowTest() if test is None else test
+        self.test = checked_scheme(window_test).over(ExactWindowTest() if test is None else test)
         self.redraw = checked_redraw(redraw)
         self.tv_audit_every = checks.integer("tv_audit_every", tv_audit_every, 1)
         self.name, self.label = name, label or name.upper()
@@ -166,6 +175,7 @@ class JacobiDecoder:
             candidates="greedy" if self.sampling.greedy else "sampled",
             grouping=self.test.describe(),
             acceptance=self.test.acceptance(self.sampling.greedy),
+            window_test=getattr(self.test, "scheme", "token"),
         )
 
     def _context(self, model: Target, rows: int, batch: int, capacity: int, device) -> JacobiContext:
@@ -188,6 +198,12 @@ class JacobiDecoder:
                 redraw=self.redraw,
             )
         return self._contexts[shape]
+
+    @property
+    def tv_audit(self) -> str | None:
+        """The realised-TV audit this decoder names when its test says (SJD-SV's: ``mc``, no closed form); None:
+        by losslessness (exact, or the test's closed form). Greedy: the test is exact."""
+        return None if self.sampling.greedy else self.test.tv_audit
 
     @property
     def max_accepted(self) -> int:

@@ -82,7 +82,9 @@ def jacobi_step(ctx: JacobiContext, state: JacobiState, audit: bool = True) -> t
     # A lossy redraw's drafts follow ``fresh.law``; fresh tails follow their point masses, as recorded.
     law = state.draft_law if fresh.law is None else torch.where(jacobi[:, :, None], fresh.law, new_q)
 
-    tv = torch.cat([verdict.tv, torch.zeros_like(verdict.tv[:, :1])], dim=1)  # (B, W+1) p after a full window
+    # (B, W+1) the token after a full window follows p: TV 0 when the window's laws were accounted for (NaN stays
+    # NaN: an unaudited step, or a test whose law has no closed form, SJD-SV's)
+    tv = torch.cat([verdict.tv, verdict.tv[:, -1:] * 0], dim=1)
     log = JacobiLog(torch.where(active, accepted, -1), tv, verdict.merged)
     new_state = state._replace(
         codes=codes, decided=new_decided, length=state.length + advance, window=new_window, draft_q=new_q, draft_law=law

@@ -46,6 +46,7 @@ from lantern.models.target import Target
 from lantern.rules.api import RuleSpec
 from lantern.rules.exact import ExactTest
 from lantern.rules.factory import exact
+from lantern.rules.window import checked as checked_scheme
 
 
 @register
@@ -113,7 +114,9 @@ class SpeculativeDecoder:
     drafts the drafter's top-ranked children whatever ``draft.candidates`` says (sampled drafts
     degenerate to them) and uses the rule's greedy form, recorded as ``candidates: greedy``; sampling
     uses the structure's ``candidates`` (deterministic top-k children, or children sampled without
-    replacement). ``name`` and ``label`` name the records and table rows (eagle / EAGLE, lantern / LANTERN...).
+    replacement). ``window_test``: a scheme of :mod:`lantern.rules.window` laid over the rule (None: token by
+    token; SJD-SV's ``sv`` walks a chain with :mod:`lantern.rules.window_chain`). ``name`` and ``label`` name the
+    records and table rows (eagle / EAGLE, lantern / LANTERN...).
     ``compile``: see :mod:`lantern.decoding.compile`; eager runs also time each phase.
     """
 
@@ -124,6 +127,7 @@ class SpeculativeDecoder:
         drafter: Drafter,
         draft,
         acceptance: RuleSpec | ExactTest | None = None,
+        window_test=None,
         name: str = "speculative",
         label: str | None = None,
         compile: str = "none",
@@ -137,6 +141,7 @@ class SpeculativeDecoder:
         self.mode = "greedy" if sampling.greedy else draft.candidates
         # An exact test alone (ExactSampled(), ...) is exact decoding with that test for its kind.
         self.spec = exact(acceptance) if acceptance is None or isinstance(acceptance, ExactTest) else acceptance
+        self.spec = checked_scheme(window_test).spec(self.spec)
         self.rule = self.spec.build(self.mode, draft)
         self.name, self.label = name, label or name.upper()
         self.compile = check_compile(compile)
@@ -155,6 +160,12 @@ class SpeculativeDecoder:
             caches=("target_cache", "drafter_cache"),
             emitted=lambda ctx, before, after: chained_emission(ctx, before, after, width),
         )
+
+    @property
+    def tv_audit(self) -> str | None:
+        """The realised-TV audit this decoder names when its rule says (SJD-SV's chain walk: ``mc``); None: by
+        losslessness (exact, or the rule's closed form)."""
+        return getattr(self.rule, "tv_audit", None)
 
     @property
     def settings(self) -> TreeSettings:

@@ -64,7 +64,7 @@ def walk_tree(
     batch, count, vocab = p.shape
     depth_max = draft.max_depth
     if rule.walk is not None:
-        path, next_token, tv, merged = rule.walk(draft, p)
+        path, next_token, tv, merged = rule.walk(draft, p, sampling, keys, step, audit)
         return Walk(path=path, accepted=(path >= 0).sum(-1), next_token=next_token, tv=tv, merged=merged)
     siblings = draft.candidates.shape[2]
     device = p.device

@@ -288,7 +288,7 @@ def their_greedy_walk(modules: Modules, nearest: torch.Tensor, k: int, delta: fl
     """
     host = SimpleNamespace(nearest_latents=nearest)
 
-    def walk(draft, p: torch.Tensor) -> tuple:  # the fields of lantern.rules.api.PathChoice, in order
+    def walk(draft, p: torch.Tensor, *_) -> tuple:  # the fields of lantern.rules.api.PathChoice, in order
         batch, _, _ = p.shape
         depth_max = draft.max_depth
         path = torch.full((batch, depth_max), -1, dtype=torch.long, device=p.device)

@@ -1,0 +1,1 @@
+"""PJD: Parallel Jacobi Decoding (2-D Jacobi over the token grid)."""
