@@ -224,7 +224,9 @@ def test_killing_torchrun_kills_its_workers_and_the_rerun_resumes_bit_identicall
 
     from safetensors.torch import load_file
 
-    whole, killed, steps = tmp_path / "whole", tmp_path / "killed", 40
+    # Enough steps that the workers cannot finish in the launcher watch's poll interval after the first checkpoint
+    # (tiny steps take milliseconds; at 40 a loaded machine saw the run end before its workers noticed the kill).
+    whole, killed, steps = tmp_path / "whole", tmp_path / "killed", 400
     for stage in ("data", "features"):
         assert script("train_drafter.py", *TINY, *SMALL, f"stage={stage}", f"out_dir={whole}").returncode == 0
     shutil.copytree(whole, killed)
