@@ -167,6 +167,12 @@ def test_chained_positions_count_the_reruns_that_emitted_the_reference_prefix():
         [True, True, False],
     ]
     assert counted(tokens, reference, chained=False).tolist() == (tokens >= 0).tolist()
+    rows = torch.tensor([[1, 2, 7, 8], [5, 2, 7, -1], [1, -1, 6, 8]])  # two chains of two (PJD's grid rows)
+    assert counted(rows, torch.tensor([1, 2, 7, 8]), chained=True, chain=2).tolist() == [
+        [True, True, True, True],
+        [True, False, True, False],  # a miss in the first chain leaves the second one counted
+        [True, False, True, False],
+    ]
 
 
 def test_a_rerun_state_repeats_each_image_in_place_keeping_the_cfg_layout():

@@ -7,7 +7,7 @@ Every record says which audit ran (``tv_audit``):
 * ``closed_form``: the step computes the law each emitted token follows and records its TV to the target's law
   (LANTERN, LANTERN++, GSD, SJD++, VVS): exact, no error bar;
 * ``mc``: :class:`MonteCarlo`, for decoders whose emitted law has no closed form (SJD-PAC as released with K >= 2,
-  ZipAR, and any decoder on request: ``tv_audit=mc``).
+  ZipAR, PJD, SJD-SV, and any decoder on request: ``tv_audit=mc``).
 
 A decoder names its audit in ``tv_audit`` (:func:`named_audit`: ``exact`` when its settings are lossless, else
 ``closed_form``, unless the decoder says otherwise). One the Monte Carlo audit can rerun exposes ``rerun_plan``
@@ -17,9 +17,10 @@ A decoder names its audit in ``tv_audit`` (:func:`named_audit`: ``exact`` when i
 step from the same state ``reruns`` times with independent randomness: new keys (stream ``rng.AUDIT``) for every
 uniform the step draws, and the drafts the state carries (a Jacobi window) drawn again from the law the decoder
 records for them (its actual law where it tracks one, as SJD++ does). For each token the reference step emitted at
-raster position ``n + j`` it keeps the reruns that emitted the same ``j`` tokens before it (and one there), so what
-they emit at ``n + j`` follows the law the reference token was drawn from given its prefix: the law the closed forms
-compute. The target's law there comes from one teacher-forced forward over the image's final tokens. Reruns run
+raster position ``n + j`` it keeps the reruns that emitted the same ``j`` tokens before it in its chain (and one
+there), so what they emit at ``n + j`` follows the law the reference token was drawn from given its prefix: the law
+the closed forms compute. A chain is the whole emission of a speculative or Jacobi step, a grid row's run in a PJD
+step (:attr:`RerunPlan.chain`), a single token for ZipAR's independent rows. The target's law there comes from one teacher-forced forward over the image's final tokens. Reruns run
 eagerly, replicated ``chunk`` at a time over copies of the caches, outside the timed decode (the job times them
 apart: ``tv_audit_mc`` in the record, never in a speed-up).
 
@@ -78,12 +79,15 @@ class RerunPlan:
     after)``: the step's :class:`Emission`; ``refresh(state) -> state``: the state with its in-flight drafts drawn
     again from their law, with the state's (rerun) keys (None: the state holds none); ``chained``: the step's tokens
     come in raster order, each read by the next (speculative and Jacobi steps), else they are drawn independently
-    (ZipAR's rows)."""
+    (ZipAR's rows); ``chain``: a chained emission's entries form chains of ``chain`` consecutive entries, each read
+    by the next within its chain and the chains drawn independently given the state (PJD's grid rows; None: one
+    chain). A chained step's reference count is the ``valid`` of its own emission, read from the state after it."""
 
     caches: tuple[str, ...]
     emitted: Callable
     refresh: Callable | None = None
     chained: bool = True
+    chain: int | None = None
 
 
 def chained_emission(ctx, before, after, width: int) -> Emission:
@@ -193,12 +197,12 @@ class Session:
         self.audit, self.plan, self.keys = audit, plan, keys
         self.steps = self.forwards = 0
         self.records: list[Audited] = []
-        self._open: tuple[int, torch.Tensor] | None = None  # (record, decided before) awaiting the reference count
+        self._open: tuple | None = None  # (record, context, state before) awaiting the reference step's emission
         self._replicas: dict[str, object] = {}
 
     def __call__(self, kind, step, ctx, state, index: int) -> None:
-        self._close(getattr(state, "decided", None))
-        if (index + 1) % self.audit.every:
+        self._close(state)
+        if step is None or (index + 1) % self.audit.every:  # None: the loop's last state, after its last step
             return
         self.steps += 1
         tokens, positions, valid = [], None, None
@@ -211,8 +215,9 @@ class Session:
             positions, valid = emission.positions.view(batch, copies, -1)[:, 0], emission.valid.view(batch, copies, -1)
         reference = valid[:, 0].cpu()  # independent draws: the reference draws where every rerun does
         self.records.append(Audited(positions.cpu(), reference, torch.cat(tokens, dim=1)))
-        if self.plan.chained:
-            self._open = (len(self.records) - 1, state.decided.cpu())
+        if self.plan.chained:  # a copy: the reference step's emission is read against the state after it
+            kept = type(state)(*(value.clone() if isinstance(value, torch.Tensor) else value for value in state))
+            self._open = (len(self.records) - 1, ctx, kept)
 
     def _rerun(self, step, ctx, state, index: int, start: int, copies: int) -> Emission:
         groups, batch = ctx.groups, state.keys.shape[0]
@@ -229,22 +234,20 @@ class Session:
         self.forwards += 1
         return self.plan.emitted(replica, rerun, after)
 
-    def _close(self, decided: torch.Tensor | None) -> None:
-        """The reference count of the last audited chained step, from the state after it (``decided`` (B,))."""
-        if self._open is None or decided is None:
+    def _close(self, after) -> None:
+        """The reference count of the last audited chained step: its emission's ``valid``, ``after`` the state the
+        step led to."""
+        if self._open is None:
             return
-        number, before = self._open
-        record = self.records[number]
-        count = decided.cpu() - before
-        span = torch.arange(record.positions.shape[1])
-        self.records[number] = record._replace(reference=span[None, :] < count[:, None])
+        number, ctx, before = self._open
+        valid = self.plan.emitted(ctx, before, after).valid.cpu()
+        self.records[number] = self.records[number]._replace(reference=valid)
         self._open = None
 
     def needed(self, num_tokens: int) -> torch.Tensor:
         """(B, N) bool: the positions whose target law the estimates read."""
-        if self._open is not None:  # the last audited step ended the decode: every row is finished
-            number, before = self._open
-            self._close(torch.full_like(before, num_tokens))
+        if self._open is not None:
+            raise RuntimeError("the audited decode's loop did not report its last state (run_schedule's observe)")
         batch = self.keys.shape[0]
         needed = torch.zeros(batch, num_tokens, dtype=torch.bool)
         for record in self.records:
@@ -262,7 +265,7 @@ class Session:
         codes = codes.cpu()
         for record in self.records:
             for row in range(batch):
-                result = step_estimate(record, row, codes[row], laws, self.plan.chained)
+                result = step_estimate(record, row, codes[row], laws, self.plan.chained, self.plan.chain)
                 totals["sum"][row] += result.estimate
                 totals["var"][row] += result.variance
                 totals["plugin"][row] += result.plugin

@@ -3,7 +3,8 @@ emits at a position and the target's law there, unbiased for 0 when the two agre
 
 For one audited step and image row: the reruns ``r = 0 .. M-1`` emitted tokens ``t[r, j]`` at the step's positions
 ``j``; the reference step emitted ``e[j]`` (the image's final tokens). At position ``j`` the reruns that count are
-those that emitted ``e[0 .. j-1]`` before it and a token at ``j`` (chained steps; every rerun for independent draws):
+those that emitted ``e[0 .. j-1]`` before it and a token at ``j`` (chained steps, ``0`` the start of ``j``'s chain;
+every rerun for independent draws):
 what they emit there follows the law ``P_j`` the reference token was drawn from, given its prefix.
 
 Half A of the reruns (even ``r``) picks ``S = {x : P_A(x) > p(x) + sqrt(p(x) (1 - p(x)) / n_A)}`` (the tokens whose
@@ -36,15 +37,18 @@ class StepEstimate(NamedTuple):
     tokens: int
 
 
-def counted(tokens: torch.Tensor, reference: torch.Tensor, chained: bool) -> torch.Tensor:
-    """(M, E) bool: rerun ``r`` counts at position ``j`` (it emitted there, after the reference's tokens when
-    ``chained``). ``tokens`` (M, E) the reruns' (-1: none), ``reference`` (E,) the reference step's."""
+def counted(tokens: torch.Tensor, reference: torch.Tensor, chained: bool, chain: int | None = None) -> torch.Tensor:
+    """(M, E) bool: rerun ``r`` counts at position ``j`` (it emitted there, after the reference's tokens of its chain
+    when ``chained``: chains of ``chain`` consecutive entries, None: one). ``tokens`` (M, E) the reruns' (-1: none),
+    ``reference`` (E,) the reference step's."""
     emitted = tokens >= 0
     if not chained:
         return emitted
-    same = (tokens == reference[None, :]).long().cumprod(dim=1)  # (M, E) prefix 0..j agrees
-    before = torch.cat([torch.ones_like(same[:, :1]), same[:, :-1]], dim=1).bool()  # prefix 0..j-1 agrees
-    return before & emitted
+    runs, entries = tokens.shape
+    size = chain or entries
+    same = (tokens == reference[None, :]).long().view(runs, entries // size, size).cumprod(dim=2)  # prefix 0..j agrees
+    before = torch.cat([torch.ones_like(same[..., :1]), same[..., :-1]], dim=2).bool()  # prefix 0..j-1 agrees
+    return before.view(runs, entries) & emitted
 
 
 SUBSAMPLES = 24  # random halves of an audited step's reruns behind its standard error (delete-half jackknife)
@@ -75,13 +79,15 @@ def split_sum(tokens: torch.Tensor, counts: torch.Tensor, laws: list) -> tuple[f
     return total, kept
 
 
-def step_estimate(record, row: int, codes: torch.Tensor, laws: dict, chained: bool) -> StepEstimate:
+def step_estimate(
+    record, row: int, codes: torch.Tensor, laws: dict, chained: bool, chain: int | None = None
+) -> StepEstimate:
     """The estimates at every position the reference step of ``record`` emitted for image ``row`` (its final tokens
     ``codes`` (N,)), against the target laws ``laws[(row, position)]`` (V,)."""
     tokens = record.tokens[row].long()  # (M, E)
     positions = record.positions[row]  # (E,)
     reference = codes.gather(0, positions.clamp_max(codes.shape[0] - 1))  # (E,)
-    counts = counted(tokens, reference, chained)
+    counts = counted(tokens, reference, chained, chain)
     targets = [
         laws.get((row, int(position))) if bool(record.reference[row, j]) else None
         for j, position in enumerate(positions.tolist())

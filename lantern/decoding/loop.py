@@ -20,8 +20,8 @@ caches at fixed addresses, knobs) and the first state. The loop owns what happen
   time marks between phases) runs, or the whole step is timed as ``{kind}_step``; timing stays outside
   the step functions;
 * **observation**: ``observe(kind, step, ctx, state, index)``, when given, sees every step's input before it
-  runs, with the kind's eager step (the Monte Carlo TV audit reruns steps from it: lantern/decoding/audit.py);
-  it runs between steps, never inside one.
+  runs, with the kind's eager step (the Monte Carlo TV audit reruns steps from it: lantern/decoding/audit.py),
+  and the last state once more (kind and step None); it runs between steps, never inside one.
 """
 
 from __future__ import annotations
@@ -122,6 +122,8 @@ def run_schedule(
         logs.append(log)
         if done is not None and (index + 1) % sync_every == 0 and bool(done(state).all()):
             break
+    if observe is not None:
+        observe(None, None, ctx, state, len(logs))
     return state, logs
 
 

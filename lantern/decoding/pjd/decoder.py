@@ -5,19 +5,21 @@ Each step is :func:`~lantern.decoding.pjd.step.pjd_step`, a pure static-shape fu
 says), run by :func:`lantern.decoding.loop.run_steps`; this file prefills and summarises. Records: ``steps``
 (target forwards after the prefill) and ``tokens`` (N - 1), so ``mean_accepted_length`` is tokens per target
 forward as for every decoder. PJD is lossy (rows below the top one are tested on laws that see the rows above
-only as far as they are committed): ``lossless`` false, no closed-form realised TV. Choices: docs/pjd.md.
+only as far as they are committed): ``lossless`` false, no closed-form realised TV: the Monte Carlo audit measures it
+(:attr:`PJDDecoder.rerun_plan`: each row's run a chain of its own). Choices: docs/pjd.md.
 """
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple
+from typing import ClassVar
 
 import torch
 
 from lantern import checks, rng
 from lantern.decoding.api import DecodeResult, DecoderSettings, register
+from lantern.decoding.audit import Emission, RerunPlan
 from lantern.decoding.batch import ModelInputs, prefill
 from lantern.decoding.compile import check_compile, compiled, mark_static
 from lantern.decoding.loop import default_sync_every, prepare, run_steps
@@ -113,8 +115,20 @@ class PJDDecoder:
         self._resolved: tuple[int | None, int | None] = (self.rows_ahead, self.lanes)
         self._step = compiled(pjd_step, compile, backend)
         self._contexts: dict[tuple, PJDContext] = {}
+        self.observer = None  # the Monte Carlo TV audit's, while it decodes a batch again (lantern.decoding.audit)
 
     tv_audit = "mc"  # a token's law is the target's under a partial context: no forward of the run gives the TV
+
+    @property
+    def rerun_plan(self) -> RerunPlan:
+        """How the Monte Carlo TV audit reruns a step: the rows' drafts drawn again from their laws; each row's run
+        of up to ``W + 1`` tokens is a chain (each read by the next), the rows independent given the state."""
+        return RerunPlan(
+            caches=("cache",),
+            emitted=pjd_emission,
+            refresh=lambda state: redraw_drafts(state, rng.AUDIT),
+            chain=self.window + 1,
+        )
 
     def check_device(self, device: torch.device | str) -> None:
         """ConfigError unless this decoder's compile mode runs on ``device`` (checked before any work)."""
@@ -217,6 +231,7 @@ class PJDDecoder:
             done=lambda s: (s.done == side).all(1),
             sync_every=default_sync_every(keys.device, self.sync_every),
             guard=self.guard,
+            observe=self.observer,
         )
         drawn = torch.stack([log.drawn for log in logs], dim=1)  # (B, S) tokens per step, 0 once finished
         per_sample = DecodeStats(
@@ -229,18 +244,10 @@ class PJDDecoder:
         return DecodeResult(state.codes[:, :num_tokens], stats, per_sample)
 
 
-class Emission(NamedTuple):
-    """What one step committed, per image (B, E) with ``E = R * (W + 1)``: ``positions`` raster indices,
-    ``tokens``, ``valid`` which are real. Entries ``r * (W + 1) + j`` are row ``r``'s ``j``-th token this step, in
-    raster order within the row (each read by the next: chained per row); rows are independent given the state."""
-
-    positions: torch.Tensor
-    tokens: torch.Tensor
-    valid: torch.Tensor
-
-
 def pjd_emission(ctx: PJDContext, before: PJDState, after: PJDState) -> Emission:
-    """The tokens a step committed (what a Monte Carlo audit histograms over reruns of the step from ``before``)."""
+    """The tokens a step committed (what a Monte Carlo audit histograms over reruns of the step from ``before``), per
+    image (B, E) with ``E = R * (W + 1)``: entries ``r * (W + 1) + j`` are row ``r``'s ``j``-th token this step, in
+    raster order within the row (each read by the next: chained per row); rows are independent given the state."""
     side, span = ctx.model.config.grid_size, ctx.width + 1
     rows = torch.arange(before.done.shape[1], device=before.done.device)
     offsets = torch.arange(span, device=before.done.device)

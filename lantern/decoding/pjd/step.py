@@ -103,7 +103,8 @@ def pjd_step(ctx: PJDContext, state: PJDState, audit: bool = True) -> tuple[PJDS
     top = (torch.arange(count, device=p.device) == 0)[None, :] & lane.live  # (B, A)
     at = accepted[:, :, None, None].expand(-1, -1, 1, p.shape[-1])
     q_padded = torch.cat([draft_q, torch.zeros_like(draft_q[:, :, :1])], dim=2)  # (B, A, J, V)
-    law = residual(p.gather(2, at)[:, :, 0], q_padded.gather(2, at)[:, :, 0])  # (B, A, V)
+    rejected = (accepted < lane.drafts)[:, :, None]  # (B, A, 1) else every tested draft passed: the law is p
+    law = residual(p.gather(2, at)[:, :, 0], q_padded.gather(2, at)[:, :, 0] * rejected)  # (B, A, V)
     if ctx.sampling.greedy:
         drawn = p.gather(2, at)[:, :, 0].argmax(-1)
     else:
