@@ -5,7 +5,8 @@
 # then make_tables --frontier over all of them. Run it on an idle machine: the speed-ups are the figure.
 #   bash scripts/frontier_world.sh OUT_DIR [results]
 # IMAGES (default 6) and WARMUP (untimed batches per run, default 0) size the sweep; AR is interleaved with every
-# run (the default baseline); the Monte Carlo audit covers every image (tv_audit.images=null), 1,024 reruns a step.
+# run (the default baseline); the Monte Carlo audit reruns each step AUDIT_RERUNS times (even, default 1024) on the
+# first AUDIT_IMAGES images of each run (default: every image).
 # The idle-machine rerun of results/frontier_world.* (results/README.md):
 #   IMAGES=20 WARMUP=1 bash scripts/frontier_world.sh ../runs/frontier results
 # Bad arguments (none, more than two, a file where a folder goes): one `error:` line, exit 2, nothing written.
@@ -26,6 +27,9 @@ count() {  # $1: the variable's name, $2: its value, $3: the least allowed
 }
 count IMAGES "${IMAGES:-6}" 1
 count WARMUP "${WARMUP:-0}" 0
+count AUDIT_RERUNS "${AUDIT_RERUNS:-1024}" 4
+[ $(( ${AUDIT_RERUNS:-1024} % 2 )) -eq 0 ] || fail "AUDIT_RERUNS='$AUDIT_RERUNS': expected an even integer in [4, 100000]"
+[ -z "${AUDIT_IMAGES:-}" ] || count AUDIT_IMAGES "$AUDIT_IMAGES" 1
 folder OUT_DIR "$1"
 folder TABLE_DIR "${2:-$1}"
 out=$(realpath -m -- "$1")
@@ -35,5 +39,5 @@ common=(num_images="${IMAGES:-6}" batch_size=1 warmup="${WARMUP:-0}" metrics=non
 quoted=${out//\'/\\\'}  # quoted for Hydra: a comma or a space in the path is part of it
 sweep() { python run.py -m "${common[@]}" hydra.sweep.dir="'$quoted/$1'" "${@:2}"; }
 sweep ar decoding=ar
-sweep grid +experiment=frontier model=fashion_t2i tv_audit.reruns=1024 tv_audit.images=null
+sweep grid +experiment=frontier model=fashion_t2i tv_audit.reruns="${AUDIT_RERUNS:-1024}" tv_audit.images="${AUDIT_IMAGES:-null}"
 python scripts/make_tables.py "$out" --out "$tables" --stem frontier_world --frontier

@@ -78,3 +78,21 @@ def test_run_py_with_a_file_as_its_sweep_folder_is_one_line_without_a_hydra_warn
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
     assert "Not a directory" in lines[0] and "a_file" in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "expected"),
+    [
+        ("IMAGES", "0", "IMAGES='0': expected an integer in [1, 100000]"),
+        ("WARMUP", "x", "WARMUP='x': expected an integer in [0, 100000]"),
+        ("AUDIT_RERUNS", "2", "AUDIT_RERUNS='2': expected an integer in [4, 100000]"),
+        ("AUDIT_RERUNS", "129", "AUDIT_RERUNS='129': expected an even integer"),
+        ("AUDIT_IMAGES", "-1", "AUDIT_IMAGES='-1': expected an integer in [1, 100000]"),
+    ],
+)
+def test_bad_sizes_are_one_error_line_exit_2_and_nothing_written(tmp_path, variable, value, expected):
+    before = listing(tmp_path)
+    proc = frontier(tmp_path, "out", env={**os.environ, variable: value})
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and expected in lines[0], proc.stderr
+    assert listing(tmp_path) == before
