@@ -107,6 +107,7 @@ CLAIMS = {  # what each shipped decoder config claims with its defaults; a new c
     "gsd": False,
     "sjd_pp": False,
     "sjd_pac": False,
+    "sjd_pac_lossless": True,
     "vvs": False,
     "zipar": False,
     "pjd": False,
