@@ -67,7 +67,8 @@ def smoke_overrides(experiment: str, folder: Path) -> list[str]:
             "lantern_table2_latency",
             "sjd_pac_table",  # on the tiny targets in test_sjd_pac_table.py
             "sjd_pac_table_latency",
-            "frontier",  # 33 jobs: every point builds in tests/test_frontier.py, two of them run there
+            "frontier",  # 48 jobs: every point builds in tests/test_frontier.py, two of them run there
+            "batch_sweep",  # 25 jobs: tests/test_batch_sweep.py runs two modes at two batches, table, plot, report
         )
         else e
         for e in EXPERIMENTS
