@@ -81,7 +81,7 @@ def main() -> None:
     if args.frontier:
         paths |= {
             f"frontier_{k}": v
-            for k, v in write_frontier(table, load_records(args.runs), paths["md"].parent, args.stem).items()
+            for k, v in write_frontier(table, load_records(args.runs), paths["md"].parent, args.stem, args.runs).items()
         }
     print("wrote " + ", ".join(str(p) for p in paths.values()))
 

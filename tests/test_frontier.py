@@ -151,3 +151,11 @@ def test_the_frontier_preset_runs_two_points_and_its_report_shows_the_frontier(t
     table = (sweep / "table.md").read_text()
     assert "(MC)" in table and "SJD-PAC lossless" in table
     assert "The frontier: speed-up and tau against the realised TV" in (sweep / "report.html").read_text()
+
+
+def test_the_frontier_sweep_lists_every_method_file():
+    """The sweep's list of methods is the folder's files (a glob over a group on hydra.searchpath finds none)."""
+    import yaml
+
+    params = yaml.safe_load((REPO / "experiments" / "experiment" / "frontier.yaml").read_text())["hydra"]["sweeper"]
+    assert sorted(params["params"]["+experiment/frontier"].split(",")) == POINTS

@@ -114,10 +114,15 @@ def frontier_png(table: Table, records: list[RunRecord], title: str = "") -> byt
         return frontier_plot(frontier_points(table, records), Path(folder) / "frontier.png", title).read_bytes()
 
 
-def write_frontier(table: Table, records: list[RunRecord], out_dir: str | os.PathLike, stem: str) -> dict[str, Path]:
-    """``stem_frontier.png`` and ``stem_frontier.json`` (its points) in ``out_dir``."""
+def write_frontier(
+    table: Table, records: list[RunRecord], out_dir: str | os.PathLike, stem: str, sweeps=()
+) -> dict[str, Path]:
+    """``stem_frontier.png`` and ``stem_frontier.json`` (its points) in ``out_dir``; each point's run folder named
+    under the folder of ``sweeps`` that holds it (:func:`~lantern.results.render.run_name`: no machine's path)."""
+    from lantern.results.render import run_name
+
     out = Path(out_dir)
-    points = frontier_points(table, records)
+    points = [{**p, "run": run_name(p["run"], sweeps, out)} for p in frontier_points(table, records)]
     payload = {
         "points": points,
         "unmeasured": unmeasured_methods(points),
