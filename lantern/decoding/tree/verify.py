@@ -69,12 +69,7 @@ def walk_tree(
     siblings = draft.candidates.shape[2]
     device = p.device
     rows = torch.arange(batch, device=device)
-    tests = (rng.ACCEPT, max(1, depth_max * siblings))
-    if sampling.greedy:
-        uniforms, races = rng.uniform(keys, step, *tests), None  # (B, D*K)
-    else:  # both streams in one pass (the same numbers as two uniform() calls)
-        uniforms, levels = rng.uniforms(keys, step, (tests, (rng.LEVEL, (depth_max + 1) * vocab)))
-        races = as_exponentials(levels, depth_max + 1, vocab)  # (B, D+1, V)
+    uniforms, races = _walk_randomness(keys, step, sampling, depth_max, siblings, vocab)
     current = torch.zeros(batch, dtype=torch.long, device=device)
     alive = torch.ones(batch, dtype=torch.bool, device=device)
     path = torch.full((batch, depth_max), -1, dtype=torch.long, device=device)
@@ -128,10 +123,20 @@ def walk_tree(
         alive = descend
         current = torch.where(descend, node, current)
     target = torch.where(alive[:, None], p[rows, current], target)  # rows that reached the deepest level
-    accepted = (path >= 0).sum(-1)
     drawn = race(target, None if races is None else races[:, depth_max], sampling)
     next_token = torch.where(stop_token >= 0, stop_token, drawn)
-    return Walk(path=path, accepted=accepted, next_token=next_token, tv=tv, merged=merged)
+    return Walk(path=path, accepted=(path >= 0).sum(-1), next_token=next_token, tv=tv, merged=merged)
+
+
+def _walk_randomness(keys, step, sampling: SamplingConfig, depth_max: int, siblings: int, vocab: int):
+    """The walk's uniforms (B, D*K) for the candidates' tests and, when sampling, the exponential races
+    (B, D+1, V) that draw a level's token (None when greedy)."""
+    tests = (rng.ACCEPT, max(1, depth_max * siblings))
+    if sampling.greedy:
+        return rng.uniform(keys, step, *tests), None
+    # Both streams in one pass (the same numbers as two uniform() calls).
+    uniforms, levels = rng.uniforms(keys, step, (tests, (rng.LEVEL, (depth_max + 1) * vocab)))
+    return uniforms, as_exponentials(levels, depth_max + 1, vocab)
 
 
 def _relax_chain(
